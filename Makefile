@@ -1,0 +1,27 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PYTEST_TIMEOUT ?= 300
+
+.PHONY: demo test bench install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/scopecast demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q --timeout=$(PYTEST_TIMEOUT) tests
+
+bench: $(STAMP)
+	$(VENV)/bin/scopecast bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,38 @@
+"""How scopecast's Ray actors are declared, named and found.
+
+Every scopecast actor lives in the `scopecast` namespace, asks for no CPU (`num_cpus=0`: a 2-core
+machine running Spark executors must never starve the control plane), is restarted by Ray on failure
+(`max_restarts=-1`) and is detached, so a cluster started by `scopecast up` outlives the driver."""
+
+from __future__ import annotations
+
+import ray
+
+NAMESPACE = "scopecast"
+CLUSTER_SCOPE_MANAGER = "scopecast:cluster-scope"
+
+_CONTROL_OPTIONS = dict(num_cpus=0, max_restarts=-1, max_task_retries=-1, lifetime="detached",
+                        namespace=NAMESPACE)
+
+
+def get_or_create(cls: type, name: str, *args, **options):
+    """The named actor of class `cls`, created with `args` if it does not exist yet (idempotent)."""
+    opts = {**_CONTROL_OPTIONS, **options}
+    remote_cls = ray.remote(cls)
+    return remote_cls.options(name=name, get_if_exists=True, **opts).remote(*args)
+
+
+def lookup(name: str):
+    """The named scopecast actor, or None."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def list_actors() -> list[str]:
+    """Names of every live scopecast actor."""
+    from ray.util import list_named_actors
+
+    return sorted(a["name"] for a in list_named_actors(all_namespaces=True)
+                  if a.get("namespace") == NAMESPACE)

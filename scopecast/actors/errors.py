@@ -1,0 +1,46 @@
+"""Typed errors. They cross the control plane (raised in an actor, re-raised at the caller), so
+each says what to do."""
+
+from __future__ import annotations
+
+
+class ScopecastError(Exception):
+    """Base class of every scopecast error."""
+
+
+class NotConnected(ScopecastError):
+    """No scopecast cluster to talk to."""
+
+
+class TopicNotFound(ScopecastError, KeyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"topic {name!r} does not exist; create it with "
+                         f"cluster.create_topic({name!r}) or `scopecast topic create {name}`")
+        self.name = name
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class TopicExists(ScopecastError):
+    """A topic of that name exists with other settings."""
+
+
+class PluginRejected(ScopecastError):
+    """A plug-in failed validation or trust checks."""
+
+
+class FlushTimeout(ScopecastError, TimeoutError):
+    """Messages were not yet stable (for now: handed to the socket) when the timeout expired."""
+
+
+class PublisherClosed(ScopecastError):
+    """publish() or flush() on a closed publisher."""
+
+
+class InvalidConfig(ScopecastError, ValueError):
+    """A configuration value out of range."""
+
+
+class MessageTooLarge(ScopecastError, ValueError):
+    """A message above the configured maximum message size."""

@@ -1,0 +1,204 @@
+"""Publisher and Subscriber: the application's handles on a member's runtime.
+
+Both are cheap facades. `publish` encodes the value, numbers it and appends it to the runtime's
+hand-over queue; `receive` pops from the subscription's delivery queue. Neither touches a lock on
+the common path nor calls Ray."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import msgpack
+
+from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClosed
+from scopecast.netio.message import Message
+from scopecast.netio.runtime import Subscription
+from scopecast.netio.wire import ContentType
+from scopecast.scopes.topics import TopicInfo
+
+log = logging.getLogger(__name__)
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def encode_value(value) -> tuple[int, bytes]:
+    """(content type, payload) for a published value: bytes as they are, Arrow as IPC, else msgpack."""
+    if isinstance(value, bytes):
+        return ContentType.RAW, value
+    if isinstance(value, _BYTES):
+        return ContentType.RAW, bytes(value)
+    if type(value).__module__.startswith("pyarrow"):
+        return ContentType.ARROW, _arrow_ipc(value)
+    return ContentType.MSGPACK, msgpack.packb(value, use_bin_type=True)
+
+
+def _arrow_ipc(batch) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write(batch)
+    return sink.getvalue().to_pybytes()
+
+
+class Publisher:
+    """Publishes to one topic; messages are numbered 1, 2, ... per (topic, source, session)."""
+
+    def __init__(self, element, info: TopicInfo) -> None:
+        self._element = element
+        self._runtime = element.runtime
+        self.topic = info.name
+        self._topic_id = info.id
+        self._session = info.session
+        self._max = self._runtime.config.max_message_bytes
+        self._seq = 0
+        self._last_sseq = 0
+        self._closed = False
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last published message."""
+        return self._seq
+
+    def publish(self, value) -> int:
+        if self._closed:
+            raise PublisherClosed(f"publisher of {self.topic!r} is closed")
+        ctype, payload = encode_value(value)
+        if len(payload) > self._max:
+            raise MessageTooLarge(f"message of {len(payload)} bytes exceeds max_message_bytes="
+                                  f"{self._max}; split it or raise the limit in RuntimeConfig")
+        self._seq += 1
+        self._last_sseq = self._runtime.publish(self._topic_id, self._session, self._seq, ctype,
+                                                payload)
+        return self._seq
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Return when every message published so far was handed to the socket.
+
+        (The Reliability issue upgrades this to "stable at every regular member".)"""
+        if not self._runtime.wait_sent(self._last_sseq, timeout):
+            raise FlushTimeout(f"{self.topic!r}: messages up to seq {self._seq} not sent within "
+                               f"{timeout}s; receivers may be slow or gone (see cluster.status())")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush, mark the end of this publisher's stream, and leave the topic."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush(timeout)
+        finally:
+            self._runtime.end_stream(self._topic_id, self._session, self._seq)
+            self._runtime.wait_sent(self._last_sseq, 1.0)
+            self._element.release(publisher_of=self.topic)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Subscriber:
+    """Receives messages of one or more topics, in order per sender, without duplicates."""
+
+    def __init__(self, element, infos: list[TopicInfo],
+                 on_message: Callable[[Message], None] | None = None) -> None:
+        self._element = element
+        self._runtime = element.runtime
+        self.topics = [i.name for i in infos]
+        self._sub = Subscription(frozenset(i.id for i in infos))
+        self._batch: list[Message] = []
+        self._index = 0
+        self._closed = False
+        self._runtime.call_wait(self._runtime.add_subscription, self._sub)
+        self._thread = None
+        if on_message is not None:
+            self._thread = threading.Thread(target=self._dispatch, args=(on_message,),
+                                            name="scopecast-callback", daemon=True)
+            self._thread.start()
+
+    @property
+    def ends(self) -> dict[tuple[str, str, int], int]:
+        """End-of-stream markers seen: (topic, source, session) -> last sequence number."""
+        return dict(self._sub.ends)
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None after `timeout` seconds (None: wait until closed)."""
+        if self._index < len(self._batch):
+            msg = self._batch[self._index]
+            self._index += 1
+            return msg
+        if self._refill(timeout):
+            self._index = 1
+            return self._batch[0]
+        return None
+
+    def receive_batch(self, timeout: float | None = None) -> list[Message]:
+        """Every message available now (waiting up to `timeout` for the first)."""
+        if self._index < len(self._batch):
+            rest = self._batch[self._index:]
+            self._index = len(self._batch)
+            return rest
+        if self._refill(timeout):
+            self._index = len(self._batch)
+            return self._batch
+        return []
+
+    def _refill(self, timeout: float | None) -> bool:
+        sub = self._sub
+        q = sub.queue
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                batch, nbytes = q.popleft()
+            except IndexError:
+                if self._closed:
+                    return False
+                sub.waiting = True
+                if q:
+                    sub.waiting = False
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    sub.waiting = False
+                    return False
+                sub.event.wait(0.5 if remaining is None else min(remaining, 0.5))
+                sub.event.clear()
+                sub.waiting = False
+                continue
+            sub.consumed_bytes += nbytes
+            self._batch = batch
+            return True
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            msg = self.receive()
+            if msg is None:
+                return
+            yield msg
+
+    def _dispatch(self, on_message) -> None:
+        for msg in self:
+            try:
+                on_message(msg)
+            except Exception:
+                log.exception("on_message callback failed for %r (continuing)", msg)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._runtime.call_wait(self._runtime.remove_subscription, self._sub)
+        self._element.release(subscriber_of=self.topics)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

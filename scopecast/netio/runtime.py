@@ -1,0 +1,920 @@
+"""The member runtime: one I/O thread per member process owning every socket and all protocol state.
+
+Application threads never touch protocol state. They hand work over through lock-free deques
+(`deque.append`/`popleft` are atomic) and wake the I/O thread with one byte on a socketpair only when
+it sleeps. The I/O thread loops QSM-style: drain every readable socket fully (inbound first), take
+queued publishes, then let each writable destination *pull* its next datagram, built just in time
+from queued messages, as long as that destination's bytes-bounded window is open.
+
+Flow control (until the Reliability issue ties the window to stability): receivers acknowledge the
+highest datagram number they took from each sender's channel, and withhold acknowledgements while
+their application lags behind by more than `max_backlog_bytes`, so a slow consumer slows the sender
+instead of overflowing a socket buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import itertools
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+
+from scopecast.netio import wire
+from scopecast.netio.auth import Authenticator
+from scopecast.netio.message import Message
+from scopecast.netio.reassembly import Reassembler, ReassemblyError
+from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
+from scopecast.scopes.channel import Channel, FilteredChannel, endpoints, resolve
+from scopecast.scopes.routing import RoutingLabel, forward, matches, origin_record
+
+log = logging.getLogger(__name__)
+
+ENTRY = wire.ENTRY
+HEADER = wire.HEADER
+_EOS = object()  # marks an end-of-stream entry in a feed
+
+
+@dataclass(slots=True, frozen=True)
+class RuntimeConfig:
+    """Data-plane settings of one member process; the defaults work on one machine."""
+
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    window_bytes: int = 4 << 20          # unacknowledged bytes in flight per destination
+    queue_bytes: int = 8 << 20           # published but not yet sent; publish() blocks beyond
+    max_backlog_bytes: int = 32 << 20    # delivered but not consumed; acks withheld beyond
+    max_message_bytes: int = 16 << 20
+    reassembly_budget_bytes: int = 64 << 20
+    reassembly_timeout: float = 10.0
+    ack_period: float = 0.002
+    ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
+    unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
+    held_datagrams: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("window_bytes", "queue_bytes", "max_backlog_bytes", "max_message_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(slots=True, frozen=True)
+class MemberInfo:
+    """What a member needs to know of another member: its name and unicast address."""
+
+    id: int
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(slots=True, frozen=True)
+class Route:
+    """One forwarding-table entry: messages matching `label` go along `channel`."""
+
+    label: RoutingLabel
+    channel: Channel
+
+
+class Subscription:
+    """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
+
+    __slots__ = ("topics", "queue", "event", "waiting", "delivered_bytes", "consumed_bytes",
+                 "inbox", "inbox_bytes", "ends", "closed", "callback")
+
+    def __init__(self, topics: frozenset[int]) -> None:
+        self.topics = topics
+        self.queue: deque[tuple[list[Message], int]] = deque()
+        self.event = threading.Event()
+        self.waiting = False
+        self.delivered_bytes = 0  # written by the I/O thread only
+        self.consumed_bytes = 0   # written by the application thread only
+        self.inbox: list[Message] = []
+        self.inbox_bytes = 0
+        self.ends: dict[tuple[str, str, int], int] = {}
+        self.closed = False
+        self.callback = None
+
+    def backlog(self) -> int:
+        return self.delivered_bytes - self.consumed_bytes
+
+
+class _Feed:
+    """Messages queued for one destination, and that destination's flow window."""
+
+    __slots__ = ("address", "channel", "queue", "own", "dseq", "sent_bytes", "history",
+                 "base_bytes", "acks", "frag")
+
+    def __init__(self, address: tuple[str, int], channel: int) -> None:
+        self.address = address
+        self.channel = channel
+        self.queue: deque = deque()
+        self.own: deque[int] = deque()  # stream seqs of this member's own queued messages, in order
+        self.dseq = 0
+        self.sent_bytes = 0
+        self.history: deque[tuple[int, int]] = deque()  # (dseq, sent_bytes after it)
+        self.base_bytes = 0                              # sent_bytes at the slowest receiver's ack
+        self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
+        self.frag = None                                 # (entry, pieces iterator) while fragmenting
+
+    def in_flight(self) -> int:
+        return self.sent_bytes - self.base_bytes
+
+    def expect(self, member: int, now: float) -> None:
+        """A receiver the control plane says is there: it holds the window from now on."""
+        if member not in self.acks:
+            self.acks[member] = [self.dseq, now]
+
+    def acknowledge(self, member: int, dseq: int, now: float) -> None:
+        entry = self.acks.get(member)
+        if entry is None:
+            self.acks[member] = [dseq, now]
+        else:
+            if dseq > entry[0]:
+                entry[0] = dseq
+            entry[1] = now
+        self._advance()
+
+    def _advance(self) -> None:
+        low = min((a[0] for a in self.acks.values()), default=self.dseq)
+        history = self.history
+        while history and history[0][0] <= low:
+            self.base_bytes = history.popleft()[1]
+        if not self.acks:
+            self.base_bytes = self.sent_bytes
+
+    def expire(self, now: float, timeout: float) -> list[int]:
+        """Stop waiting for receivers silent for `timeout` while data is outstanding."""
+        if self.in_flight() == 0:
+            for a in self.acks.values():
+                a[1] = now
+            return []
+        gone = [m for m, a in self.acks.items() if a[0] < self.dseq and now - a[1] > timeout]
+        for m in gone:
+            del self.acks[m]
+        if gone:
+            self._advance()
+        return gone
+
+
+class MemberRuntime:
+    """The data plane of one member process (see module docstring)."""
+
+    def __init__(self, member_id: int, name: str, key: bytes,
+                 config: RuntimeConfig | None = None) -> None:
+        config = config or RuntimeConfig()
+        if config.transport.interface is None:
+            config = replace(config, transport=replace(config.transport, interface="127.0.0.1"))
+        self.config = config
+        self.member_id = member_id
+        self.name = name
+        self.drops: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter()
+        self._auth = Authenticator(key)
+        tcfg = self.config.transport
+        self._datagram = tcfg.datagram_size()
+        self._sock = unicast_socket(tcfg)
+        self.address: tuple[str, int] = self._sock.getsockname()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._want_write = False
+        self._groups: dict[tuple[str, int], socket.socket] = {}
+        self._rbuf = bytearray(70_000)
+        self._builder = wire.DatagramBuilder(self._datagram - 16)
+        self._reassembler = Reassembler(self.config.max_message_bytes,
+                                        self.config.reassembly_budget_bytes,
+                                        self.config.reassembly_timeout)
+        # protocol state, owned by the I/O thread
+        self._members: dict[int, MemberInfo] = {}
+        self._topic_names: dict[int, str] = {}
+        self._routes: dict[int, list[Route]] = {}
+        self._plans: dict[tuple, list] = {}
+        self._subs: dict[int, tuple[Subscription, ...]] = {}
+        self._feeds: dict[tuple[str, int], _Feed] = {}
+        self._feeds_by_channel: dict[int, _Feed] = {}
+        self._stalled: tuple[_Feed, bytes] | None = None
+        self._active: deque[_Feed] = deque()
+        self._expected: dict[tuple[str, int], set[int]] = {}
+        self._next_seq: dict[tuple[int, int, int], int] = {}
+        self._recv_pos: dict[tuple[int, int], list] = {}  # (sender, channel) -> [dseq, acked, t]
+        self._held: deque[tuple[float, int, bytes]] = deque()
+        self._last_ack = 0.0
+        self._last_housekeeping = 0.0
+        # hand-over from application threads
+        self._publish_q: deque[tuple] = deque()
+        self._ops: deque = deque()
+        self._sleeping = False
+        self._ordinal = itertools.count(1)  # stream sequence numbers; next() is atomic
+        self.app_bytes = 0      # queued by publishers (application threads)
+        self.taken_bytes = 0    # taken off the hand-over queue (I/O thread)
+        self.feed_bytes = 0     # waiting in destination queues (I/O thread)
+        self._taken_sseq = 0
+        self.handed = 0         # every own message with stream seq <= handed is on the wire
+        self._space = threading.Event()
+        self._space_waiting = False
+        self.unknown_sender = threading.Event()  # set for the control thread: refresh members
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=f"scopecast-io-{name}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- application side (any thread)
+
+    def call(self, fn, *args) -> None:
+        """Run `fn(*args)` on the I/O thread (table installs, subscriptions, ...)."""
+        self._ops.append((fn, args))
+        self._wake()
+
+    def call_wait(self, fn, *args, timeout: float = 10.0):
+        done = threading.Event()
+        box: list = []
+
+        def run() -> None:
+            try:
+                box.append((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                box.append((False, exc))
+            done.set()
+
+        self.call(run)
+        if not done.wait(timeout):
+            raise TimeoutError(f"I/O thread did not run {fn.__name__} within {timeout}s")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def publish(self, topic: int, session: int, seq: int, ctype: int, payload: bytes) -> int:
+        """Queue one message; returns its stream sequence number (for `wait_sent`)."""
+        size = len(payload) + ENTRY.size
+        if self._queued() > self.config.queue_bytes:
+            self._wait_for_space()
+        self.app_bytes += size
+        sseq = next(self._ordinal)
+        self._publish_q.append((topic, session, seq, ctype, payload, size, sseq))
+        if self._sleeping:
+            self._wake()
+        return sseq
+
+    def end_stream(self, topic: int, session: int, last_seq: int) -> None:
+        """Queue an end-of-stream marker behind the messages already published on `topic`."""
+        self._publish_q.append((topic, session, last_seq, -1, _EOS, 0, 0))
+        self._wake()
+
+    def _queued(self) -> int:
+        return self.app_bytes - self.taken_bytes + self.feed_bytes
+
+    def _wait_for_space(self) -> None:
+        limit = self.config.queue_bytes
+        while self._queued() > limit and not self._stop:
+            self._space_waiting = True
+            self._space.wait(0.05)
+            self._space.clear()
+        self._space_waiting = False
+
+    def wait_sent(self, sseq: int, timeout: float) -> bool:
+        """Wait until every message up to stream sequence `sseq` was handed to the socket."""
+        deadline = time.monotonic() + timeout
+        while self.handed < sseq:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stop:
+                return self.handed >= sseq
+            self._space_waiting = True
+            self._wake()
+            self._space.wait(min(remaining, 0.05))
+            self._space.clear()
+        return True
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already a wake-up pending (or closing)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._stop:
+            return
+        self._stop = True
+        self._wake()
+        self._thread.join(timeout)
+        for s in list(self._groups.values()) + [self._sock, self._wake_r, self._wake_w]:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self._sel.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------- control installs (I/O thread)
+
+    def install_members(self, members: list[MemberInfo]) -> None:
+        self._members = {m.id: m for m in members}
+        for key in [k for k in self._recv_pos if k[0] not in self._members]:
+            del self._recv_pos[key]
+        self._release_held()
+
+    def install_topics(self, names: dict[int, str]) -> None:
+        self._topic_names = dict(names)
+
+    def install_routes(self, routes: dict[int, list[Route]],
+                       receivers: dict[tuple[str, int], set[int]] | None = None) -> None:
+        """Replace the forwarding table; feeds of unchanged destinations keep their queues."""
+        self._routes = {t: list(rs) for t, rs in routes.items()}
+        self._plans.clear()
+        self._expected = {a: set(ms) for a, ms in (receivers or {}).items()}
+        now = time.monotonic()
+        for address, members in self._expected.items():
+            feed = self._feed(address)
+            for m in members:
+                if m != self.member_id:
+                    feed.expect(m, now)
+
+    def install_groups(self, wanted: set[tuple[str, int]]) -> None:
+        """Join exactly the multicast groups in `wanted`."""
+        for group, port in list(self._groups):
+            if (group, port) not in wanted:
+                self.leave_group(group, port)
+        for group, port in sorted(wanted):
+            self.join_group(group, port)
+
+    def join_group(self, group: str, port: int) -> None:
+        if (group, port) in self._groups:
+            return
+        sock = multicast_socket(self.config.transport, group, port)
+        self._groups[(group, port)] = sock
+        self._sel.register(sock, selectors.EVENT_READ)
+
+    def leave_group(self, group: str, port: int) -> None:
+        sock = self._groups.pop((group, port), None)
+        if sock is not None:
+            self._sel.unregister(sock)
+            sock.close()
+
+    def add_subscription(self, sub: Subscription) -> None:
+        for t in sub.topics:
+            self._subs[t] = self._subs.get(t, ()) + (sub,)
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        for t in sub.topics:
+            rest = tuple(s for s in self._subs.get(t, ()) if s is not sub)
+            if rest:
+                self._subs[t] = rest
+            else:
+                self._subs.pop(t, None)
+        sub.closed = True
+        sub.event.set()
+
+    def snapshot(self) -> dict:
+        """Counters and table sizes for status (runs on the I/O thread)."""
+        return {
+            "member": self.member_id, "name": self.name, "address": list(self.address),
+            "drops": dict(self.drops), "stats": dict(self.stats),
+            "groups": [f"{g}:{p}" for g, p in self._groups],
+            "feeds": {f"{h}:{p}": {"in_flight": f.in_flight(), "queued": len(f.queue),
+                                   "receivers": sorted(f.acks)}
+                      for (h, p), f in self._feeds.items()},
+            "topics": sorted(self._subs),
+        }
+
+    # -------------------------------------------------------------------------- the I/O loop
+
+    def _run(self) -> None:
+        sel = self._sel
+        while not self._stop:
+            try:
+                busy = self._step(sel)
+            except Exception:  # never let one bad event kill the member's data plane
+                log.exception("scopecast I/O loop error (continuing)")
+                self.drops["internal_error"] += 1
+                busy = False
+            if not busy:
+                self._sleeping = True
+                if not self._publish_q and not self._ops:
+                    self._poll(sel, self._idle_timeout())
+                self._sleeping = False
+
+    def _step(self, sel) -> bool:
+        self._poll(sel, 0)
+        while self._ops:
+            fn, args = self._ops.popleft()
+            fn(*args)
+        if self._publish_q:
+            self._take_publishes()
+        sent = self._pump()
+        now = time.monotonic()
+        if now - self._last_ack >= self.config.ack_period:
+            self._send_acks(now)
+        if now - self._last_housekeeping >= 0.1:
+            self._housekeeping(now)
+        if self._space_waiting:
+            self._space.set()
+        return sent or bool(self._publish_q)
+
+    def _idle_timeout(self) -> float:
+        if any(pos[0] != pos[1] for pos in self._recv_pos.values()):
+            return self.config.ack_period
+        return 0.1
+
+    def _poll(self, sel, timeout: float) -> None:
+        for key, mask in sel.select(timeout):
+            sock = key.fileobj
+            if mask & selectors.EVENT_READ:
+                if sock is self._wake_r:
+                    try:
+                        while sock.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                else:
+                    self._drain(sock)
+            if mask & selectors.EVENT_WRITE and self._want_write:
+                self._want_write = False
+                sel.modify(self._sock, selectors.EVENT_READ)
+
+    # ----------------------------------------------------------------------------- receive path
+
+    def _drain(self, sock: socket.socket) -> None:
+        buf = self._rbuf
+        view = memoryview(buf)
+        recv = sock.recvfrom_into
+        while True:
+            try:
+                n, _addr = recv(buf)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self.drops["socket_error"] += 1
+                log.debug("recv failed: %s", exc)
+                return
+            self.stats["datagrams_in"] += 1
+            self._on_datagram(view[:n])
+
+    def _on_datagram(self, datagram: memoryview) -> None:
+        body = self._auth.verify(datagram) if len(datagram) >= HEADER.size + 16 else None
+        if body is None:
+            self._drop("truncated" if len(datagram) < HEADER.size + 16 else "bad_mac")
+            return
+        try:
+            header = wire.unpack_header(body)
+        except wire.DecodeError as exc:
+            self._drop(exc.reason)
+            return
+        sender = header.sender
+        if sender == self.member_id:
+            self.stats["own_datagrams"] += 1
+            return
+        if sender not in self._members:
+            self._hold(sender, body)
+            return
+        try:
+            if header.ptype in wire.DATA_TYPES:
+                self._on_data(header, body)
+            else:
+                self._on_control(header, body)
+        except wire.DecodeError as exc:
+            self._drop(exc.reason)
+
+    def _drop(self, reason: str) -> None:
+        self.drops[reason] += 1
+        if self.drops[reason] in (1, 10, 100, 1000) or self.drops[reason] % 10000 == 0:
+            log.warning("dropped datagram: %s (%d so far)", reason, self.drops[reason])
+
+    def _hold(self, sender: int, body: memoryview) -> None:
+        """Keep a datagram of a member the control plane has not told us about yet (bounded)."""
+        if len(self._held) >= self.config.held_datagrams:
+            self._drop("unknown_sender")
+            return
+        self._held.append((time.monotonic(), sender, bytes(body)))
+        self.unknown_sender.set()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, deque()
+        now = time.monotonic()
+        for t, sender, body in held:
+            if sender in self._members:
+                self._on_datagram_body(memoryview(body))
+            elif now - t < self.config.unknown_sender_grace:
+                self._held.append((t, sender, body))
+            else:
+                self._drop("unknown_sender")
+
+    def _on_datagram_body(self, body: memoryview) -> None:
+        header = wire.unpack_header(body)
+        try:
+            if header.ptype in wire.DATA_TYPES:
+                self._on_data(header, body)
+            else:
+                self._on_control(header, body)
+        except wire.DecodeError as exc:
+            self._drop(exc.reason)
+
+    def _on_data(self, header: wire.Header, body: memoryview) -> None:
+        routes, off = wire.decode_routes(body, HEADER.size)
+        if header.flags & wire.FLAG_FRAGMENT:
+            self._on_fragment(header, body, routes, off)
+        else:
+            self._take_entries(header, body, routes, off)
+        self._note_received(header, len(body))
+
+    def _note_received(self, header: wire.Header, nbytes: int) -> None:
+        key = (header.sender, header.channel)
+        pos = self._recv_pos.get(key)
+        if pos is None:
+            self._recv_pos[key] = [header.dseq, 0, 0.0]
+        elif header.dseq > pos[0]:
+            pos[0] = header.dseq
+
+    def _take_entries(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
+        end = len(body)
+        count = header.count
+        # validate the whole datagram before delivering any of it
+        check = off
+        unpack = ENTRY.unpack_from
+        esize = ENTRY.size
+        nroutes = len(routes)
+        for _ in range(count):
+            if check + esize > end:
+                raise wire.DecodeError("truncated", "message entry")
+            fields = unpack(body, check)
+            check += esize + fields[8]
+            if check > end:
+                raise wire.DecodeError("truncated", "payload")
+            if fields[7] >= nroutes:
+                raise wire.DecodeError("bad_routes", "route index")
+        if check != end:
+            raise wire.DecodeError("trailing_bytes", str(end - check))
+        next_seq = self._next_seq
+        subs_by_topic = self._subs
+        routes_by_topic = self._routes
+        names = self._topic_names
+        members = self._members
+        touched: list[Subscription] = []
+        for _ in range(count):
+            topic, source, session, seq, stream, sseq, ctype, ridx, n = unpack(body, off)
+            off += esize
+            payload = bytes(body[off:off + n])
+            off += n
+            key = (topic, source, session)
+            expected = next_seq.get(key)
+            if expected is not None and seq != expected:
+                if seq < expected:
+                    self.stats["duplicates"] += 1
+                    continue
+                self.stats["gaps"] += 1
+            next_seq[key] = seq + 1
+            subs = subs_by_topic.get(topic)
+            if subs:
+                src = members.get(source)
+                msg = Message(names.get(topic, str(topic)), src.name if src else str(source),
+                              session, seq, payload, ctype)
+                for sub in subs:
+                    if not sub.inbox:
+                        touched.append(sub)
+                    sub.inbox.append(msg)
+                    sub.inbox_bytes += n + esize
+            if topic in routes_by_topic:
+                self._forward_received(topic, source, session, seq, stream, sseq, ctype,
+                                       routes[ridx], payload)
+        if touched:
+            self._deliver(touched)
+
+    def _deliver(self, touched: list[Subscription]) -> None:
+        for sub in touched:
+            batch, nbytes = sub.inbox, sub.inbox_bytes
+            sub.inbox = []
+            sub.inbox_bytes = 0
+            sub.delivered_bytes += nbytes
+            self.stats["delivered"] += len(batch)
+            if sub.callback is not None:
+                sub.callback(batch)
+                sub.consumed_bytes += nbytes
+                continue
+            sub.queue.append((batch, nbytes))
+            if sub.waiting:
+                sub.event.set()
+
+    def _on_fragment(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
+        end = len(body)
+        if header.count != 1 or off + wire.FRAGMENT.size + ENTRY.size > end:
+            raise wire.DecodeError("bad_fragment")
+        total, index, count, chunk = wire.FRAGMENT.unpack_from(body, off)
+        off += wire.FRAGMENT.size
+        topic, source, session, seq, stream, sseq, ctype, ridx, n = ENTRY.unpack_from(body, off)
+        off += ENTRY.size
+        if off + n != end or ridx >= len(routes):
+            raise wire.DecodeError("bad_fragment")
+        piece = wire.WireMessage(topic, source, session, seq, stream, sseq, ctype, routes[ridx],
+                                 bytes(body[off:end]))
+        try:
+            whole = self._reassembler.add(header.sender,
+                                          wire.Fragment(piece, total, index, count, chunk))
+        except ReassemblyError as exc:
+            self._drop(exc.reason)
+            return
+        if whole is None:
+            return
+        self.stats["reassembled"] += 1
+        self._take_whole(whole)
+
+    def _take_whole(self, m: wire.WireMessage) -> None:
+        """Deliver/forward one reassembled message (same rules as `_take_entries`)."""
+        key = (m.topic_id, m.source, m.session)
+        expected = self._next_seq.get(key)
+        if expected is not None and m.seq < expected:
+            self.stats["duplicates"] += 1
+            return
+        if expected is not None and m.seq > expected:
+            self.stats["gaps"] += 1
+        self._next_seq[key] = m.seq + 1
+        subs = self._subs.get(m.topic_id)
+        if subs:
+            src = self._members.get(m.source)
+            msg = Message(self._topic_names.get(m.topic_id, str(m.topic_id)),
+                          src.name if src else str(m.source), m.session, m.seq, m.payload,
+                          m.content_type)
+            for sub in subs:
+                sub.inbox.append(msg)
+                sub.inbox_bytes += len(m.payload) + ENTRY.size
+            self._deliver(list(subs))
+        if m.topic_id in self._routes:
+            self._forward_received(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
+                                   m.content_type, m.route, m.payload)
+
+    def _on_control(self, header: wire.Header, body: memoryview) -> None:
+        header, msg = wire.decode_control(body)
+        if header.ptype == wire.PacketType.CONTROL:
+            if (isinstance(msg, list) and len(msg) == 3 and msg[0] == "ack"
+                    and isinstance(msg[1], int) and isinstance(msg[2], int)):
+                self._on_ack(header.sender, msg[1], msg[2])
+            else:
+                self._drop("bad_control")
+        elif header.ptype == wire.PacketType.END_OF_STREAM:
+            self._note_received(header, len(body))
+            if (isinstance(msg, list) and len(msg) == 3 and all(isinstance(v, int) for v in msg)):
+                self._on_end_of_stream(header.sender, *msg)
+            else:
+                self._drop("bad_control")
+        else:
+            self.stats[f"ignored_{wire.PacketType(header.ptype).name.lower()}"] += 1
+
+    def _on_end_of_stream(self, sender: int, topic: int, session: int, last_seq: int) -> None:
+        subs = self._subs.get(topic, ())
+        member = self._members.get(sender)
+        for sub in subs:
+            sub.ends[(self._topic_names.get(topic, str(topic)),
+                      member.name if member else str(sender), session)] = last_seq
+            if sub.waiting:
+                sub.event.set()
+
+    def _on_ack(self, sender: int, channel: int, dseq: int) -> None:
+        feed = self._feeds_by_channel.get(channel)
+        if feed is None or dseq > feed.dseq:
+            self._drop("bad_ack")
+            return
+        feed.acknowledge(sender, dseq, time.monotonic())
+
+    def _send_acks(self, now: float) -> None:
+        self._last_ack = now
+        for sub_list in self._subs.values():
+            for sub in sub_list:
+                if sub.backlog() > self.config.max_backlog_bytes:
+                    self.stats["acks_withheld"] += 1
+                    return
+        for (sender, channel), pos in self._recv_pos.items():
+            if pos[0] == pos[1] and now - pos[2] < 0.5:
+                continue
+            member = self._members.get(sender)
+            if member is None:
+                continue
+            pos[1] = pos[0]
+            pos[2] = now
+            self._send_control(wire.PacketType.CONTROL, ["ack", channel, pos[0]],
+                               (member.host, member.port))
+
+    def _send_control(self, ptype: int, body, address, channel: int = 0, dseq: int = 0) -> None:
+        data = wire.encode_control(ptype, self.member_id, body, channel, dseq)
+        try:
+            self._sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
+            self.stats["control_out"] += 1
+        except OSError as exc:
+            self.drops["send_error"] += 1
+            log.debug("control send to %s failed: %s", address, exc)
+
+    def _housekeeping(self, now: float) -> None:
+        self._last_housekeeping = now
+        expired = self._reassembler.expire()
+        if expired:
+            self.drops["reassembly_timeout"] += expired
+        if self._held and now - self._held[0][0] > self.config.unknown_sender_grace:
+            self._release_held()
+        for feed in self._feeds.values():
+            for member in feed.expire(now, self.config.ack_timeout):
+                self.stats["receiver_timeouts"] += 1
+                log.warning("receiver %s of %s:%d silent for %.1fs; no longer waiting for it",
+                            member, *feed.address, self.config.ack_timeout)
+
+    # ---------------------------------------------------------------------------- send path
+
+    def _take_publishes(self) -> None:
+        q = self._publish_q
+        me = self.member_id
+        record = origin_record(self.name)
+        subs_by_topic = self._subs
+        names = self._topic_names
+        taken = 0
+        touched: list[Subscription] = []
+        while q:
+            topic, session, seq, ctype, payload, size, sseq = q.popleft()
+            taken += size
+            if payload is _EOS:
+                self._queue_end_of_stream(topic, session, seq, record)
+                continue
+            self._taken_sseq = sseq
+            plan = self._plans.get((topic, record))
+            if plan is None:
+                plan = self._plan(topic, record)
+            entry = (topic, me, session, seq, me, sseq, ctype, None, payload)
+            self._enqueue(plan, entry)
+            subs = subs_by_topic.get(topic)
+            if subs:
+                msg = Message(names.get(topic, str(topic)), self.name, session, seq, payload, ctype)
+                for sub in subs:
+                    if not sub.inbox:
+                        touched.append(sub)
+                    sub.inbox.append(msg)
+                    sub.inbox_bytes += size
+        self.taken_bytes += taken
+        if touched:
+            self._deliver(touched)
+        self._update_handed()
+
+    def _update_handed(self) -> None:
+        low = self._taken_sseq
+        for feed in self._active:
+            if feed.own and feed.own[0] - 1 < low:
+                low = feed.own[0] - 1
+        self.handed = low
+
+    def _plan(self, topic: int, record: tuple) -> list:
+        """For messages of `topic` carrying `record`: (channel or feed, record after the hop)."""
+        plan = []
+        for route in self._routes.get(topic, ()):
+            if matches(record, route.label):
+                after = forward(record, route.label)
+                if isinstance(route.channel, FilteredChannel):
+                    plan.append((route.channel, after))
+                else:
+                    plan.append((self._feed(route.channel.address), after))
+        self._plans[(topic, record)] = plan
+        return plan
+
+    def _enqueue(self, plan: list, entry: tuple) -> None:
+        for target, after in plan:
+            e = entry[:7] + (after,) + entry[8:]
+            if isinstance(target, _Feed):
+                self._push(target, e)
+            else:
+                out: list = []
+                resolve(target, entry[0], entry[1], entry[3], entry[5], out)
+                for endpoint in out:
+                    self._push(self._feed(endpoint.address), e)
+
+    def _push(self, feed: _Feed, entry: tuple) -> None:
+        if not feed.queue and feed.frag is None:
+            self._active.append(feed)
+        feed.queue.append(entry)
+        if len(entry) > 4:
+            self.feed_bytes += len(entry[8]) + ENTRY.size
+            if entry[1] == self.member_id:
+                feed.own.append(entry[5])
+
+    def _forward_received(self, topic, source, session, seq, stream, sseq, ctype, record,
+                          payload) -> None:
+        plan = self._plans.get((topic, record))
+        if plan is None:
+            plan = self._plan(topic, record)
+        if plan:
+            self.stats["forwarded"] += 1
+            self._enqueue(plan, (topic, source, session, seq, stream, sseq, ctype, None, payload))
+
+    def _queue_end_of_stream(self, topic: int, session: int, last_seq: int, record: tuple) -> None:
+        plan = self._plans.get((topic, record)) or self._plan(topic, record)
+        for target, _after in plan:
+            feeds = [target] if isinstance(target, _Feed) else [
+                self._feed(e.address) for e in endpoints(target)]
+            for feed in feeds:
+                self._push(feed, (topic, session, last_seq, _EOS))
+
+    def _feed(self, address: tuple[str, int]) -> _Feed:
+        feed = self._feeds.get(address)
+        if feed is None:
+            feed = self._feeds[address] = _Feed(address, len(self._feeds) + 1)
+            self._feeds_by_channel[feed.channel] = feed
+        return feed
+
+    def _pump(self) -> bool:
+        """Let destinations pull datagrams while their windows are open and the socket takes them."""
+        if self._want_write:
+            return False
+        if self._stalled is not None:
+            feed, data = self._stalled
+            self._stalled = None
+            if not self._transmit(feed, memoryview(data)):
+                return False
+        active = self._active
+        window = self.config.window_bytes
+        progressed = False
+        for _ in range(len(active)):
+            feed = active.popleft()
+            while (feed.queue or feed.frag is not None) and feed.in_flight() < window:
+                datagram = self._pull(feed)
+                if not self._transmit(feed, datagram):
+                    break
+                progressed = True
+            if feed.queue or feed.frag is not None:
+                active.append(feed)
+            if self._want_write:
+                break
+        if progressed:
+            self._update_handed()
+        return progressed
+
+    def _pull(self, feed: _Feed) -> memoryview:
+        """Build the next datagram for `feed` from its queue, just in time."""
+        feed.dseq += 1
+        if feed.frag is not None:
+            return self._next_fragment(feed)
+        q = feed.queue
+        head = q[0]
+        if len(head) == 4:  # end-of-stream marker
+            q.popleft()
+            topic, session, last_seq, _ = head
+            return memoryview(wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
+                                                  [topic, session, last_seq], feed.channel,
+                                                  feed.dseq))
+        builder = self._builder
+        builder.begin(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq)
+        if len(head[8]) > builder.room() - 64:
+            feed.frag = (q.popleft(), None)
+            return self._next_fragment(feed)
+        add = builder.add
+        own = self.member_id
+        nbytes = 0
+        while q:
+            e = q[0]
+            if len(e) == 4 or not add(*e):
+                break
+            q.popleft()
+            nbytes += len(e[8]) + ENTRY.size
+            if e[1] == own:
+                feed.own.popleft()
+        self.feed_bytes -= nbytes
+        return builder.finish()
+
+    def _next_fragment(self, feed: _Feed) -> memoryview:
+        entry, pieces = feed.frag
+        builder = self._builder
+        if pieces is None:
+            route_bytes = len(wire.encode_routes([entry[7]]))
+            chunk = builder.capacity - HEADER.size - wire.ROUTE_LEN.size - route_bytes \
+                - wire.FRAGMENT.size - ENTRY.size
+            msg = wire.WireMessage(*entry)
+            pieces = wire.fragments(msg, chunk)
+            feed.frag = (entry, pieces)
+        frag, chunk_bytes = next(pieces)
+        total, index, count, _ = frag
+        if index == count - 1:
+            feed.frag = None
+            self.feed_bytes -= len(entry[8]) + ENTRY.size
+            if entry[1] == self.member_id:
+                feed.own.popleft()
+        builder.begin(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq)
+        builder.add(*entry[:8], chunk_bytes)
+        return builder.finish(frag)
+
+    def _transmit(self, feed: _Feed, datagram: memoryview) -> bool:
+        try:
+            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
+        except BlockingIOError:
+            # the kernel's send buffer is full: keep this datagram and resend it when writable
+            self._stalled = (feed, bytes(datagram))
+            self._want_write = True
+            self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return False
+        except OSError as exc:
+            self.drops["send_error"] += 1
+            log.warning("send to %s:%d failed: %s", *feed.address, exc)
+        feed.sent_bytes += len(datagram) + 16
+        feed.history.append((feed.dseq, feed.sent_bytes))
+        if not feed.acks:
+            feed.base_bytes = feed.sent_bytes
+        self.stats["datagrams_out"] += 1
+        return True

@@ -1,0 +1,149 @@
+"""`connect()` and the `Cluster` facade: attach to (or start) Ray, deploy the scope managers,
+and hand out publishers and subscribers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import ray
+
+from scopecast.actors import declare
+from scopecast.actors.errors import NotConnected
+from scopecast.netio.pubsub import Publisher, Subscriber
+from scopecast.netio.runtime import RuntimeConfig
+from scopecast.scopes.cluster_manager import ClusterScopeManager
+from scopecast.scopes.controlled_element import ControlledElement, call
+from scopecast.scopes.topics import TopicInfo
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_OBJECT_STORE = 1 << 30
+
+
+def embedded_ray_options() -> dict:
+    """How an embedded local Ray is started: more logical CPUs than cores (our actors and Spark's
+    executors must never starve each other), a capped object store, everything on loopback."""
+    cores = os.cpu_count() or 2
+    return dict(num_cpus=max(8, 4 * cores), object_store_memory=EMBEDDED_OBJECT_STORE,
+                include_dashboard=False, _node_ip_address="127.0.0.1",
+                namespace=declare.NAMESPACE, logging_level=logging.WARNING)
+
+
+def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
+            start: bool = True) -> Cluster:
+    """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
+
+    Deploys the cluster scope manager if it is not there yet. With `start=False`, raise
+    `NotConnected` instead of starting an embedded Ray or deploying scope managers."""
+    owns_ray = False
+    if not ray.is_initialized():
+        target = address or os.environ.get("RAY_ADDRESS")
+        if target:
+            try:
+                ray.init(address=target, namespace=declare.NAMESPACE,
+                         logging_level=logging.WARNING)
+            except ConnectionError as exc:
+                raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
+                                   "`scopecast up`") from None
+        elif start:
+            ray.init(**embedded_ray_options())
+            owns_ray = True
+            log.info("started an embedded local Ray")
+        else:
+            raise NotConnected("no Ray cluster to attach to: run `scopecast up` first, or pass "
+                               "--address / set RAY_ADDRESS")
+    if start:
+        manager = declare.get_or_create(ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
+                                        "127.0.0.1" if owns_ray else None)
+    else:
+        manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
+        if manager is None:
+            raise NotConnected("Ray is running but scopecast is not deployed on it: run "
+                               "`scopecast up --address ADDR`")
+    hello = call(manager.hello)
+    return Cluster(manager, hello, owns_ray, config)
+
+
+class Cluster:
+    """A connection to a scopecast cluster. Publishers and subscribers created through it make
+    this process a member; `shutdown()` leaves a cluster it attached to running."""
+
+    def __init__(self, manager, hello: dict, owns_ray: bool,
+                 config: RuntimeConfig | None = None) -> None:
+        self._manager = manager
+        self._hello = hello
+        self._owns_ray = owns_ray
+        self._config = config
+        self._element: ControlledElement | None = None
+        self._lock = threading.Lock()
+        self._handles: list = []
+
+    @property
+    def address(self) -> str:
+        """The Ray GCS address other processes pass to `connect(address=...)`."""
+        return ray.get_runtime_context().gcs_address
+
+    def _member(self) -> ControlledElement:
+        with self._lock:
+            if self._element is None:
+                self._element = ControlledElement(self._manager, self._hello, self._config)
+            return self._element
+
+    # ------------------------------------------------------------------------------ topics
+
+    def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
+                     root: str = "", exist_ok: bool = True) -> TopicInfo:
+        return call(self._manager.create_topic, name, policy, recovery, root, exist_ok)
+
+    def topic(self, name: str) -> TopicInfo:
+        return call(self._manager.topic, name)
+
+    def topics(self) -> list[TopicInfo]:
+        return call(self._manager.topics)
+
+    def delete_topic(self, name: str) -> None:
+        call(self._manager.delete_topic, name)
+
+    # -------------------------------------------------------------------------- membership
+
+    def publisher(self, topic: str) -> Publisher:
+        element = self._member()
+        pub = Publisher(element, element.advertise(topic))
+        self._handles.append(pub)
+        return pub
+
+    def subscriber(self, topics: str | list[str], on_message=None) -> Subscriber:
+        names = [topics] if isinstance(topics, str) else list(topics)
+        element = self._member()
+        sub = Subscriber(element, element.subscribe(names), on_message)
+        self._handles.append(sub)
+        return sub
+
+    def status(self) -> dict:
+        """The cluster's scope state, plus this member's data-plane counters if it is one."""
+        status = call(self._manager.status)
+        if self._element is not None:
+            status["this_member"] = self._element.runtime.call_wait(self._element.runtime.snapshot)
+        return status
+
+    def shutdown(self) -> None:
+        """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""
+        for handle in reversed(self._handles):
+            try:
+                handle.close()
+            except Exception as exc:
+                log.warning("closing %r failed: %s", handle, exc)
+        self._handles.clear()
+        if self._element is not None:
+            self._element.close()
+            self._element = None
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

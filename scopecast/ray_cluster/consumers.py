@@ -1,0 +1,121 @@
+"""Subscribers that run as Ray actors or plain processes and report what they received.
+
+`consume` reads until it has `expect` messages (or every publisher's end-of-stream marker, or a
+timeout) and summarises: counts, order per (topic, source, session), and a digest over the delivered
+sequence so a caller can compare it with what was published. The demo, the tests and the benchmarks
+use the same code."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+
+class DeliveryDigest:
+    """Order-sensitive digest of (topic, source, seq, payload) per message, as published or received."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.blake2b(digest_size=16)
+
+    def add(self, topic: str, seq: int, payload: bytes) -> None:
+        h = self._h
+        h.update(topic.encode())
+        h.update(seq.to_bytes(8, "little"))
+        h.update(payload)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def consume(sub, expect: int | None = None, timeout: float = 60.0, idle: float | None = None,
+            touch: bool = True) -> dict:
+    """Receive until `expect` messages, the deadline, or `idle` seconds without a message."""
+    count = 0
+    nbytes = 0
+    gaps = 0
+    out_of_order = 0
+    last: dict[tuple, int] = {}
+    digest = DeliveryDigest()
+    start = first = time.monotonic()
+    end = start + timeout
+    while expect is None or count < expect:
+        now = time.monotonic()
+        if now >= end:
+            break
+        batch = sub.receive_batch(min(end - now, idle if idle else end - now))
+        if not batch:
+            if idle is not None and count:
+                break
+            continue
+        if count == 0:
+            first = time.monotonic()
+        for m in batch:
+            key = (m.topic, m.source, m.session)
+            prev = last.get(key)
+            if prev is not None and m.seq != prev + 1:
+                if m.seq <= prev:
+                    out_of_order += 1
+                else:
+                    gaps += m.seq - prev - 1
+            last[key] = m.seq
+            if touch:
+                digest.add(m.topic, m.seq, m.payload)
+            nbytes += len(m.payload)
+        count += len(batch)
+    elapsed = time.monotonic() - first
+    return {"count": count, "bytes": nbytes, "gaps": gaps, "out_of_order": out_of_order,
+            "sources": len(last), "digest": digest.hexdigest() if touch else "",
+            "seconds": elapsed, "rate": count / elapsed if elapsed > 0 else 0.0,
+            "last_seq": {f"{t}|{s}|{sess}": q for (t, s, sess), q in last.items()}}
+
+
+class TopicConsumer:
+    """A subscriber living in a Ray actor (declare with `ray.remote(num_cpus=0)`)."""
+
+    def __init__(self, topics: str | list[str]) -> None:
+        import scopecast
+
+        self._cluster = scopecast.connect()
+        self._sub = self._cluster.subscriber(topics)
+
+    def ready(self) -> bool:
+        return True
+
+    def consume(self, expect: int | None = None, timeout: float = 60.0, idle: float | None = None,
+                touch: bool = True) -> dict:
+        return consume(self._sub, expect, timeout, idle, touch)
+
+    def counters(self) -> dict:
+        return self._cluster.status()["this_member"]
+
+    def close(self) -> None:
+        self._sub.close()
+        self._cluster.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A plain-process subscriber: prints 'ready', then one JSON summary line."""
+    parser = argparse.ArgumentParser(description="consume a topic and print a JSON summary")
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--topic", action="append", required=True)
+    parser.add_argument("--expect", type=int)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    import scopecast
+
+    cluster = scopecast.connect(address=args.address, start=False)
+    sub = cluster.subscriber(args.topic)
+    print("ready", flush=True)
+    summary = consume(sub, args.expect, args.timeout)
+    summary["drops"] = cluster.status()["this_member"]["drops"]
+    print(json.dumps(summary), flush=True)
+    cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

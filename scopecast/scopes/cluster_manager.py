@@ -1,0 +1,224 @@
+"""The cluster (root) scope manager: topic metadata, members, and the channels members use.
+
+It never touches data (thesis 3.2.6): members ask it for their *view* — the members they may hear
+from, the topic names, the multicast groups to join and their forwarding table — and it answers
+only when the view changed since the version they hold. Members that are plain driver processes
+cannot be called, so every member pulls (Ray actors will also be pushed to, later).
+
+Foundation scope: one scope, topics disseminated over one IP multicast group each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
+from scopecast.netio.auth import new_cluster_key
+from scopecast.scopes.topics import TopicInfo, check_topic_name
+
+log = logging.getLogger(__name__)
+
+KNOWN_POLICIES = ("tree", "chain", "star", "lan_multicast", "replicated")
+KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
+MEMBER_TIMEOUT = 60.0
+
+
+@dataclass(slots=True)
+class MemberRecord:
+    id: int
+    name: str
+    host: str
+    port: int
+    pid: int
+    node: str
+    role: str = "member"
+    publishes: set[int] = field(default_factory=set)
+    subscribes: set[int] = field(default_factory=set)
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def public(self) -> dict:
+        return {"id": self.id, "name": self.name, "host": self.host, "port": self.port,
+                "pid": self.pid, "node": self.node, "role": self.role,
+                "publishes": sorted(self.publishes), "subscribes": sorted(self.subscribes)}
+
+
+class ClusterScopeManager:
+    """Root scope of a scopecast cluster (a Ray actor; see `scopecast.actors.declare`)."""
+
+    def __init__(self, interface: str | None = None, seed: int | None = None) -> None:
+        rng = random.Random(seed if seed is not None else os.urandom(8))
+        self._key = new_cluster_key()
+        self._cluster_id = rng.getrandbits(48)
+        prefix = rng.getrandbits(10)
+        self._group_prefix = (239, 192 + (prefix >> 8), prefix & 0xFF)
+        self._port = 40000 + rng.randrange(10000)
+        self._interface = interface
+        self._topics: dict[str, TopicInfo] = {}
+        self._members: dict[int, MemberRecord] = {}
+        self._next_member = 1
+        self._version = 1
+        self._started = time.time()
+        logging.basicConfig(level=logging.INFO)
+        log.info("cluster scope manager up: cluster %x, multicast %s.x:%d", self._cluster_id,
+                 ".".join(map(str, self._group_prefix)), self._port)
+
+    # ------------------------------------------------------------------------------ cluster
+
+    def hello(self) -> dict:
+        """Cluster key and transport settings, for a process that connects."""
+        return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface}
+
+    # ------------------------------------------------------------------------------- topics
+
+    def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
+                     root: str = "", exist_ok: bool = True, options: dict | None = None) -> TopicInfo:
+        check_topic_name(name)
+        if policy not in KNOWN_POLICIES:
+            raise InvalidConfig(f"unknown forwarding policy {policy!r}; built-ins are "
+                                f"{', '.join(KNOWN_POLICIES)}")
+        if recovery not in KNOWN_RECOVERY:
+            raise InvalidConfig(f"unknown recovery protocol {recovery!r}; built-ins are "
+                                f"{', '.join(KNOWN_RECOVERY)}")
+        existing = self._topics.get(name)
+        if existing is not None:
+            if not exist_ok or (existing.policy, existing.recovery) != (policy, recovery):
+                raise TopicExists(f"topic {name!r} exists with policy={existing.policy!r}, "
+                                  f"recovery={existing.recovery!r}")
+            return existing
+        tid = max((t.id for t in self._topics.values()), default=0) + 1
+        group = "%d.%d.%d.%d" % (*self._group_prefix, 1 + (tid - 1) % 254)
+        info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, root=root,
+                         session=1, group=group, port=self._port, options=dict(options or {}))
+        self._topics[name] = info
+        self._bump()
+        log.info("topic %s created (id %d, group %s:%d)", name, tid, group, self._port)
+        return info
+
+    def topic(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            raise TopicNotFound(name)
+        return info
+
+    def topics(self) -> list[TopicInfo]:
+        return sorted(self._topics.values(), key=lambda t: t.id)
+
+    def delete_topic(self, name: str) -> None:
+        info = self.topic(name)
+        del self._topics[name]
+        for m in self._members.values():
+            m.publishes.discard(info.id)
+            m.subscribes.discard(info.id)
+        self._bump()
+
+    # ------------------------------------------------------------------------------ members
+
+    def register_member(self, name: str, host: str, port: int, pid: int, node: str,
+                        role: str = "member") -> int:
+        if role not in ("member", "client"):
+            raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")
+        mid = self._next_member
+        self._next_member += 1
+        self._members[mid] = MemberRecord(mid, name, host, int(port), int(pid), node, role)
+        self._bump()
+        log.info("member %d (%s) registered at %s:%d", mid, name, host, port)
+        return mid
+
+    def unregister_member(self, member_id: int) -> None:
+        if self._members.pop(member_id, None) is not None:
+            self._bump()
+            log.info("member %d left", member_id)
+
+    def subscribe(self, member_id: int, names: list[str]) -> list[TopicInfo]:
+        member = self._member(member_id)
+        infos = [self.topic(n) for n in names]
+        member.subscribes.update(t.id for t in infos)
+        self._bump()
+        return infos
+
+    def unsubscribe(self, member_id: int, names: list[str]) -> None:
+        member = self._members.get(member_id)
+        if member is None:
+            return
+        for n in names:
+            info = self._topics.get(n)
+            if info is not None:
+                member.subscribes.discard(info.id)
+        self._bump()
+
+    def advertise(self, member_id: int, name: str) -> TopicInfo:
+        info = self.topic(name)
+        self._member(member_id).publishes.add(info.id)
+        self._bump()
+        return info
+
+    def unadvertise(self, member_id: int, name: str) -> None:
+        member = self._members.get(member_id)
+        info = self._topics.get(name)
+        if member is not None and info is not None:
+            member.publishes.discard(info.id)
+            self._bump()
+
+    def view(self, member_id: int, have_version: int = 0) -> dict | None:
+        """The member's view if it changed since `have_version`, else None (also a heartbeat)."""
+        member = self._member(member_id)
+        member.last_seen = time.monotonic()
+        self._expire_members()
+        if have_version == self._version:
+            return None
+        by_id = {t.id: t for t in self._topics.values()}
+        routes = []
+        receivers: dict[str, list[int]] = {}
+        for tid in sorted(member.publishes):
+            info = by_id.get(tid)
+            if info is None:
+                continue
+            routes.append({"topic": tid, "src": [member.name], "dst": ["*"], "origin": member.name,
+                           "group": info.group, "port": info.port})
+            receivers[f"{info.group}:{info.port}"] = sorted(
+                m.id for m in self._members.values()
+                if tid in m.subscribes and m.role == "member" and m.id != member_id)
+        groups = sorted({(by_id[t].group, by_id[t].port) for t in member.subscribes if t in by_id})
+        return {
+            "version": self._version,
+            "members": [(m.id, m.name, m.host, m.port) for m in self._members.values()],
+            "topics": {t.id: t.name for t in self._topics.values()},
+            "sessions": {t.id: t.session for t in self._topics.values()},
+            "groups": groups,
+            "routes": routes,
+            "receivers": receivers,
+        }
+
+    def status(self) -> dict:
+        return {
+            "cluster_id": f"{self._cluster_id:012x}",
+            "uptime_s": round(time.time() - self._started, 1),
+            "version": self._version,
+            "topics": [t.to_dict() for t in self.topics()],
+            "members": [m.public() for m in self._members.values()],
+        }
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def _member(self, member_id: int) -> MemberRecord:
+        member = self._members.get(member_id)
+        if member is None:
+            raise InvalidConfig(f"member {member_id} is not registered (it may have been expired "
+                                "after missing heartbeats); reconnect")
+        return member
+
+    def _expire_members(self) -> None:
+        now = time.monotonic()
+        dead = [m for m in self._members.values() if now - m.last_seen > MEMBER_TIMEOUT]
+        for m in dead:
+            log.warning("member %d (%s) silent for %.0fs; removed", m.id, m.name, MEMBER_TIMEOUT)
+            del self._members[m.id]
+        if dead:
+            self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1

@@ -1,0 +1,166 @@
+"""The controlled element (thesis 3.2.6): the thin control layer inside a member process.
+
+It registers the process with its scope manager, passes subscribe/advertise requests up, and keeps
+the member runtime's tables (members, topics, groups, forwarding table) in step with the scope's
+view. All Ray calls happen here, on the caller's thread or the element's control thread — never on
+the runtime's I/O thread, so the data plane never waits for the control plane.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import replace
+
+import ray
+
+from scopecast.actors.errors import ScopecastError
+from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
+from scopecast.scopes.channel import MulticastGroup
+from scopecast.scopes.routing import RoutingLabel
+
+log = logging.getLogger(__name__)
+
+VIEW_PERIOD = 0.2
+
+
+def call(method, *args, timeout: float = 60.0, **kwargs):
+    """Call a scope-manager method and re-raise our typed errors as themselves."""
+    try:
+        return ray.get(method.remote(*args, **kwargs), timeout=timeout)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ScopecastError):
+            raise cause from None
+        raise
+
+
+class ControlledElement:
+    """One per member process and cluster: owns the `MemberRuntime` and its control thread."""
+
+    def __init__(self, manager, hello: dict, config: RuntimeConfig | None = None,
+                 role: str = "member") -> None:
+        self.manager = manager
+        config = config or RuntimeConfig()
+        if config.transport.interface is None:
+            interface = hello.get("interface") or _node_ip()
+            config = replace(config, transport=replace(config.transport, interface=interface))
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self._version = 0
+        self._lock = threading.Lock()  # serialises view installs (control thread vs callers)
+        self._stop = threading.Event()
+        self._published: dict[str, int] = {}   # topic -> open Publisher handles
+        self._subscribed: dict[str, int] = {}  # topic -> open Subscriber handles
+        # the runtime needs its member id before it can sign; register with a provisional socket
+        runtime = MemberRuntime(0, self.name, hello["key"], config)
+        self.member_id = call(manager.register_member, self.name, runtime.address[0],
+                              runtime.address[1], os.getpid(), _node_id(), role)
+        runtime.member_id = self.member_id
+        self.runtime = runtime
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="scopecast-control", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ requests from the API
+
+    def subscribe(self, names: list[str]):
+        """Subscribe this member to `names`; returns their TopicInfos once the groups are joined."""
+        infos = call(self.manager.subscribe, self.member_id, names)
+        for info in infos:
+            self._subscribed[info.name] = self._subscribed.get(info.name, 0) + 1
+        self.refresh()
+        return infos
+
+    def advertise(self, name: str):
+        """Make this member a publisher of `name`; returns its TopicInfo once routes are laid."""
+        info = call(self.manager.advertise, self.member_id, name)
+        self._published[name] = self._published.get(name, 0) + 1
+        self.refresh()
+        return info
+
+    def release(self, publisher_of: str | None = None,
+                subscriber_of: list[str] | None = None) -> None:
+        """A publisher or subscriber closed: leave topics no other handle in this process uses."""
+        if publisher_of is not None and _decrement(self._published, publisher_of):
+            call(self.manager.unadvertise, self.member_id, publisher_of)
+        gone = [n for n in subscriber_of or () if _decrement(self._subscribed, n)]
+        if gone:
+            call(self.manager.unsubscribe, self.member_id, gone)
+        self.refresh()
+
+    # ------------------------------------------------------------------------- view installs
+
+    def refresh(self) -> None:
+        """Fetch the view if it changed and install it in the runtime (waits for the install)."""
+        with self._lock:
+            view = call(self.manager.view, self.member_id, self._version)
+            if view is None:
+                return
+            self.runtime.call_wait(self._install, view)
+            self._version = view["version"]
+
+    def _install(self, view: dict) -> None:
+        """Runs on the I/O thread: swap in the new tables."""
+        rt = self.runtime
+        rt.install_members([MemberInfo(*m) for m in view["members"]])
+        rt.install_topics({int(k): v for k, v in view["topics"].items()})
+        rt.install_groups({(g, p) for g, p in view["groups"]})
+        routes: dict[int, list[Route]] = {}
+        for r in view["routes"]:
+            label = RoutingLabel(tuple(r["src"]), tuple(r["dst"]), r["topic"], r["origin"])
+            routes.setdefault(r["topic"], []).append(
+                Route(label, MulticastGroup(r["group"], r["port"])))
+        receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
+        rt.install_routes(routes, receivers)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.runtime.unknown_sender.wait(VIEW_PERIOD)
+            self.runtime.unknown_sender.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.refresh()
+            except Exception as exc:  # the control plane may be restarting; keep the data plane
+                log.warning("view refresh failed: %s", exc)
+                self._stop.wait(1.0)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.runtime.unknown_sender.set()
+        self._thread.join(5.0)
+        try:
+            call(self.manager.unregister_member, self.member_id, timeout=10.0)
+        except Exception as exc:
+            log.debug("unregister failed: %s", exc)
+        self.runtime.close()
+
+
+def _decrement(counts: dict[str, int], name: str) -> bool:
+    """Drop one use of `name`; True when it was the last."""
+    left = counts.get(name, 0) - 1
+    if left > 0:
+        counts[name] = left
+        return False
+    counts.pop(name, None)
+    return True
+
+
+def _address(key: str) -> tuple[str, int]:
+    host, port = key.rsplit(":", 1)
+    return (host, int(port))
+
+
+def _node_ip() -> str:
+    return ray.util.get_node_ip_address()
+
+
+def _node_id() -> str:
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return ""

@@ -1,0 +1,37 @@
+"""Topic metadata held by a topic's root scope."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from scopecast.actors.errors import InvalidConfig
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+MAX_TOPIC_NAME = 200
+
+
+def check_topic_name(name: str) -> str:
+    if not isinstance(name, str) or len(name) > MAX_TOPIC_NAME or not _TOPIC_NAME.match(name):
+        raise InvalidConfig(f"bad topic name {name!r}: use letters, digits, '_', '-', '.' in "
+                            f"'/'-separated parts, at most {MAX_TOPIC_NAME} characters")
+    return name
+
+
+@dataclass(slots=True, frozen=True)
+class TopicInfo:
+    """What `create_topic` returns and members learn about a topic."""
+
+    name: str
+    id: int
+    policy: str = "tree"
+    recovery: str = "token_ring"
+    root: str = ""
+    session: int = 1
+    group: str = ""
+    port: int = 0
+    schema: dict | None = None
+    options: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,31 @@
+"""Shared fixtures: one embedded Ray + scopecast cluster per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    import scopecast
+
+    c = scopecast.connect()
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_address(cluster) -> str:
+    return cluster.address
+
+
+@pytest.fixture
+def topic_name(request) -> str:
+    """A topic name unique to the test."""
+    return "t/" + request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:120]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

@@ -1,0 +1,72 @@
+"""A topic streamed over loopback IP multicast to subscribers in a plain process and Ray actors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import ray
+
+from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
+
+pytestmark = pytest.mark.ray
+
+N = 100_000
+
+
+def _payload(i: int) -> bytes:
+    return i.to_bytes(8, "little") * 16  # 128 bytes that differ per message
+
+
+def _plain_subscriber(address: str, topic: str, expect: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scopecast.ray_cluster.consumers", "--address", address,
+         "--topic", topic, "--expect", str(expect), "--timeout", "240"],
+        stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"subscriber process did not start: {line!r}"
+    return proc
+
+
+def test_100k_messages_to_three_subscribers_in_order(cluster, ray_address, topic_name):
+    cluster.create_topic(topic_name)
+    consumer = ray.remote(num_cpus=0)(TopicConsumer)
+    actors = [consumer.remote(topic_name) for _ in range(2)]
+    ray.get([a.ready.remote() for a in actors])
+    proc = _plain_subscriber(ray_address, topic_name, N)
+    results = [a.consume.remote(N, 240.0) for a in actors]
+
+    expected = DeliveryDigest()
+    with cluster.publisher(topic_name) as pub:
+        for i in range(1, N + 1):
+            payload = _payload(i)
+            assert pub.publish(payload) == i
+            expected.add(topic_name, i, payload)
+        pub.flush(timeout=120)
+
+    summaries = ray.get(results, timeout=300)
+    out, _ = proc.communicate(timeout=300)
+    summaries.append(json.loads(out.strip().splitlines()[-1]))
+    for s in summaries:
+        assert s["count"] == N
+        assert s["gaps"] == 0 and s["out_of_order"] == 0
+        assert s["digest"] == expected.hexdigest()
+    assert proc.returncode == 0
+    for a in actors:
+        ray.get(a.close.remote())
+
+
+def test_values_round_trip_through_msgpack(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    values = [{"a": 1, "b": [1.5, "x", None]}, [1, 2, 3], "text", 42, b"raw bytes"]
+    with cluster.subscriber(topic_name) as sub, cluster.publisher(topic_name) as pub:
+        for v in values:
+            pub.publish(v)
+        pub.flush()
+        got = [sub.receive(timeout=10.0) for _ in values]
+    assert [m.value for m in got] == values
+    assert [m.seq for m in got] == [1, 2, 3, 4, 5]
+    assert got[-1].payload == b"raw bytes"
+    assert all(m.topic == topic_name for m in got)
