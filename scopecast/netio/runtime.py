@@ -14,10 +14,10 @@ instead of overflowing a socket buffer.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import selectors
 import socket
-import itertools
 import threading
 import time
 from collections import Counter, deque
@@ -25,9 +25,11 @@ from dataclasses import dataclass, field, replace
 
 from scopecast.netio import wire
 from scopecast.netio.auth import Authenticator
+from scopecast.netio.delivery import Subscription
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import Reassembler, ReassemblyError
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
+from scopecast.netio.window import Feed
 from scopecast.scopes.channel import Channel, FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import RoutingLabel, forward, matches, origin_record
 
@@ -78,87 +80,6 @@ class Route:
     channel: Channel
 
 
-class Subscription:
-    """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
-
-    __slots__ = ("topics", "queue", "event", "waiting", "delivered_bytes", "consumed_bytes",
-                 "inbox", "inbox_bytes", "ends", "closed", "callback")
-
-    def __init__(self, topics: frozenset[int]) -> None:
-        self.topics = topics
-        self.queue: deque[tuple[list[Message], int]] = deque()
-        self.event = threading.Event()
-        self.waiting = False
-        self.delivered_bytes = 0  # written by the I/O thread only
-        self.consumed_bytes = 0   # written by the application thread only
-        self.inbox: list[Message] = []
-        self.inbox_bytes = 0
-        self.ends: dict[tuple[str, str, int], int] = {}
-        self.closed = False
-        self.callback = None
-
-    def backlog(self) -> int:
-        return self.delivered_bytes - self.consumed_bytes
-
-
-class _Feed:
-    """Messages queued for one destination, and that destination's flow window."""
-
-    __slots__ = ("address", "channel", "queue", "own", "dseq", "sent_bytes", "history",
-                 "base_bytes", "acks", "frag")
-
-    def __init__(self, address: tuple[str, int], channel: int) -> None:
-        self.address = address
-        self.channel = channel
-        self.queue: deque = deque()
-        self.own: deque[int] = deque()  # stream seqs of this member's own queued messages, in order
-        self.dseq = 0
-        self.sent_bytes = 0
-        self.history: deque[tuple[int, int]] = deque()  # (dseq, sent_bytes after it)
-        self.base_bytes = 0                              # sent_bytes at the slowest receiver's ack
-        self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
-        self.frag = None                                 # (entry, pieces iterator) while fragmenting
-
-    def in_flight(self) -> int:
-        return self.sent_bytes - self.base_bytes
-
-    def expect(self, member: int, now: float) -> None:
-        """A receiver the control plane says is there: it holds the window from now on."""
-        if member not in self.acks:
-            self.acks[member] = [self.dseq, now]
-
-    def acknowledge(self, member: int, dseq: int, now: float) -> None:
-        entry = self.acks.get(member)
-        if entry is None:
-            self.acks[member] = [dseq, now]
-        else:
-            if dseq > entry[0]:
-                entry[0] = dseq
-            entry[1] = now
-        self._advance()
-
-    def _advance(self) -> None:
-        low = min((a[0] for a in self.acks.values()), default=self.dseq)
-        history = self.history
-        while history and history[0][0] <= low:
-            self.base_bytes = history.popleft()[1]
-        if not self.acks:
-            self.base_bytes = self.sent_bytes
-
-    def expire(self, now: float, timeout: float) -> list[int]:
-        """Stop waiting for receivers silent for `timeout` while data is outstanding."""
-        if self.in_flight() == 0:
-            for a in self.acks.values():
-                a[1] = now
-            return []
-        gone = [m for m, a in self.acks.items() if a[0] < self.dseq and now - a[1] > timeout]
-        for m in gone:
-            del self.acks[m]
-        if gone:
-            self._advance()
-        return gone
-
-
 class MemberRuntime:
     """The data plane of one member process (see module docstring)."""
 
@@ -196,10 +117,10 @@ class MemberRuntime:
         self._routes: dict[int, list[Route]] = {}
         self._plans: dict[tuple, list] = {}
         self._subs: dict[int, tuple[Subscription, ...]] = {}
-        self._feeds: dict[tuple[str, int], _Feed] = {}
-        self._feeds_by_channel: dict[int, _Feed] = {}
-        self._stalled: tuple[_Feed, bytes] | None = None
-        self._active: deque[_Feed] = deque()
+        self._feeds: dict[tuple[str, int], Feed] = {}
+        self._feeds_by_channel: dict[int, Feed] = {}
+        self._stalled: tuple[Feed, bytes] | None = None
+        self._active: deque[Feed] = deque()
         self._expected: dict[tuple[str, int], set[int]] = {}
         self._next_seq: dict[tuple[int, int, int], int] = {}
         self._recv_pos: dict[tuple[int, int], list] = {}  # (sender, channel) -> [dseq, acked, t]
@@ -779,7 +700,7 @@ class MemberRuntime:
     def _enqueue(self, plan: list, entry: tuple) -> None:
         for target, after in plan:
             e = entry[:7] + (after,) + entry[8:]
-            if isinstance(target, _Feed):
+            if isinstance(target, Feed):
                 self._push(target, e)
             else:
                 out: list = []
@@ -787,7 +708,7 @@ class MemberRuntime:
                 for endpoint in out:
                     self._push(self._feed(endpoint.address), e)
 
-    def _push(self, feed: _Feed, entry: tuple) -> None:
+    def _push(self, feed: Feed, entry: tuple) -> None:
         if not feed.queue and feed.frag is None:
             self._active.append(feed)
         feed.queue.append(entry)
@@ -808,15 +729,15 @@ class MemberRuntime:
     def _queue_end_of_stream(self, topic: int, session: int, last_seq: int, record: tuple) -> None:
         plan = self._plans.get((topic, record)) or self._plan(topic, record)
         for target, _after in plan:
-            feeds = [target] if isinstance(target, _Feed) else [
+            feeds = [target] if isinstance(target, Feed) else [
                 self._feed(e.address) for e in endpoints(target)]
             for feed in feeds:
                 self._push(feed, (topic, session, last_seq, _EOS))
 
-    def _feed(self, address: tuple[str, int]) -> _Feed:
+    def _feed(self, address: tuple[str, int]) -> Feed:
         feed = self._feeds.get(address)
         if feed is None:
-            feed = self._feeds[address] = _Feed(address, len(self._feeds) + 1)
+            feed = self._feeds[address] = Feed(address, len(self._feeds) + 1)
             self._feeds_by_channel[feed.channel] = feed
         return feed
 
@@ -847,7 +768,7 @@ class MemberRuntime:
             self._update_handed()
         return progressed
 
-    def _pull(self, feed: _Feed) -> memoryview:
+    def _pull(self, feed: Feed) -> memoryview:
         """Build the next datagram for `feed` from its queue, just in time."""
         feed.dseq += 1
         if feed.frag is not None:
@@ -879,7 +800,7 @@ class MemberRuntime:
         self.feed_bytes -= nbytes
         return builder.finish()
 
-    def _next_fragment(self, feed: _Feed) -> memoryview:
+    def _next_fragment(self, feed: Feed) -> memoryview:
         entry, pieces = feed.frag
         builder = self._builder
         if pieces is None:
@@ -900,7 +821,7 @@ class MemberRuntime:
         builder.add(*entry[:8], chunk_bytes)
         return builder.finish(frag)
 
-    def _transmit(self, feed: _Feed, datagram: memoryview) -> bool:
+    def _transmit(self, feed: Feed, datagram: memoryview) -> bool:
         try:
             self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
         except BlockingIOError:

@@ -1,0 +1,36 @@
+"""Delivery to the application: one queue of message batches per subscriber.
+
+The I/O thread appends whole batches (one per datagram) and the application pops them, so the hand
+over costs one deque operation per datagram, not per message. Byte counters are each written by one
+thread only, which is what lets the I/O thread withhold acknowledgements while an application lags.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from scopecast.netio.message import Message
+
+
+class Subscription:
+    """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
+
+    __slots__ = ("topics", "queue", "event", "waiting", "delivered_bytes", "consumed_bytes",
+                 "inbox", "inbox_bytes", "ends", "closed", "callback")
+
+    def __init__(self, topics: frozenset[int]) -> None:
+        self.topics = topics
+        self.queue: deque[tuple[list[Message], int]] = deque()
+        self.event = threading.Event()
+        self.waiting = False
+        self.delivered_bytes = 0  # written by the I/O thread only
+        self.consumed_bytes = 0   # written by the application thread only
+        self.inbox: list[Message] = []
+        self.inbox_bytes = 0
+        self.ends: dict[tuple[str, str, int], int] = {}
+        self.closed = False
+        self.callback = None
+
+    def backlog(self) -> int:
+        return self.delivered_bytes - self.consumed_bytes
