@@ -1,0 +1,177 @@
+"""The `scopecast` command. It mirrors the Python API; commands other than `demo` attach to a
+running cluster (`--address`, `RAY_ADDRESS`, or a Ray started on this machine) and fail with
+NotConnected rather than start an embedded Ray."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from scopecast.actors.errors import ScopecastError
+
+
+def _connect(args):
+    import scopecast
+
+    return scopecast.connect(address=args.address or "auto", start=False)
+
+
+def cmd_demo(args) -> int:
+    from scopecast.ray_cluster import demo
+
+    return demo.run(messages=args.messages, subscribers=args.subscribers)
+
+
+def cmd_bench(args) -> int:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "harness.py").exists():
+        raise ScopecastError("the benchmark suite ships with the source tree: run `scopecast bench` "
+                             "(or `make bench`) from a clone of the repository")
+    sys.path.insert(0, str(root))
+    from benchmarks import harness
+
+    return harness.main(args.rest)
+
+
+def cmd_status(args) -> int:
+    cluster = _connect(args)
+    try:
+        status = cluster.status()
+        if args.json:
+            print(json.dumps(status, indent=2, default=str))
+        else:
+            print(f"cluster {status['cluster_id']}  (up {status['uptime_s']}s, view "
+                  f"v{status['version']})")
+            print(f"topics ({len(status['topics'])}):")
+            for t in status["topics"]:
+                print(f"  {t['name']:<30} id={t['id']:<5} policy={t['policy']:<14} "
+                      f"session={t['session']}  {t['group']}:{t['port']}")
+            print(f"members ({len(status['members'])}):")
+            for m in status["members"]:
+                print(f"  {m['id']:<4} {m['name']:<28} {m['host']}:{m['port']:<6} "
+                      f"pub={m['publishes']} sub={m['subscribes']}")
+        return 0
+    finally:
+        cluster.shutdown()
+
+
+def cmd_topic(args) -> int:
+    cluster = _connect(args)
+    try:
+        if args.action == "create":
+            info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery)
+            print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery}")
+        elif args.action == "delete":
+            cluster.delete_topic(args.name)
+            print(f"deleted {args.name}")
+        else:
+            for t in cluster.topics():
+                print(f"{t.name}\tid={t.id}\tpolicy={t.policy}\trecovery={t.recovery}")
+        return 0
+    finally:
+        cluster.shutdown()
+
+
+def cmd_publish(args) -> int:
+    cluster = _connect(args)
+    try:
+        source = open(args.file, "rb") if args.file else sys.stdin.buffer
+        count = 0
+        with source, cluster.publisher(args.topic) as pub:
+            for line in source:
+                pub.publish(line.rstrip(b"\n"))
+                count += 1
+            pub.flush(timeout=args.timeout)
+        print(f"published {count} messages to {args.topic}", file=sys.stderr)
+        return 0
+    finally:
+        cluster.shutdown()
+
+
+def cmd_subscribe(args) -> int:
+    cluster = _connect(args)
+    try:
+        with cluster.subscriber(args.topic) as sub:
+            got = 0
+            while args.count is None or got < args.count:
+                msg = sub.receive(timeout=args.timeout)
+                if msg is None:
+                    break
+                got += 1
+                text = msg.payload.decode("utf-8", "replace") if msg.content_type == 0 \
+                    else json.dumps(msg.value, default=str)
+                print(f"{msg.topic}\t{msg.source}\t{msg.seq}\t{text}", flush=True)
+        return 0
+    finally:
+        cluster.shutdown()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="scopecast",
+        description="Reliable publish-subscribe for Ray clusters: topics over UDP (IP multicast "
+                    "where a scope allows it), controlled by scope managers running as Ray actors.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what scopecast does (INFO)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def attach(sp):
+        sp.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or the Ray "
+                                          "running on this machine)")
+        return sp
+
+    d = sub.add_parser("demo", help="the main job: stream a topic to subscriber actors on an "
+                                    "embedded local Ray and print a summary")
+    d.add_argument("--messages", type=int, default=200_000, help="messages to publish (200,000)")
+    d.add_argument("--subscribers", type=int, default=3, help="subscriber actors (3)")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="run the benchmark suite (arguments after `--` go to it; "
+                                     "`scopecast bench -- --help` lists them)")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="benchmark options")
+    b.set_defaults(func=cmd_bench)
+
+    s = attach(sub.add_parser("status", help="topics and members of the running cluster"))
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_status)
+
+    t = attach(sub.add_parser("topic", help="create, list or delete topics"))
+    t.add_argument("action", choices=["create", "list", "delete"])
+    t.add_argument("name", nargs="?", help="topic name (create, delete)")
+    t.add_argument("--policy", default="tree", help="forwarding policy (tree)")
+    t.add_argument("--recovery", default="token_ring", help="recovery protocol (token_ring)")
+    t.set_defaults(func=cmd_topic)
+
+    pub = attach(sub.add_parser("publish", help="publish lines from stdin or --file"))
+    pub.add_argument("topic")
+    pub.add_argument("--file", help="read lines from this file instead of stdin")
+    pub.add_argument("--timeout", type=float, default=30.0, help="flush timeout in seconds")
+    pub.set_defaults(func=cmd_publish)
+
+    sb = attach(sub.add_parser("subscribe", help="print messages of a topic as they arrive"))
+    sb.add_argument("topic", nargs="+")
+    sb.add_argument("--count", type=int, help="stop after this many messages")
+    sb.add_argument("--timeout", type=float, default=None,
+                    help="stop after this many idle seconds (default: wait forever)")
+    sb.set_defaults(func=cmd_subscribe)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "topic" and args.action != "list" and not args.name:
+        print("scopecast topic create/delete needs a topic name", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except ScopecastError as exc:
+        print(f"scopecast: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,18 +11,20 @@ class Message:
     """A delivered message: topic name, source member name, session, sequence number, payload.
 
     `payload` is the bytes as published (msgpack bytes if a value was published); `value` is the
-    decoded object, computed on first use so byte-oriented consumers never pay for decoding."""
+    decoded object, computed on first use so byte-oriented consumers never pay for decoding;
+    `route` is the routing record the message arrived with."""
 
-    __slots__ = ("topic", "source", "session", "seq", "payload", "content_type", "_value")
+    __slots__ = ("topic", "source", "session", "seq", "payload", "content_type", "route", "_value")
 
     def __init__(self, topic: str, source: str, session: int, seq: int, payload: bytes,
-                 content_type: int = ContentType.RAW) -> None:
+                 content_type: int = ContentType.RAW, route: tuple = ()) -> None:
         self.topic = topic
         self.source = source
         self.session = session
         self.seq = seq
         self.payload = payload
         self.content_type = content_type
+        self.route = route  # the routing record it arrived with (thesis 3.2.5)
         self._value = _UNSET
 
     @property

@@ -495,7 +495,7 @@ class MemberRuntime:
             if subs:
                 src = members.get(source)
                 msg = Message(names.get(topic, str(topic)), src.name if src else str(source),
-                              session, seq, payload, ctype)
+                              session, seq, payload, ctype, routes[ridx])
                 for sub in subs:
                     if not sub.inbox:
                         touched.append(sub)
@@ -560,7 +560,7 @@ class MemberRuntime:
             src = self._members.get(m.source)
             msg = Message(self._topic_names.get(m.topic_id, str(m.topic_id)),
                           src.name if src else str(m.source), m.session, m.seq, m.payload,
-                          m.content_type)
+                          m.content_type, m.route)
             for sub in subs:
                 sub.inbox.append(msg)
                 sub.inbox_bytes += len(m.payload) + ENTRY.size
@@ -666,7 +666,8 @@ class MemberRuntime:
             self._enqueue(plan, entry)
             subs = subs_by_topic.get(topic)
             if subs:
-                msg = Message(names.get(topic, str(topic)), self.name, session, seq, payload, ctype)
+                msg = Message(names.get(topic, str(topic)), self.name, session, seq, payload, ctype,
+                              record)
                 for sub in subs:
                     if not sub.inbox:
                         touched.append(sub)
