@@ -22,6 +22,7 @@ from scopecast.scopes.topics import TopicInfo
 log = logging.getLogger(__name__)
 
 _BYTES = (bytes, bytearray, memoryview)
+RAW = ContentType.RAW
 
 
 def encode_value(value) -> tuple[int, bytes]:
@@ -50,6 +51,7 @@ class Publisher:
     def __init__(self, element, info: TopicInfo) -> None:
         self._element = element
         self._runtime = element.runtime
+        self._publish = element.runtime.publish
         self.topic = info.name
         self._topic_id = info.id
         self._session = info.session
@@ -64,16 +66,21 @@ class Publisher:
         return self._seq
 
     def publish(self, value) -> int:
-        if self._closed:
-            raise PublisherClosed(f"publisher of {self.topic!r} is closed")
-        ctype, payload = encode_value(value)
+        """Queue one message (bytes as they are, anything else msgpack-encoded); returns its seq.
+
+        Blocks while this process has more than `RuntimeConfig.queue_bytes` queued for sending."""
+        if value.__class__ is bytes:
+            ctype, payload = RAW, value
+        else:
+            ctype, payload = encode_value(value)
         if len(payload) > self._max:
             raise MessageTooLarge(f"message of {len(payload)} bytes exceeds max_message_bytes="
                                   f"{self._max}; split it or raise the limit in RuntimeConfig")
-        self._seq += 1
-        self._last_sseq = self._runtime.publish(self._topic_id, self._session, self._seq, ctype,
-                                                payload)
-        return self._seq
+        if self._closed:
+            raise PublisherClosed(f"publisher of {self.topic!r} is closed")
+        self._seq = seq = self._seq + 1
+        self._last_sseq = self._publish(self._topic_id, self._session, seq, ctype, payload)
+        return seq
 
     def flush(self, timeout: float = 10.0) -> None:
         """Return when every message published so far was handed to the socket.

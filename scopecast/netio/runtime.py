@@ -24,20 +24,21 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from scopecast.netio import wire
-from scopecast.netio.auth import Authenticator
+from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.feed import Feed
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import Reassembler, ReassemblyError
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
-from scopecast.netio.window import Feed
 from scopecast.scopes.channel import Channel, FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import RoutingLabel, forward, matches, origin_record
 
 log = logging.getLogger(__name__)
 
 ENTRY = wire.ENTRY
+LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
+_pack_entry = ENTRY.pack
 HEADER = wire.HEADER
-_EOS = object()  # marks an end-of-stream entry in a feed
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +56,7 @@ class RuntimeConfig:
     ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
     unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
     held_datagrams: int = 512
+    mac: str = "gmac"                    # packet authenticator, see `auth` (set by the cluster)
 
     def __post_init__(self) -> None:
         for name in ("window_bytes", "queue_bytes", "max_backlog_bytes", "max_message_bytes"):
@@ -93,7 +95,8 @@ class MemberRuntime:
         self.name = name
         self.drops: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
-        self._auth = Authenticator(key)
+        self._auth = authenticator(self.config.mac, key)
+        self._trailer = self._auth.trailer_size
         tcfg = self.config.transport
         self._datagram = tcfg.datagram_size()
         self._sock = unicast_socket(tcfg)
@@ -106,8 +109,10 @@ class MemberRuntime:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._want_write = False
         self._groups: dict[tuple[str, int], socket.socket] = {}
-        self._rbuf = bytearray(70_000)
-        self._builder = wire.DatagramBuilder(self._datagram - 16)
+        self._recv_size = 65_536
+        self._capacity = self._datagram - self._trailer
+        self._queue_limit = self.config.queue_bytes
+        self._origin = origin_record(name)
         self._reassembler = Reassembler(self.config.max_message_bytes,
                                         self.config.reassembly_budget_bytes,
                                         self.config.reassembly_timeout)
@@ -116,6 +121,7 @@ class MemberRuntime:
         self._topic_names: dict[int, str] = {}
         self._routes: dict[int, list[Route]] = {}
         self._plans: dict[tuple, list] = {}
+        self._own_plans: dict[int, list] = {}
         self._subs: dict[int, tuple[Subscription, ...]] = {}
         self._feeds: dict[tuple[str, int], Feed] = {}
         self._feeds_by_channel: dict[int, Feed] = {}
@@ -131,6 +137,7 @@ class MemberRuntime:
         self._publish_q: deque[tuple] = deque()
         self._ops: deque = deque()
         self._sleeping = False
+        self._wake_pending = False
         self._ordinal = itertools.count(1)  # stream sequence numbers; next() is atomic
         self.app_bytes = 0      # queued by publishers (application threads)
         self.taken_bytes = 0    # taken off the hand-over queue (I/O thread)
@@ -172,19 +179,22 @@ class MemberRuntime:
 
     def publish(self, topic: int, session: int, seq: int, ctype: int, payload: bytes) -> int:
         """Queue one message; returns its stream sequence number (for `wait_sent`)."""
-        size = len(payload) + ENTRY.size
-        if self._queued() > self.config.queue_bytes:
+        if self.app_bytes - self.taken_bytes + self.feed_bytes > self._queue_limit:
             self._wait_for_space()
-        self.app_bytes += size
         sseq = next(self._ordinal)
-        self._publish_q.append((topic, session, seq, ctype, payload, size, sseq))
-        if self._sleeping:
+        me = self.member_id
+        # encoded here, on the application's thread, so the I/O thread only joins entries
+        entry = _pack_entry(topic, me, session, seq, me, sseq, ctype, 0, len(payload)) + payload
+        self.app_bytes += len(entry)
+        self._publish_q.append((topic, seq, sseq, entry, payload, session, ctype))
+        if self._sleeping and not self._wake_pending:
+            self._wake_pending = True
             self._wake()
         return sseq
 
     def end_stream(self, topic: int, session: int, last_seq: int) -> None:
         """Queue an end-of-stream marker behind the messages already published on `topic`."""
-        self._publish_q.append((topic, session, last_seq, -1, _EOS, 0, 0))
+        self._publish_q.append((topic, last_seq, 0, b"", b"", session, 0))
         self._wake()
 
     def _queued(self) -> int:
@@ -250,6 +260,7 @@ class MemberRuntime:
         """Replace the forwarding table; feeds of unchanged destinations keep their queues."""
         self._routes = {t: list(rs) for t, rs in routes.items()}
         self._plans.clear()
+        self._own_plans.clear()
         self._expected = {a: set(ms) for a, ms in (receivers or {}).items()}
         now = time.monotonic()
         for address, members in self._expected.items():
@@ -299,7 +310,7 @@ class MemberRuntime:
             "member": self.member_id, "name": self.name, "address": list(self.address),
             "drops": dict(self.drops), "stats": dict(self.stats),
             "groups": [f"{g}:{p}" for g, p in self._groups],
-            "feeds": {f"{h}:{p}": {"in_flight": f.in_flight(), "queued": len(f.queue),
+            "feeds": {f"{h}:{p}": {"in_flight": f.in_flight(), "queued": f.queued_chunks(),
                                    "receivers": sorted(f.acks)}
                       for (h, p), f in self._feeds.items()},
             "topics": sorted(self._subs),
@@ -319,7 +330,13 @@ class MemberRuntime:
             if not busy:
                 self._sleeping = True
                 if not self._publish_q and not self._ops:
-                    self._poll(sel, self._idle_timeout())
+                    if self._wake_pending:
+                        # woken by a publisher a moment ago: linger, so that a burst of publishes
+                        # costs one wake-up per linger period instead of one per message
+                        self._poll(sel, LINGER)
+                        self._wake_pending = False
+                    else:
+                        self._poll(sel, self._idle_timeout())
                 self._sleeping = False
 
     def _step(self, sel) -> bool:
@@ -363,12 +380,13 @@ class MemberRuntime:
     # ----------------------------------------------------------------------------- receive path
 
     def _drain(self, sock: socket.socket) -> None:
-        buf = self._rbuf
-        view = memoryview(buf)
-        recv = sock.recvfrom_into
+        # recvfrom (a fresh bytes object) rather than recv_into a shared buffer: payloads are then
+        # cheap slices of it, and a held datagram needs no copy
+        recv = sock.recvfrom
+        size = self._recv_size
         while True:
             try:
-                n, _addr = recv(buf)
+                data, _addr = recv(size)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -376,15 +394,18 @@ class MemberRuntime:
                 log.debug("recv failed: %s", exc)
                 return
             self.stats["datagrams_in"] += 1
-            self._on_datagram(view[:n])
+            self._on_datagram(data)
 
-    def _on_datagram(self, datagram: memoryview) -> None:
-        body = self._auth.verify(datagram) if len(datagram) >= HEADER.size + 16 else None
-        if body is None:
-            self._drop("truncated" if len(datagram) < HEADER.size + 16 else "bad_mac")
+    def _on_datagram(self, data: bytes) -> None:
+        n = len(data) - self._trailer
+        if n < HEADER.size:
+            self._drop("truncated")
+            return
+        if not self._auth.check(data, n):
+            self._drop("bad_mac")
             return
         try:
-            header = wire.unpack_header(body)
+            header = wire.unpack_header(data)
         except wire.DecodeError as exc:
             self._drop(exc.reason)
             return
@@ -393,11 +414,16 @@ class MemberRuntime:
             self.stats["own_datagrams"] += 1
             return
         if sender not in self._members:
-            self._hold(sender, body)
+            self._hold(sender, data)
             return
+        self._dispatch(header, data, n)
+
+    def _dispatch(self, header: wire.Header, data: bytes, n: int) -> None:
+        """Handle an authenticated datagram of a known sender; `n` is its length without MAC."""
+        body = memoryview(data)[:n]
         try:
             if header.ptype in wire.DATA_TYPES:
-                self._on_data(header, body)
+                self._on_data(header, body, data)
             else:
                 self._on_control(header, body)
         except wire.DecodeError as exc:
@@ -408,41 +434,31 @@ class MemberRuntime:
         if self.drops[reason] in (1, 10, 100, 1000) or self.drops[reason] % 10000 == 0:
             log.warning("dropped datagram: %s (%d so far)", reason, self.drops[reason])
 
-    def _hold(self, sender: int, body: memoryview) -> None:
+    def _hold(self, sender: int, data: bytes) -> None:
         """Keep a datagram of a member the control plane has not told us about yet (bounded)."""
         if len(self._held) >= self.config.held_datagrams:
             self._drop("unknown_sender")
             return
-        self._held.append((time.monotonic(), sender, bytes(body)))
+        self._held.append((time.monotonic(), sender, data))
         self.unknown_sender.set()
 
     def _release_held(self) -> None:
         held, self._held = self._held, deque()
         now = time.monotonic()
-        for t, sender, body in held:
+        for t, sender, data in held:
             if sender in self._members:
-                self._on_datagram_body(memoryview(body))
+                self._dispatch(wire.unpack_header(data), data, len(data) - self._trailer)
             elif now - t < self.config.unknown_sender_grace:
-                self._held.append((t, sender, body))
+                self._held.append((t, sender, data))
             else:
                 self._drop("unknown_sender")
 
-    def _on_datagram_body(self, body: memoryview) -> None:
-        header = wire.unpack_header(body)
-        try:
-            if header.ptype in wire.DATA_TYPES:
-                self._on_data(header, body)
-            else:
-                self._on_control(header, body)
-        except wire.DecodeError as exc:
-            self._drop(exc.reason)
-
-    def _on_data(self, header: wire.Header, body: memoryview) -> None:
+    def _on_data(self, header: wire.Header, body: memoryview, data: bytes) -> None:
         routes, off = wire.decode_routes(body, HEADER.size)
         if header.flags & wire.FLAG_FRAGMENT:
             self._on_fragment(header, body, routes, off)
         else:
-            self._take_entries(header, body, routes, off)
+            self._take_entries(header, body, data, routes, off)
         self._note_received(header, len(body))
 
     def _note_received(self, header: wire.Header, nbytes: int) -> None:
@@ -453,59 +469,69 @@ class MemberRuntime:
         elif header.dseq > pos[0]:
             pos[0] = header.dseq
 
-    def _take_entries(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
+    def _take_entries(self, header: wire.Header, body: memoryview, data: bytes, routes: list,
+                      off: int) -> None:
+        """Deliver and forward the messages of one datagram (validated as they are read; messages
+        before a malformed entry of an authenticated datagram are kept)."""
         end = len(body)
-        count = header.count
-        # validate the whole datagram before delivering any of it
-        check = off
         unpack = ENTRY.unpack_from
         esize = ENTRY.size
         nroutes = len(routes)
-        for _ in range(count):
-            if check + esize > end:
-                raise wire.DecodeError("truncated", "message entry")
-            fields = unpack(body, check)
-            check += esize + fields[8]
-            if check > end:
-                raise wire.DecodeError("truncated", "payload")
-            if fields[7] >= nroutes:
-                raise wire.DecodeError("bad_routes", "route index")
-        if check != end:
-            raise wire.DecodeError("trailing_bytes", str(end - check))
         next_seq = self._next_seq
-        subs_by_topic = self._subs
-        routes_by_topic = self._routes
-        names = self._topic_names
-        members = self._members
         touched: list[Subscription] = []
-        for _ in range(count):
-            topic, source, session, seq, stream, sseq, ctype, ridx, n = unpack(body, off)
-            off += esize
-            payload = bytes(body[off:off + n])
-            off += n
-            key = (topic, source, session)
-            expected = next_seq.get(key)
-            if expected is not None and seq != expected:
-                if seq < expected:
-                    self.stats["duplicates"] += 1
-                    continue
-                self.stats["gaps"] += 1
-            next_seq[key] = seq + 1
-            subs = subs_by_topic.get(topic)
-            if subs:
-                src = members.get(source)
-                msg = Message(names.get(topic, str(topic)), src.name if src else str(source),
-                              session, seq, payload, ctype, routes[ridx])
-                for sub in subs:
-                    if not sub.inbox:
-                        touched.append(sub)
-                    sub.inbox.append(msg)
-                    sub.inbox_bytes += n + esize
-            if topic in routes_by_topic:
-                self._forward_received(topic, source, session, seq, stream, sseq, ctype,
-                                       routes[ridx], payload)
-        if touched:
-            self._deliver(touched)
+        key = None
+        expected = None
+        subs: tuple = ()
+        topic_name = source_name = ""
+        forwards = False
+        try:
+            for _ in range(header.count):
+                if off + esize > end:
+                    raise wire.DecodeError("truncated", "message entry")
+                topic, source, session, seq, stream, sseq, ctype, ridx, n = unpack(body, off)
+                off += esize
+                stop = off + n
+                if stop > end:
+                    raise wire.DecodeError("truncated", "payload")
+                if ridx >= nroutes:
+                    raise wire.DecodeError("bad_routes", "route index")
+                payload = data[off:stop]
+                off = stop
+                if key is None or key[0] != topic or key[1] != source or key[2] != session:
+                    # messages of one datagram nearly always share topic, source and session
+                    if expected is not None:
+                        next_seq[key] = expected
+                    key = (topic, source, session)
+                    expected = next_seq.get(key)
+                    subs = self._subs.get(topic, ())
+                    topic_name = self._topic_names.get(topic) or str(topic)
+                    member = self._members.get(source)
+                    source_name = member.name if member is not None else str(source)
+                    forwards = topic in self._routes
+                if expected is not None and seq != expected:
+                    if seq < expected:
+                        self.stats["duplicates"] += 1
+                        continue
+                    self.stats["gaps"] += 1
+                expected = seq + 1
+                if subs:
+                    msg = Message(topic_name, source_name, session, seq, payload, ctype,
+                                  routes[ridx])
+                    for sub in subs:
+                        if not sub.inbox:
+                            touched.append(sub)
+                        sub.inbox.append(msg)
+                        sub.inbox_bytes += n + esize
+                if forwards:
+                    self._forward_received(topic, source, session, seq, stream, sseq, ctype,
+                                           routes[ridx], payload)
+            if off != end:
+                raise wire.DecodeError("trailing_bytes", str(end - off))
+        finally:
+            if expected is not None:
+                next_seq[key] = expected
+            if touched:
+                self._deliver(touched)
 
     def _deliver(self, touched: list[Subscription]) -> None:
         for sub in touched:
@@ -643,37 +669,50 @@ class MemberRuntime:
                             member, *feed.address, self.config.ack_timeout)
 
     # ---------------------------------------------------------------------------- send path
+    #
+    # Entries are encoded once (by the publishing thread for own messages, here for forwarded ones)
+    # with routing-table index 0, and queued in chunks per destination: a datagram is then its
+    # header, a one-record routing table and the joined entries of one chunk.
 
     def _take_publishes(self) -> None:
         q = self._publish_q
-        me = self.member_id
-        record = origin_record(self.name)
+        plans = self._own_plans
         subs_by_topic = self._subs
-        names = self._topic_names
+        capacity = self._capacity
         taken = 0
+        queued = 0
         touched: list[Subscription] = []
         while q:
-            topic, session, seq, ctype, payload, size, sseq = q.popleft()
-            taken += size
-            if payload is _EOS:
-                self._queue_end_of_stream(topic, session, seq, record)
+            topic, seq, sseq, entry, payload, session, ctype = q.popleft()
+            n = len(entry)
+            taken += n
+            plan = plans.get(topic)
+            if plan is None:
+                plan = self._own_plan(topic)
+            if sseq == 0:
+                self._queue_end_of_stream(plan, topic, session, seq)
                 continue
             self._taken_sseq = sseq
-            plan = self._plans.get((topic, record))
-            if plan is None:
-                plan = self._plan(topic, record)
-            entry = (topic, me, session, seq, me, sseq, ctype, None, payload)
-            self._enqueue(plan, entry)
+            for target, record, table in plan:
+                if target.__class__ is Feed:
+                    if not target.pending():
+                        self._active.append(target)
+                    target.put(record, table, entry, sseq, capacity)
+                    queued += n
+                else:
+                    self._push_filtered(target, record, table, entry, sseq, topic, self.member_id,
+                                        seq)
             subs = subs_by_topic.get(topic)
             if subs:
-                msg = Message(names.get(topic, str(topic)), self.name, session, seq, payload, ctype,
-                              record)
+                msg = Message(self._topic_names.get(topic, str(topic)), self.name, session, seq,
+                              payload, ctype, self._origin)
                 for sub in subs:
                     if not sub.inbox:
                         touched.append(sub)
                     sub.inbox.append(msg)
-                    sub.inbox_bytes += size
+                    sub.inbox_bytes += n
         self.taken_bytes += taken
+        self.feed_bytes += queued
         if touched:
             self._deliver(touched)
         self._update_handed()
@@ -681,59 +720,66 @@ class MemberRuntime:
     def _update_handed(self) -> None:
         low = self._taken_sseq
         for feed in self._active:
-            if feed.own and feed.own[0] - 1 < low:
-                low = feed.own[0] - 1
+            first = feed.first_own()
+            if first and first - 1 < low:
+                low = first - 1
         self.handed = low
 
+    def _own_plan(self, topic: int) -> list:
+        plan = self._plan(topic, self._origin)
+        self._own_plans[topic] = plan
+        return plan
+
     def _plan(self, topic: int, record: tuple) -> list:
-        """For messages of `topic` carrying `record`: (channel or feed, record after the hop)."""
+        """For messages of `topic` carrying `record`: (feed or filtered channel, record after the
+        hop, its encoded routing table)."""
         plan = []
         for route in self._routes.get(topic, ()):
             if matches(record, route.label):
                 after = forward(record, route.label)
+                table = wire.encode_route_table([after])
                 if isinstance(route.channel, FilteredChannel):
-                    plan.append((route.channel, after))
+                    plan.append((route.channel, after, table))
                 else:
-                    plan.append((self._feed(route.channel.address), after))
+                    plan.append((self._feed(route.channel.address), after, table))
         self._plans[(topic, record)] = plan
         return plan
 
-    def _enqueue(self, plan: list, entry: tuple) -> None:
-        for target, after in plan:
-            e = entry[:7] + (after,) + entry[8:]
-            if isinstance(target, Feed):
-                self._push(target, e)
-            else:
-                out: list = []
-                resolve(target, entry[0], entry[1], entry[3], entry[5], out)
-                for endpoint in out:
-                    self._push(self._feed(endpoint.address), e)
-
-    def _push(self, feed: Feed, entry: tuple) -> None:
-        if not feed.queue and feed.frag is None:
+    def _push(self, feed: Feed, record: tuple, table: bytes, entry: bytes, sseq: int) -> None:
+        if not feed.pending():
             self._active.append(feed)
-        feed.queue.append(entry)
-        if len(entry) > 4:
-            self.feed_bytes += len(entry[8]) + ENTRY.size
-            if entry[1] == self.member_id:
-                feed.own.append(entry[5])
+        feed.put(record, table, entry, sseq, self._capacity)
+        self.feed_bytes += len(entry)
+
+    def _push_filtered(self, channel, record, table, entry, sseq, topic, source, seq) -> None:
+        out: list = []
+        resolve(channel, topic, source, seq, ENTRY.unpack_from(entry)[5], out)
+        for endpoint in out:
+            self._push(self._feed(endpoint.address), record, table, entry, sseq)
 
     def _forward_received(self, topic, source, session, seq, stream, sseq, ctype, record,
                           payload) -> None:
         plan = self._plans.get((topic, record))
         if plan is None:
             plan = self._plan(topic, record)
-        if plan:
-            self.stats["forwarded"] += 1
-            self._enqueue(plan, (topic, source, session, seq, stream, sseq, ctype, None, payload))
+        if not plan:
+            return
+        self.stats["forwarded"] += 1
+        entry = _pack_entry(topic, source, session, seq, stream, sseq, ctype, 0, len(payload)) + payload
+        for target, after, table in plan:
+            if target.__class__ is Feed:
+                self._push(target, after, table, entry, 0)
+            else:
+                self._push_filtered(target, after, table, entry, 0, topic, source, seq)
 
-    def _queue_end_of_stream(self, topic: int, session: int, last_seq: int, record: tuple) -> None:
-        plan = self._plans.get((topic, record)) or self._plan(topic, record)
-        for target, _after in plan:
-            feeds = [target] if isinstance(target, Feed) else [
+    def _queue_end_of_stream(self, plan: list, topic: int, session: int, last_seq: int) -> None:
+        for target, _after, _table in plan:
+            feeds = [target] if target.__class__ is Feed else [
                 self._feed(e.address) for e in endpoints(target)]
             for feed in feeds:
-                self._push(feed, (topic, session, last_seq, _EOS))
+                if not feed.pending():
+                    self._active.append(feed)
+                feed.put_end_of_stream((topic, session, last_seq))
 
     def _feed(self, address: tuple[str, int]) -> Feed:
         feed = self._feeds.get(address)
@@ -749,19 +795,18 @@ class MemberRuntime:
         if self._stalled is not None:
             feed, data = self._stalled
             self._stalled = None
-            if not self._transmit(feed, memoryview(data)):
+            if not self._transmit(feed, data):
                 return False
         active = self._active
         window = self.config.window_bytes
         progressed = False
         for _ in range(len(active)):
             feed = active.popleft()
-            while (feed.queue or feed.frag is not None) and feed.in_flight() < window:
-                datagram = self._pull(feed)
-                if not self._transmit(feed, datagram):
+            while feed.pending() and feed.in_flight() < window:
+                if not self._transmit(feed, self._pull(feed)):
                     break
                 progressed = True
-            if feed.queue or feed.frag is not None:
+            if feed.pending():
                 active.append(feed)
             if self._want_write:
                 break
@@ -769,74 +814,54 @@ class MemberRuntime:
             self._update_handed()
         return progressed
 
-    def _pull(self, feed: Feed) -> memoryview:
-        """Build the next datagram for `feed` from its queue, just in time."""
+    def _pull(self, feed: Feed) -> bytes:
+        """Build the next datagram for `feed`, just in time."""
         feed.dseq += 1
         if feed.frag is not None:
             return self._next_fragment(feed)
-        q = feed.queue
-        head = q[0]
-        if len(head) == 4:  # end-of-stream marker
-            q.popleft()
-            topic, session, last_seq, _ = head
-            return memoryview(wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
-                                                  [topic, session, last_seq], feed.channel,
-                                                  feed.dseq))
-        builder = self._builder
-        builder.begin(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq)
-        if len(head[8]) > builder.room() - 64:
-            feed.frag = (q.popleft(), None)
+        chunk = feed.take()
+        self.feed_bytes -= chunk.size
+        if chunk.end_of_stream is not None:
+            return wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
+                                       list(chunk.end_of_stream), feed.channel, feed.dseq)
+        if chunk.oversized:
+            entry = chunk.parts[0]
+            room = chunk.room - wire.FRAGMENT.size - ENTRY.size
+            feed.frag = (chunk.first_own, _pieces(entry, room, chunk.table))
             return self._next_fragment(feed)
-        add = builder.add
-        own = self.member_id
-        nbytes = 0
-        while q:
-            e = q[0]
-            if len(e) == 4 or not add(*e):
-                break
-            q.popleft()
-            nbytes += len(e[8]) + ENTRY.size
-            if e[1] == own:
-                feed.own.popleft()
-        self.feed_bytes -= nbytes
-        return builder.finish()
+        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
+                                chunk.table, chunk.parts)
 
-    def _next_fragment(self, feed: Feed) -> memoryview:
-        entry, pieces = feed.frag
-        builder = self._builder
-        if pieces is None:
-            route_bytes = len(wire.encode_routes([entry[7]]))
-            chunk = builder.capacity - HEADER.size - wire.ROUTE_LEN.size - route_bytes \
-                - wire.FRAGMENT.size - ENTRY.size
-            msg = wire.WireMessage(*entry)
-            pieces = wire.fragments(msg, chunk)
-            feed.frag = (entry, pieces)
-        frag, chunk_bytes = next(pieces)
-        total, index, count, _ = frag
-        if index == count - 1:
+    def _next_fragment(self, feed: Feed) -> bytes:
+        first_own, pieces = feed.frag
+        table, frag, entry = next(pieces)
+        if frag[1] == frag[2] - 1:
             feed.frag = None
-            self.feed_bytes -= len(entry[8]) + ENTRY.size
-            if entry[1] == self.member_id:
-                feed.own.popleft()
-        builder.begin(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq)
-        builder.add(*entry[:8], chunk_bytes)
-        return builder.finish(frag)
+        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
+                                [entry], frag)
 
-    def _transmit(self, feed: Feed, datagram: memoryview) -> bool:
+    def _transmit(self, feed: Feed, datagram: bytes) -> bool:
         try:
             self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
         except BlockingIOError:
             # the kernel's send buffer is full: keep this datagram and resend it when writable
-            self._stalled = (feed, bytes(datagram))
+            self._stalled = (feed, datagram)
             self._want_write = True
             self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return False
         except OSError as exc:
             self.drops["send_error"] += 1
             log.warning("send to %s:%d failed: %s", *feed.address, exc)
-        feed.sent_bytes += len(datagram) + 16
+        feed.sent_bytes += len(datagram) + self._trailer
         feed.history.append((feed.dseq, feed.sent_bytes))
         if not feed.acks:
             feed.base_bytes = feed.sent_bytes
         self.stats["datagrams_out"] += 1
         return True
+
+
+def _pieces(entry: bytes, chunk: int, table: bytes):
+    """(routing table, fragment struct, fragment entry) for each fragment of an encoded entry."""
+    fields = ENTRY.unpack_from(entry)
+    for frag, piece in wire.fragments(memoryview(entry)[ENTRY.size:], chunk):
+        yield table, frag, _pack_entry(*fields[:8], len(piece)) + piece

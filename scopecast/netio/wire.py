@@ -146,18 +146,52 @@ def decode_routes(view: memoryview, offset: int) -> tuple[list[tuple], int]:
     return routes, offset + n
 
 
+def encode_entry(topic: int, source: int, session: int, seq: int, stream: int, stream_seq: int,
+                 ctype: int, route_index: int, payload: bytes) -> bytes:
+    """One message entry: the fixed struct followed by the payload."""
+    return ENTRY.pack(topic, source, session, seq, stream, stream_seq, ctype, route_index,
+                      len(payload)) + payload
+
+
+def encode_route_table(records: list[tuple]) -> bytes:
+    """A datagram's routing table: u16 length, then the msgpack list of records."""
+    routes = encode_routes(records)
+    if len(routes) > 0xFFFF:
+        raise ValueError("routing table too large")
+    return ROUTE_LEN.pack(len(routes)) + routes
+
+
+def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes,
+                entries: list[bytes], fragment: tuple[int, int, int, int] | None = None) -> bytes:
+    """A data datagram (without MAC) from an encoded routing table and encoded entries."""
+    header = HEADER.pack(MAGIC, VERSION, ptype, FLAG_FRAGMENT if fragment else 0, 0, len(entries),
+                         sender, channel, 0, dseq)
+    if fragment is not None:
+        return b"".join((header, table, FRAGMENT.pack(*fragment), *entries))
+    return b"".join((header, table, *entries))
+
+
 def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
                     messages: list[WireMessage]) -> bytes:
-    """Encode data messages into one datagram body (without MAC); used by tests and tools.
-
-    The I/O loop builds datagrams incrementally with `DatagramBuilder` instead."""
-    builder = DatagramBuilder(1 << 24)
-    builder.begin(ptype, sender, channel, dseq)
+    """Encode messages (any mix of routing records) into one data datagram, without MAC."""
+    index: dict[tuple, int] = {}
+    entries = []
     for m in messages:
-        if not builder.add(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
-                           m.content_type, m.route, m.payload):
-            raise ValueError("messages do not fit one datagram")
-    return bytes(builder.finish())
+        ridx = index.setdefault(m.route, len(index))
+        entries.append(encode_entry(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
+                                    m.content_type, ridx, m.payload))
+    if len(index) > MAX_ROUTES:
+        raise ValueError(f"more than {MAX_ROUTES} routing records in one datagram")
+    return encode_data(ptype, sender, channel, dseq, encode_route_table(list(index)), entries)
+
+
+def encode_fragment(ptype: int, sender: int, channel: int, dseq: int, fragment: Fragment) -> bytes:
+    """One fragment datagram (without MAC)."""
+    m = fragment.message
+    entry = encode_entry(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
+                         m.content_type, 0, m.payload)
+    return encode_data(ptype, sender, channel, dseq, encode_route_table([m.route]), [entry],
+                       (fragment.total, fragment.index, fragment.count, fragment.chunk))
 
 
 def decode_data(view: memoryview | bytes) -> tuple[Header, list[WireMessage] | Fragment]:
@@ -222,94 +256,10 @@ def decode_control(view: memoryview | bytes) -> tuple[Header, object]:
     return header, body
 
 
-class DatagramBuilder:
-    """Builds one data datagram in a reusable buffer, message by message (pull-based sending).
-
-    Routing records are collected into the datagram's table as messages are added; entries are
-    written after the table once the datagram is finished, so `add` only appends to a list."""
-
-    __slots__ = ("capacity", "_buf", "_entries", "_routes", "_route_index", "_size", "_header")
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._buf = bytearray(capacity + 64)
-        self._entries: list[tuple] = []
-        self._routes: list[tuple] = []
-        self._route_index: dict[tuple, int] = {}
-        self._size = 0
-        self._header: tuple = ()
-
-    def begin(self, ptype: int, sender: int, channel: int, dseq: int) -> None:
-        self._entries.clear()
-        self._routes.clear()
-        self._route_index.clear()
-        self._header = (ptype, sender, channel, dseq)
-        # header + routing-table length + a conservative allowance for the table itself
-        self._size = HEADER.size + ROUTE_LEN.size
-
-    def room(self) -> int:
-        """Payload bytes the next entry may still carry (routing-table growth not included)."""
-        return self.capacity - self._size - ENTRY.size
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def add(self, topic: int, source: int, session: int, seq: int, stream: int, stream_seq: int,
-            ctype: int, route: tuple, payload: bytes) -> bool:
-        """Queue one entry; False (and nothing added) when it would not fit."""
-        ridx = self._route_index.get(route)
-        extra = 0
-        if ridx is None:
-            if len(self._routes) >= MAX_ROUTES:
-                return False
-            extra = _route_size(route)
-        size = self._size + ENTRY.size + len(payload) + extra
-        if size > self.capacity and self._entries:
-            return False
-        if ridx is None:
-            ridx = self._route_index[route] = len(self._routes)
-            self._routes.append(route)
-        self._size = size
-        self._entries.append((topic, source, session, seq, stream, stream_seq, ctype, ridx, payload))
-        return True
-
-    def finish(self, fragment: tuple[int, int, int, int] | None = None) -> memoryview:
-        ptype, sender, channel, dseq = self._header
-        routes = encode_routes(self._routes)
-        need = HEADER.size + ROUTE_LEN.size + len(routes) + FRAGMENT.size + sum(
-            ENTRY.size + len(e[8]) for e in self._entries) + 64
-        if need > len(self._buf):
-            self._buf = bytearray(need)
-        buf = self._buf
-        pack_header(buf, ptype, FLAG_FRAGMENT if fragment else 0, len(self._entries), sender,
-                    channel, dseq)
-        off = HEADER.size
-        ROUTE_LEN.pack_into(buf, off, len(routes))
-        off += ROUTE_LEN.size
-        buf[off:off + len(routes)] = routes
-        off += len(routes)
-        if fragment is not None:
-            FRAGMENT.pack_into(buf, off, *fragment)
-            off += FRAGMENT.size
-        pack = ENTRY.pack_into
-        for topic, source, session, seq, stream, sseq, ctype, ridx, payload in self._entries:
-            n = len(payload)
-            pack(buf, off, topic, source, session, seq, stream, sseq, ctype, ridx, n)
-            off += ENTRY.size
-            buf[off:off + n] = payload
-            off += n
-        return memoryview(buf)[:off]
-
-
-def _route_size(route: tuple) -> int:
-    # msgpack size of one record, computed once per distinct record per datagram
-    return len(msgpack.packb(route, use_bin_type=True))
-
-
-def fragments(message: WireMessage, chunk: int):
-    """Split a message into (fragment struct, chunk payload) pieces of at most `chunk` bytes."""
-    total = len(message.payload)
+def fragments(payload, chunk: int):
+    """Split a payload into (fragment struct, chunk bytes) pieces of at most `chunk` bytes."""
+    total = len(payload)
     count = max(1, -(-total // chunk))
-    view = memoryview(message.payload)
+    view = memoryview(payload)
     for index in range(count):
         yield (total, index, count, chunk), bytes(view[index * chunk:(index + 1) * chunk])

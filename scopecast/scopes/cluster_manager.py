@@ -49,7 +49,8 @@ class MemberRecord:
 class ClusterScopeManager:
     """Root scope of a scopecast cluster (a Ray actor; see `scopecast.actors.declare`)."""
 
-    def __init__(self, interface: str | None = None, seed: int | None = None) -> None:
+    def __init__(self, interface: str | None = None, seed: int | None = None,
+                 mac: str = "gmac") -> None:
         rng = random.Random(seed if seed is not None else os.urandom(8))
         self._key = new_cluster_key()
         self._cluster_id = rng.getrandbits(48)
@@ -57,6 +58,7 @@ class ClusterScopeManager:
         self._group_prefix = (239, 192 + (prefix >> 8), prefix & 0xFF)
         self._port = 40000 + rng.randrange(10000)
         self._interface = interface
+        self._mac = mac
         self._topics: dict[str, TopicInfo] = {}
         self._members: dict[int, MemberRecord] = {}
         self._next_member = 1
@@ -70,7 +72,8 @@ class ClusterScopeManager:
 
     def hello(self) -> dict:
         """Cluster key and transport settings, for a process that connects."""
-        return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface}
+        return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface,
+                "mac": self._mac}
 
     # ------------------------------------------------------------------------------- topics
 

@@ -43,7 +43,7 @@ class ControlledElement:
     def __init__(self, manager, hello: dict, config: RuntimeConfig | None = None,
                  role: str = "member") -> None:
         self.manager = manager
-        config = config or RuntimeConfig()
+        config = replace(config or RuntimeConfig(), mac=hello["mac"])
         if config.transport.interface is None:
             interface = hello.get("interface") or _node_ip()
             config = replace(config, transport=replace(config.transport, interface=interface))
