@@ -1,0 +1,55 @@
+"""The benchmark harness runs end to end (`--quick`) and writes its results; numbers are not checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT = 240
+
+
+def test_quick_bench_writes_json_and_plot(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own embedded Ray
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.harness", "--quick",
+                             "--out", str(tmp_path)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the harness kills its processes and stops Ray
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        pytest.fail(f"harness did not finish within {TIMEOUT}s:\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-3000:]
+
+    latest = tmp_path / "latest.json"
+    assert latest.exists(), out[-3000:]
+    results = json.loads(latest.read_text())
+    for key in ("timestamp", "config", "machine", "cases", "targets", "table_markdown", "plot"):
+        assert key in results, key
+    assert (tmp_path / f"{results['timestamp']}.json").exists()
+    assert results["plot"] and (tmp_path / results["plot"]).stat().st_size > 0
+    assert (tmp_path / "latest.png").exists()
+    for key in ("cpu_model", "cores_logical", "python", "ray", "kernel"):
+        assert key in results["machine"], key
+    assert {c["system"] for c in results["cases"]} == {"baseline", "scopecast"}
+    for case in results["cases"]:
+        assert case.get("error") is None, case.get("error")
+        for key in ("min_rate", "mean_rate", "min_mb_s", "cpu_us_per_msg", "lost", "published",
+                    "receivers"):
+            assert key in case, key
+    assert "| size | subs | system |" in results["table_markdown"]
