@@ -324,10 +324,6 @@ def test_unknown_sender(make_env):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(strict=True, reason="BUG: a routing record level that is an array (unhashable) "
-                   "passes wire.decode_routes and raises TypeError in the forwarding-plan lookup: "
-                   "counted as internal_error instead of dropped as bad_routes; when it happens in the "
-                   "idle wait it kills the I/O thread (see the next test)")
 def test_malformed_routing_record_at_a_forwarder(make_env):
     import msgpack
 
@@ -362,10 +358,6 @@ def test_malformed_routing_record_at_a_forwarder(make_env):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(strict=True, reason="BUG: MemberRuntime._run calls the idle-time _poll outside its "
-                   "try/except, so an exception raised while handling a datagram (here by a "
-                   "subscriber callback) kills the I/O thread instead of being counted as "
-                   "internal_error")
 def test_io_thread_survives_an_exception_while_idle(make_env):
     env = make_env()
     got: list = []

@@ -211,9 +211,6 @@ def test_expiry_makes_room_in_the_budget():
     assert r.bytes_held == 1000 and len(r) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Reassembler.add() calls expire() and discards its count, "
-                   "so partials expired there are never reported and the runtime's "
-                   "drops['reassembly_timeout'] undercounts")
 def test_every_expired_partial_is_reported_once():
     clock = Clock()
     r = Reassembler(timeout=1.0, clock=clock)

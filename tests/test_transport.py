@@ -151,9 +151,6 @@ def test_no_warning_when_the_request_fits(monkeypatch, caplog):
     assert _rcvbuf_warnings(caplog) == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _set_buffer compares the doubled value getsockopt reports "
-                   "with the request, so a request between rmem_max and 2*rmem_max is silently capped "
-                   "to rmem_max without the warning")
 def test_warns_for_a_request_just_above_rmem_max(monkeypatch, caplog):
     monkeypatch.setattr(transport.os, "geteuid", lambda: 1000)
     rmem_max = read_sysctl("net.core.rmem_max")

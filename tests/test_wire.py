@@ -134,16 +134,11 @@ def test_control_body_bound_enforced_by_encoder():
     assert wire.decode_control(wire.encode_control(PacketType.TOKEN, 1, body))[1] == body
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode_control refuses int map keys (msgpack "
-                   "strict_map_key default) that encode_control accepts")
 def test_control_roundtrip_int_keyed_map():
     body = {1: 5, 2: 7}  # e.g. a token's per-sender MaxContiguous
     assert wire.decode_control(wire.encode_control(PacketType.TOKEN, 3, body))[1] == body
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: encode_control only bounds the total size; decode_control "
-                   "also bounds str (4096 B), array (4096) and map (1024) lengths, so a body within "
-                   "MAX_CONTROL_BODY may be encoded and then refused by every receiver")
 @pytest.mark.parametrize("body", [list(range(5000)), "s" * 5000, {str(i): 0 for i in range(1100)}],
                          ids=["array5000", "str5000", "map1100"])
 def test_control_encoder_and_decoder_agree_on_bounds(body):
@@ -317,10 +312,6 @@ def test_route_index_out_of_table_is_bad_routes():
     assert e.value.reason == "bad_routes"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode_routes accepts levels that are not (str, str) "
-                   "pairs (ints, nils, nested arrays, a 2-character string unpacked as a pair); a "
-                   "nested array is unhashable and crashes the forwarding plan lookup instead of "
-                   "being dropped as bad_routes")
 @pytest.mark.parametrize("record", [[[[1], "b"]], [[1, 2]], [[None, "b"]], ["ab"]],
                          ids=["nested-array", "ints", "nil", "two-char-str-as-pair"])
 def test_routing_levels_must_be_string_pairs(record):
@@ -329,9 +320,6 @@ def test_routing_levels_must_be_string_pairs(record):
     assert e.value.reason == "bad_routes"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: encode_datagram/encode_route_table accept routing-record "
-                   "strings longer than the decoder's max_str_len=256 bytes; every receiver then "
-                   "drops the datagram as bad_routes")
 def test_long_member_names_roundtrip_or_are_refused_by_the_encoder():
     m = WireMessage(1, 2, 3, 4, 5, 6, 0, (("x" * 300, "y"),), b"payload")
     try:

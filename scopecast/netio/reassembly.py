@@ -39,6 +39,7 @@ class Reassembler:
         self._clock = clock
         self._partials: OrderedDict[tuple, _Partial] = OrderedDict()
         self.bytes_held = 0
+        self._expired_unreported = 0
 
     def __len__(self) -> int:
         return len(self._partials)
@@ -57,7 +58,7 @@ class Reassembler:
         key = (sender, msg.source, msg.stream, msg.stream_seq)
         part = self._partials.get(key)
         if part is None:
-            self.expire()
+            self._expired_unreported += self.expire()
             if self.bytes_held + total > self.budget_bytes:
                 raise ReassemblyError("reassembly_budget")
             part = _Partial(total, count, chunk, self._clock() + self.timeout)
@@ -82,9 +83,9 @@ class Reassembler:
                            m.content_type, m.route, bytes(part.buf))
 
     def expire(self) -> int:
-        """Drop partial messages past their deadline; return how many."""
+        """Drop partial messages past their deadline; return how many (each reported once)."""
         now = self._clock()
-        dropped = 0
+        dropped, self._expired_unreported = self._expired_unreported, 0
         while self._partials:
             key, part = next(iter(self._partials.items()))
             if part.deadline > now:

@@ -87,6 +87,8 @@ class MemberRuntime:
 
     def __init__(self, member_id: int, name: str, key: bytes,
                  config: RuntimeConfig | None = None) -> None:
+        if len(name.encode()) > wire.MAX_ROUTE_NAME:
+            raise ValueError(f"member name longer than {wire.MAX_ROUTE_NAME} bytes")
         config = config or RuntimeConfig()
         if config.transport.interface is None:
             config = replace(config, transport=replace(config.transport, interface="127.0.0.1"))
@@ -322,22 +324,24 @@ class MemberRuntime:
         sel = self._sel
         while not self._stop:
             try:
-                busy = self._step(sel)
+                if not self._step(sel):
+                    self._idle(sel)
             except Exception:  # never let one bad event kill the member's data plane
                 log.exception("scopecast I/O loop error (continuing)")
                 self.drops["internal_error"] += 1
-                busy = False
-            if not busy:
-                self._sleeping = True
-                if not self._publish_q and not self._ops:
-                    if self._wake_pending:
-                        # woken by a publisher a moment ago: linger, so that a burst of publishes
-                        # costs one wake-up per linger period instead of one per message
-                        self._poll(sel, LINGER)
-                        self._wake_pending = False
-                    else:
-                        self._poll(sel, self._idle_timeout())
                 self._sleeping = False
+
+    def _idle(self, sel) -> None:
+        self._sleeping = True
+        if not self._publish_q and not self._ops:
+            if self._wake_pending:
+                # woken by a publisher a moment ago: linger, so that a burst of publishes
+                # costs one wake-up per linger period instead of one per message
+                self._poll(sel, LINGER)
+                self._wake_pending = False
+            else:
+                self._poll(sel, self._idle_timeout())
+        self._sleeping = False
 
     def _step(self, sel) -> bool:
         self._poll(sel, 0)

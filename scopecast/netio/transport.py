@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import struct
+import sys
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ def _set_buffer(sock: socket.socket, opt: int, force_opt: int, size: int, what: 
     else:
         sock.setsockopt(socket.SOL_SOCKET, opt, size)
     got = sock.getsockopt(socket.SOL_SOCKET, opt)
-    # Linux reports twice the value it stores (bookkeeping overhead included)
-    if got < size:
+    # Linux stores (and reports) twice the value asked for, to cover bookkeeping overhead
+    if got < (2 * size if sys.platform.startswith("linux") else size):
         log.warning("%s: asked for %d bytes, kernel gave %d; raise %s (sysctl -w %s=%d) or run as "
                     "root", what, size, got, sysctl, sysctl, size)
     return got

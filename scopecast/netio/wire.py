@@ -36,6 +36,7 @@ ROUTE_LEN = struct.Struct("!H")
 FLAG_FRAGMENT = 0x01
 
 MAX_ROUTES = 255
+MAX_ROUTE_NAME = 256  # bytes of one scope or member name in a routing record
 MAX_CONTROL_BODY = 60_000
 
 
@@ -139,11 +140,25 @@ def decode_routes(view: memoryview, offset: int) -> tuple[list[tuple], int]:
         raise DecodeError("truncated", "routing table")
     try:
         raw = msgpack.unpackb(view[offset:offset + n], use_list=True, max_array_len=MAX_ROUTES,
-                              max_bin_len=0, max_map_len=0, max_ext_len=0, max_str_len=256)
-        routes = [tuple((x, y) for x, y in record) for record in raw]
-    except Exception as exc:  # malformed msgpack or record shape: untrusted input
+                              max_bin_len=0, max_map_len=0, max_ext_len=0,
+                              max_str_len=MAX_ROUTE_NAME)
+        routes = [_record(r) for r in raw]
+    except DecodeError:
+        raise
+    except Exception as exc:  # malformed msgpack: untrusted input
         raise DecodeError("bad_routes", type(exc).__name__) from None
     return routes, offset + n
+
+
+def _record(raw) -> tuple:
+    """A routing record from its msgpack form: a non-empty list of [str, str] levels."""
+    if not isinstance(raw, list) or not raw:
+        raise DecodeError("bad_routes", "record is not a list of levels")
+    for level in raw:
+        if not (isinstance(level, list) and len(level) == 2 and isinstance(level[0], str)
+                and isinstance(level[1], str)):
+            raise DecodeError("bad_routes", "level is not a pair of names")
+    return tuple((x, y) for x, y in raw)
 
 
 def encode_entry(topic: int, source: int, session: int, seq: int, stream: int, stream_seq: int,
@@ -155,6 +170,12 @@ def encode_entry(topic: int, source: int, session: int, seq: int, stream: int, s
 
 def encode_route_table(records: list[tuple]) -> bytes:
     """A datagram's routing table: u16 length, then the msgpack list of records."""
+    for record in records:
+        for level in record:
+            for name in level:
+                if len(name.encode()) > MAX_ROUTE_NAME:
+                    raise ValueError(f"scope or member name longer than {MAX_ROUTE_NAME} bytes: "
+                                     f"{name[:40]!r}...")
     routes = encode_routes(records)
     if len(routes) > 0xFFFF:
         raise ValueError("routing table too large")
@@ -249,8 +270,10 @@ def decode_control(view: memoryview | bytes) -> tuple[Header, object]:
     if len(view) - HEADER.size > MAX_CONTROL_BODY:
         raise DecodeError("oversized", "control body")
     try:
-        body = msgpack.unpackb(view[HEADER.size:], use_list=True, max_bin_len=MAX_CONTROL_BODY,
-                               max_str_len=4096, max_array_len=4096, max_map_len=1024)
+        # the body is at most MAX_CONTROL_BODY bytes, which bounds every container in it too
+        body = msgpack.unpackb(view[HEADER.size:], use_list=True, strict_map_key=False,
+                               max_bin_len=MAX_CONTROL_BODY, max_str_len=MAX_CONTROL_BODY,
+                               max_array_len=MAX_CONTROL_BODY, max_map_len=MAX_CONTROL_BODY)
     except Exception as exc:
         raise DecodeError("bad_body", type(exc).__name__) from None
     return header, body
