@@ -680,33 +680,48 @@ class MemberRuntime:
 
     def _take_publishes(self) -> None:
         q = self._publish_q
-        plans = self._own_plans
-        subs_by_topic = self._subs
         capacity = self._capacity
         taken = 0
         queued = 0
+        sseq = 0
         touched: list[Subscription] = []
+        topic = None
+        plan: list = []
+        feed = record = None
+        subs: tuple = ()
         while q:
-            topic, seq, sseq, entry, payload, session, ctype = q.popleft()
+            item = q.popleft()
+            if item[0] != topic or not item[2]:
+                topic = item[0]
+                plan = self._own_plans.get(topic) or self._own_plan(topic)
+                # the common case: one destination queue, no filters
+                feed, record = (plan[0][0], plan[0][1]) if (
+                    len(plan) == 1 and plan[0][0].__class__ is Feed) else (None, None)
+                subs = self._subs.get(topic, ())
+                if not item[2]:  # end-of-stream marker: (topic, last_seq, 0, ...)
+                    self._queue_end_of_stream(plan, topic, item[5], item[1])
+                    topic = None
+                    continue
+            _, seq, sseq, entry, payload, session, ctype = item
             n = len(entry)
             taken += n
-            plan = plans.get(topic)
-            if plan is None:
-                plan = self._own_plan(topic)
-            if sseq == 0:
-                self._queue_end_of_stream(plan, topic, session, seq)
-                continue
-            self._taken_sseq = sseq
-            for target, record, table in plan:
-                if target.__class__ is Feed:
-                    if not target.pending():
-                        self._active.append(target)
-                    target.put(record, table, entry, sseq, capacity)
-                    queued += n
-                else:
-                    self._push_filtered(target, record, table, entry, sseq, topic, self.member_id,
-                                        seq)
-            subs = subs_by_topic.get(topic)
+            chunk = feed.open if feed is not None else None
+            if chunk is not None and chunk.record is record and chunk.size + n <= chunk.room:
+                chunk.parts.append(entry)  # fast path: extend the open chunk
+                chunk.size += n
+                if not chunk.first_own:
+                    chunk.first_own = sseq
+                queued += n
+            else:
+                for target, rec, table in plan:
+                    if target.__class__ is Feed:
+                        if not target.pending():
+                            self._active.append(target)
+                        target.put(rec, table, entry, sseq, capacity)
+                        queued += n
+                    else:
+                        self._push_filtered(target, rec, table, entry, sseq, topic,
+                                            self.member_id, seq)
             if subs:
                 msg = Message(self._topic_names.get(topic, str(topic)), self.name, session, seq,
                               payload, ctype, self._origin)
@@ -715,6 +730,8 @@ class MemberRuntime:
                         touched.append(sub)
                     sub.inbox.append(msg)
                     sub.inbox_bytes += n
+        if sseq:
+            self._taken_sseq = sseq
         self.taken_bytes += taken
         self.feed_bytes += queued
         if touched:

@@ -32,10 +32,11 @@ def embedded_ray_options() -> dict:
 
 
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
-            start: bool = True) -> Cluster:
+            start: bool = True, mac: str = "gmac") -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
-    Deploys the cluster scope manager if it is not there yet. With `start=False`, raise
+    Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet
+    authenticator of a cluster deployed now: "gmac" or "hmac-sha256"). With `start=False`, raise
     `NotConnected` instead of starting an embedded Ray or deploying scope managers."""
     owns_ray = False
     if not ray.is_initialized():
@@ -56,7 +57,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
                                "--address / set RAY_ADDRESS")
     if start:
         manager = declare.get_or_create(ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-                                        "127.0.0.1" if owns_ray else None)
+                                        "127.0.0.1" if owns_ray else None, None, mac)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:
