@@ -1,0 +1,197 @@
+"""From the processes' summaries to the numbers the suite reports.
+
+Delivered throughput of a receiver = messages it handed to application code inside its measured
+window / the window's length (see `meter`). A case reports each receiver's rate, the minimum over
+receivers (the headline figure) and the mean. CPU per message = CPU seconds of the sender over the
+union of the receivers' windows plus each receiver's CPU over its own window, divided by the
+messages delivered in those windows (summed over receivers). Lost = published - delivered, per
+receiver, over the whole stream.
+"""
+
+from __future__ import annotations
+
+from benchmarks.meter import cpu_between
+
+TARGET_SIZES = (1000, 1024)  # "1 KB"
+
+
+def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
+    size = case.size
+    published = int(sender["published"])
+    rows = []
+    for r in receivers:
+        window_s = r["window_end"] - r["window_start"]
+        rate = r["window_msgs"] / window_s if window_s > 0 and r["window_msgs"] > 0 else 0.0
+        row = {
+            "pid": r.get("pid"), "delivered": r["delivered"], "lost": published - r["delivered"],
+            "rate": rate, "mb_s": rate * size / 1e6, "window_s": window_s,
+            "window_msgs": r["window_msgs"], "warmup_msgs": r["k"],
+            "warmup_done": r["warmup_done"], "cpu_s": r["window_cpu_s"],
+            "cpu_user_s": r["window_user_s"], "cpu_sys_s": r["window_sys_s"],
+            "ended_by": r.get("ended_by"),
+        }
+        for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "rcvbuf", "error"):
+            if key in r:
+                row[key] = r[key]
+        rows.append(row)
+    live = [(r, row) for r, row in zip(receivers, rows, strict=True) if r["delivered"] > 0]
+    if live:
+        w_start = min(r["window_start"] for r, _ in live)
+        w_end = max(r["window_end"] for r, _ in live)
+    else:
+        w_start = w_end = 0.0
+    sender_user, sender_sys = cpu_between(sender["samples"], w_start, w_end)
+    sender_cpu = sender_user + sender_sys
+    receivers_cpu = sum(row["cpu_s"] for _, row in live)
+    receivers_sys = sum(row["cpu_sys_s"] for _, row in live)
+    window_msgs = sum(row["window_msgs"] for _, row in live)
+    rates = [row["rate"] for row in rows]
+    published_in_window = (_count_at(sender["samples"], w_end)
+                           - _count_at(sender["samples"], w_start))
+    send_s = sender["stopped"] - sender["start"]
+    sender_info = {k: sender[k] for k in ("pid", "send_errors", "flush_error", "drops", "stats",
+                                          "sndbuf") if k in sender}
+    sender_info["send_s"] = send_s
+    if "flushed" in sender:
+        sender_info["flush_s"] = sender["flushed"] - sender["stopped"]
+        sender_info["close_s"] = sender["closed"] - sender["flushed"]
+    return {
+        "system": case.system, "size": size, "subscribers": case.subscribers,
+        "seconds": case.seconds, "error": None,
+        "published": published, "publish_rate": published / send_s if send_s > 0 else 0.0,
+        "min_rate": min(rates) if rates else 0.0,
+        "mean_rate": sum(rates) / len(rates) if rates else 0.0,
+        "max_rate": max(rates) if rates else 0.0,
+        "min_mb_s": (min(rates) if rates else 0.0) * size / 1e6,
+        "lost": [row["lost"] for row in rows],
+        "lost_total": sum(row["lost"] for row in rows),
+        "cpu_us_per_msg": (sender_cpu + receivers_cpu) / window_msgs * 1e6 if window_msgs else None,
+        "cpu": {"sender_s": sender_cpu, "sender_sys_s": sender_sys,
+                "receivers_s": receivers_cpu, "receivers_sys_s": receivers_sys,
+                "window_msgs": window_msgs, "window": [w_start, w_end],
+                "sender_us_per_published": sender_cpu / published_in_window * 1e6
+                if published_in_window else None,
+                "receiver_us_per_msg": receivers_cpu / window_msgs * 1e6 if window_msgs else None},
+        "receivers": rows,
+        "sender": sender_info,
+    }
+
+
+def _count_at(samples: list, t: float) -> int:
+    """Messages the sender had sent by time `t` (last sample at or before `t`)."""
+    n = 0
+    for s in samples:
+        if s[0] > t:
+            break
+        n = s[-1]
+    return n
+
+
+def attach_ratios(cases: list[dict]) -> None:
+    """Each scopecast case gets `ratio` (min per-subscriber rate over the baseline's min per-receiver
+    rate, same size and subscriber count) and `ratio_mean` (mean over mean)."""
+    base = {(c["size"], c["subscribers"]): c for c in cases
+            if c["system"] == "baseline" and not c.get("error")}
+    for c in cases:
+        if c.get("error"):
+            continue
+        b = base.get((c["size"], c["subscribers"]))
+        if c["system"] == "baseline":
+            c["ratio"] = c["ratio_mean"] = 1.0
+        elif b is not None:
+            c["ratio"] = c["min_rate"] / b["min_rate"] if b["min_rate"] else None
+            c["ratio_mean"] = c["mean_rate"] / b["mean_rate"] if b["mean_rate"] else None
+        else:
+            c["ratio"] = c["ratio_mean"] = None
+
+
+def _find(cases: list[dict], system: str, subscribers: int) -> dict | None:
+    for c in cases:
+        if (c["system"] == system and c["subscribers"] == subscribers
+                and c["size"] in TARGET_SIZES and not c.get("error")):
+            return c
+    return None
+
+
+def targets(cases: list[dict]) -> list[dict]:
+    """The issue's two targets, checked (never asserted): met / missed / not run."""
+    out = []
+    sc, bl = _find(cases, "scopecast", 1), _find(cases, "baseline", 1)
+    t = {"name": "1 KB 1->1: scopecast delivered >= 1.5x baseline (1 receiver)",
+         "required_ratio": 1.5}
+    if sc and bl:
+        ratio = sc["min_rate"] / bl["min_rate"] if bl["min_rate"] else float("inf")
+        t.update(scopecast_rate=sc["min_rate"], baseline_rate=bl["min_rate"], ratio=ratio,
+                 status="met" if ratio >= 1.5 else "missed")
+    else:
+        t["status"] = "not run"
+    out.append(t)
+    sc, bl = _find(cases, "scopecast", 4), _find(cases, "baseline", 4)
+    t = {"name": "1 KB 1->4: every scopecast subscriber >= 1.0x the baseline's per-receiver rate "
+                 "(mean of its 4 receivers), nothing lost", "required_ratio": 1.0}
+    if sc and bl:
+        ratio = sc["min_rate"] / bl["mean_rate"] if bl["mean_rate"] else float("inf")
+        t.update(scopecast_rate=sc["min_rate"], baseline_rate=bl["mean_rate"], ratio=ratio,
+                 scopecast_lost=sc["lost"],
+                 status="met" if ratio >= 1.0 and sc["lost_total"] == 0 else "missed")
+    else:
+        t["status"] = "not run"
+    out.append(t)
+    return out
+
+
+# ----------------------------------------------------------------------- kernel UDP counters
+
+
+def udp_counters() -> dict[str, int]:
+    """System-wide UDP counters (/proc/net/snmp): where the kernel dropped datagrams."""
+    try:
+        with open("/proc/net/snmp") as f:
+            lines = [line.split() for line in f if line.startswith("Udp:")]
+        if len(lines) >= 2:
+            return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:], strict=False)}
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+# ------------------------------------------------------------- CPU of everything else (Ray, harness)
+
+
+def other_processes(exclude: set[int]) -> list:
+    """The harness and its descendants (Ray's GCS, raylet, workers, the scope manager actor),
+    except the case's own processes."""
+    import psutil
+
+    me = psutil.Process()
+    procs = [me]
+    try:
+        procs += me.children(recursive=True)
+    except psutil.Error:
+        pass
+    return [p for p in procs if p.pid not in exclude]
+
+
+def cpu_snapshot(procs: list) -> dict[int, tuple[str, float]]:
+    import psutil
+
+    snap = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            snap[p.pid] = (p.name(), t.user + t.system)
+        except psutil.Error:
+            pass
+    return snap
+
+
+def background_cpu(before: dict, after: dict, wall: float) -> dict:
+    """CPU the other processes used while the case ran, with the three busiest."""
+    used = [(name, cpu - before[pid][1]) for pid, (name, cpu) in after.items() if pid in before]
+    used.sort(key=lambda x: -x[1])
+    return {"wall_s": wall, "cpu_s": sum(u for _, u in used),
+            "top": [{"name": n, "cpu_s": round(u, 3)} for n, u in used[:3]]}

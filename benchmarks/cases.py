@@ -1,0 +1,116 @@
+"""One benchmark case: start its receiving processes, wait until every one is READY, start the sender,
+collect every process's `RESULT`, and hand the raw summaries to `analysis`.
+
+Whatever happens (error, timeout, Ctrl-C) every process of the case is killed before `run_case`
+returns or raises; a failed case comes back as a result with an "error" and the stderr tails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import analysis
+from benchmarks.procs import READY, CaseError, ChildGroup, module_argv
+
+
+@dataclass(slots=True, frozen=True)
+class Case:
+    system: str          # "scopecast" or "baseline"
+    size: int            # payload bytes
+    subscribers: int     # receiving processes
+    seconds: float       # how long the sender sends
+    warmup: float        # receiver warm-up before the measured window
+    ready_timeout: float
+    timeout: float       # whole case, from the first process start
+
+    @property
+    def label(self) -> str:
+        return f"{self.system} {self.size}B 1->{self.subscribers}"
+
+
+@dataclass(slots=True, frozen=True)
+class Wiring:
+    """Where a case's processes meet: the scopecast cluster, or a multicast group (baseline)."""
+
+    address: str = ""            # Ray GCS address (scopecast)
+    topic: str = ""              # fresh topic per case (scopecast)
+    group: str = ""              # fresh multicast group per case (baseline)
+    port: int = 0
+    interface: str = "127.0.0.1"
+    ttl: int = 1
+    loop: bool = True
+    rcvbuf: int = 32 << 20
+    sndbuf: int = 4 << 20
+
+
+def run_case(case: Case, wiring: Wiring, log_dir: Path) -> dict:
+    """Run one case; never raises for a failure of the case itself (see the module docstring)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    load = os.getloadavg()
+    snmp_before = analysis.udp_counters()
+    try:
+        with ChildGroup(log_dir) as group:
+            sender, receivers, background = _run(case, wiring, group, started + case.timeout)
+        result = analysis.summarize_case(case, sender, receivers)
+    except CaseError as exc:
+        return failed_result(case, str(exc), started)
+    except Exception as exc:  # a harness bug: report it with the case, keep the run going
+        return failed_result(case, f"{exc!r}\n{traceback.format_exc()}", started)
+    result["background_cpu"] = background
+    result["loadavg_before"] = list(load)
+    result["udp_counters"] = analysis.counter_delta(snmp_before, analysis.udp_counters())
+    result["case_seconds"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def _run(case: Case, wiring: Wiring, group: ChildGroup,
+         deadline: float) -> tuple[dict, list[dict], dict]:
+    parent = ["--parent-pid", str(os.getpid())]
+    receivers = []
+    for i in range(case.subscribers):
+        if case.system == "scopecast":
+            argv = module_argv("benchmarks.throughput", "subscribe", "--address", wiring.address,
+                               "--topic", wiring.topic, "--warmup", str(case.warmup),
+                               "--timeout", str(case.timeout), *parent)
+        else:
+            argv = module_argv("benchmarks.baseline", "receive", "--group", wiring.group,
+                               "--port", str(wiring.port), "--interface", wiring.interface,
+                               "--rcvbuf", str(wiring.rcvbuf), "--warmup", str(case.warmup),
+                               "--timeout", str(case.timeout), *parent)
+        receivers.append(group.start(f"{case.system}-{case.size}-{case.subscribers}-recv{i}", argv))
+    ready_by = min(deadline, time.monotonic() + case.ready_timeout)
+    for r in receivers:
+        r.expect(READY, ready_by)
+    if case.system == "scopecast":
+        argv = module_argv("benchmarks.throughput", "publish", "--address", wiring.address,
+                           "--topic", wiring.topic, "--size", str(case.size),
+                           "--seconds", str(case.seconds), *parent)
+    else:
+        argv = module_argv("benchmarks.baseline", "send", "--group", wiring.group,
+                           "--port", str(wiring.port), "--interface", wiring.interface,
+                           "--size", str(case.size), "--seconds", str(case.seconds),
+                           "--ttl", str(wiring.ttl), "--loop", str(int(wiring.loop)),
+                           "--sndbuf", str(wiring.sndbuf), *parent)
+    others = analysis.other_processes(set(group.pids()))
+    before, t0 = analysis.cpu_snapshot(others), time.monotonic()
+    sender = group.start(f"{case.system}-{case.size}-{case.subscribers}-send", argv)
+    sender_result = sender.result(deadline)
+    receiver_results = [r.result(deadline) for r in receivers]
+    background = analysis.background_cpu(before, analysis.cpu_snapshot(others),
+                                         time.monotonic() - t0)
+    for child in [sender, *receivers]:
+        code = child.wait(deadline)
+        if code != 0:
+            raise CaseError(f"{child.name}: exited with code {code}{child.diagnostics()}")
+    return sender_result, receiver_results, background
+
+
+def failed_result(case: Case, error: str, started: float | None = None) -> dict:
+    return {"system": case.system, "size": case.size, "subscribers": case.subscribers,
+            "seconds": case.seconds, "error": error,
+            "case_seconds": round(time.monotonic() - started, 2) if started else 0.0}

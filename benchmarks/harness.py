@@ -1,0 +1,273 @@
+"""The benchmark run: `python -m benchmarks.harness`, `scopecast bench`, `make bench`.
+
+Starts one embedded scopecast cluster (`scopecast.connect()`, which starts Ray) and runs, for every
+message size and subscriber count, the baseline (plain `sendto` per message on a multicast socket,
+receivers counting with `recv_into`) and then scopecast (one publisher process, N subscriber
+processes, a fresh topic per case). Writes `<out>/<timestamp>.json`, `<out>/<timestamp>.png` and
+`latest.json` / `latest.png`, prints progress and a markdown summary (also stored in the JSON as
+"table_markdown"). Exit status 0 when every case ran (targets are reported, never asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import analysis, machine, report
+from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.procs import REPO_ROOT
+
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
+SYSTEMS = ("baseline", "scopecast")
+QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, not {text!r}")
+    return values
+
+
+def _systems(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in SYSTEMS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"systems are {', '.join(SYSTEMS)}; got {text!r}")
+    return [s for s in SYSTEMS if s in values]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.harness",
+        description="scopecast throughput suite: one publisher process to N subscriber processes, "
+                    "against a plain one-sendto-per-message multicast baseline measured in the same "
+                    "run. Reports delivered msgs/s and MB/s per subscriber (min and mean), the ratio "
+                    "to the baseline, CPU µs per delivered message (all sending and receiving "
+                    "processes) and messages lost, and checks the issue's two 1 KB targets.",
+        epilog="Results: <out>/<UTC timestamp>.json and .png, plus latest.json and latest.png.")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1000-byte messages, 1 subscriber, %.1f s per case, %.1f s warm-up "
+                        "(explicit --sizes/--subscribers/--seconds/--warmup still win)"
+                        % (QUICK["seconds"], QUICK["warmup"]))
+    p.add_argument("--sizes", type=_int_list, default=None, metavar="B,B,...",
+                   help="message payload sizes in bytes (default 100,1000,8000)")
+    p.add_argument("--subscribers", type=_int_list, default=None, metavar="N,N,...",
+                   help="subscriber (receiver) process counts per case (default 1,2,4)")
+    p.add_argument("--seconds", type=float, default=None, metavar="D",
+                   help="how long the publisher (and the baseline sender) sends in each case; "
+                        "receivers then drain (default 3)")
+    p.add_argument("--warmup", type=float, default=None, metavar="S",
+                   help="a receiver's measured window opens at its first delivery S seconds after "
+                        "its first message (default 0.5)")
+    p.add_argument("--systems", type=_systems, default=list(SYSTEMS), metavar="NAME,...",
+                   help="which systems to run: baseline,scopecast (default both; ratios and targets "
+                        "need both)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                   help=f"directory for the JSON and PNG results (default {DEFAULT_OUT})")
+    p.add_argument("--case-timeout", type=float, default=None, metavar="S",
+                   help="kill a case's processes and mark it failed after S seconds "
+                        "(default 150 + 3 x --seconds)")
+    p.add_argument("--mac", default=None, metavar="NAME",
+                   help="packet authenticator of the cluster the harness deploys, passed to "
+                        "scopecast.connect(mac=...) (default: scopecast's default)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep every process's stderr log (kept anyway when a case fails)")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `scopecast bench -- --quick` passes the separator through
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
+    defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, QUICK[name] if args.quick else value)
+    if args.seconds <= 0 or args.warmup < 0:
+        raise SystemExit("--seconds must be positive and --warmup not negative")
+    if args.case_timeout is None:
+        args.case_timeout = 150.0 + 3 * args.seconds
+    return args
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Terminated(BaseException):  # like KeyboardInterrupt: no case handler may swallow it
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"scopecast-bench-{stamp}-"))
+    in_main = threading.current_thread() is threading.main_thread()
+    old_handler = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        results, wiring_info = _run_all(args, stamp, log_dir)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        print(f"interrupted ({exc or 'Ctrl-C'}); every case process was killed; process logs in "
+              f"{log_dir}", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, old_handler)
+        if log_dir.exists() and not any(log_dir.iterdir()):
+            log_dir.rmdir()  # nothing ran (e.g. scopecast failed to import): no empty dir left
+    failed = [c for c in results["cases"] if c.get("error")]
+    if failed or args.keep_logs:
+        results["logs"] = str(log_dir)
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    results["transport"] = wiring_info
+    _write(results, out, stamp)
+    print()
+    print(results["table_markdown"])
+    print(f"results: {out / (stamp + '.json')}  plot: {out / (stamp + '.png')}")
+    if failed:
+        print(f"{len(failed)} case(s) failed; process logs in {log_dir}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
+    import scopecast
+
+    print(f"scopecast bench {stamp}: sizes {args.sizes}, subscribers {args.subscribers}, "
+          f"{args.seconds:g} s per case, warm-up {args.warmup:g} s, systems {args.systems}",
+          flush=True)
+    busy = machine.busy_elsewhere()
+    if busy["cpu_percent"] > 25.0:
+        names = ", ".join(f"{b['name']} ({b['cpu_percent']:.0f}%)" for b in busy["busy_processes"])
+        print(f"warning: the machine is {busy['cpu_percent']:.0f}% busy before the run ({names}); "
+              "other work skews the numbers", flush=True)
+    t0 = time.monotonic()
+    cluster = scopecast.connect(**({"mac": args.mac} if args.mac else {}))
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own; ours unwinds
+    cases: list[dict] = []
+    try:
+        address = cluster.address
+        tc = scopecast.TransportConfig()
+        wiring_info = {"interface": "127.0.0.1", "ttl": tc.ttl, "loop": tc.loopback,
+                       "rcvbuf": tc.rcvbuf_bytes, "sndbuf": tc.sndbuf_bytes,
+                       "ray_address": address,
+                       "mac": getattr(cluster, "_hello", {}).get("mac")}
+        quiet = machine.settle(30.0)
+        print(f"cluster up at {address} ({time.monotonic() - t0:.1f} s, machine {quiet:.0f}% busy)",
+              flush=True)
+        octet = random.randrange(1, 255)
+        plan = [(size, n, system) for size in args.sizes for n in args.subscribers
+                for system in args.systems]
+        for i, (size, n, system) in enumerate(plan, 1):
+            case = Case(system, size, n, args.seconds, args.warmup,
+                        ready_timeout=min(120.0, args.case_timeout), timeout=args.case_timeout)
+            quiet = machine.settle(5.0)
+            print(f"[{i}/{len(plan)}] {case.label}: running", flush=True)
+            if system == "scopecast":
+                topic = f"bench/{stamp}/{size}B-1to{n}"
+                try:
+                    cluster.create_topic(topic)
+                except Exception as exc:  # the control plane is in trouble: report, go on
+                    result = failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
+                    cases.append(result)
+                    print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
+                    continue
+                wiring = Wiring(address=address, topic=topic)
+            else:
+                wiring = Wiring(group=f"239.255.{octet}.{i}", port=_free_udp_port(),
+                                interface="127.0.0.1", ttl=tc.ttl, loop=tc.loopback,
+                                rcvbuf=tc.rcvbuf_bytes, sndbuf=tc.sndbuf_bytes)
+            result = run_case(case, wiring, log_dir / f"{i:02d}-{system}-{size}-{n}")
+            result["busy_before_percent"] = quiet
+            cases.append(result)
+            print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
+    finally:
+        cluster.shutdown()
+    analysis.attach_ratios(cases)
+    targets = analysis.targets(cases)
+    return {
+        "timestamp": stamp,
+        "config": {"sizes": args.sizes, "subscribers": args.subscribers, "seconds": args.seconds,
+                   "warmup": args.warmup, "systems": args.systems, "quick": args.quick,
+                   "case_timeout": args.case_timeout, "mac": args.mac},
+        "definitions": {
+            "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
+                              "second inside each subscriber's window: from its first delivery "
+                              "`warmup` s after its first message to its last delivery",
+            "min_rate": "minimum over subscribers; mean_rate: mean over subscribers",
+            "cpu_us_per_msg": "user+system CPU of the publisher (over the union of the windows) "
+                              "and of every subscriber (over its own window) / messages delivered "
+                              "in the windows, summed over subscribers; Ray's processes excluded "
+                              "(see background_cpu)",
+            "lost": "published - delivered, per subscriber, whole stream",
+            "ratio": "scopecast min_rate / baseline min_rate, same size and subscriber count",
+        },
+        "machine": {**machine.describe(), "before_run": busy},
+        "cases": cases,
+        "targets": targets,
+        "table_markdown": report.markdown_table(cases, targets),
+        "wall_seconds": round(time.monotonic() - t0, 1),
+    }, wiring_info
+
+
+def _progress(c: dict) -> str:
+    if c.get("error"):
+        return f"FAILED after {c['case_seconds']} s: {c['error'].strip().splitlines()[0][:200]}"
+    cpu = c["cpu_us_per_msg"]
+    return (f"{c['min_rate']:,.0f} msgs/s min/sub ({c['min_mb_s']:.1f} MB/s), published "
+            f"{c['published']:,}, lost {c['lost']}, "
+            f"{'-' if cpu is None else f'{cpu:.2f}'} µs CPU/msg ({c['case_seconds']} s)")
+
+
+def _write(results: dict, out: Path, stamp: str) -> None:
+    png = out / f"{stamp}.png"
+    m = results["machine"]
+    title = (f"scopecast bench {stamp}\n{m['cpu_model']}, {m['cores_logical']} cores, "
+             f"Python {m['python']}, Ray {m['ray']}")
+    try:
+        report.plot(results["cases"], png, title)
+        results["plot"] = png.name
+    except Exception as exc:  # a plotting problem must not lose the measurements
+        results["plot"] = None
+        results["plot_error"] = repr(exc)
+        print(f"plot failed: {exc!r}", file=sys.stderr)
+    data = json.dumps(results, indent=2, default=str)
+    path = out / f"{stamp}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(data)
+    os.replace(tmp, path)
+    latest = out / "latest.json"
+    tmp = latest.with_suffix(".json.tmp")
+    tmp.write_text(data)
+    os.replace(tmp, latest)
+    if results["plot"]:
+        shutil.copyfile(png, out / "latest.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The human side of a run: a markdown summary table (with the targets) and a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _lost(lost: list[int], published: int) -> str:
+    parts = []
+    for n in lost:
+        pct = 100.0 * n / published if published else 0.0
+        parts.append(f"{n}" if n == 0 else f"{n} ({pct:.1f}%)")
+    return ", ".join(parts)
+
+
+def markdown_table(cases: list[dict], targets: list[dict]) -> str:
+    head = ("| size | subs | system | published | delivered msgs/s min (mean) per sub | MB/s min "
+            "| ratio vs baseline | CPU µs/msg | lost per sub |")
+    lines = [head, "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for c in cases:
+        key = f"| {c['size']} | {c['subscribers']} | {c['system']} "
+        if c.get("error"):
+            first = c["error"].strip().splitlines()[0][:100] if c["error"].strip() else "error"
+            lines.append(key + f"| FAILED: {first.replace('|', '/')} | | | | | |")
+            continue
+        lines.append(
+            key + f"| {c['published']:,} "
+            f"| {_rate(c['min_rate'])} ({_rate(c['mean_rate'])}) "
+            f"| {c['min_mb_s']:.1f} "
+            f"| {_num(c.get('ratio'), '.2f')} "
+            f"| {_num(c['cpu_us_per_msg'], '.2f')} "
+            f"| {_lost(c['lost'], c['published'])} |")
+    lines.append("")
+    lines.append("Targets (checked, not asserted):")
+    lines.append("")
+    for t in targets:
+        if t["status"] == "not run":
+            lines.append(f"- {t['name']}: not run")
+            continue
+        extra = ""
+        if "scopecast_lost" in t:
+            extra = f", scopecast lost {t['scopecast_lost']}"
+        lines.append(f"- {t['name']}: **{t['status']}** (scopecast {_rate(t['scopecast_rate'])}/s"
+                     f" vs baseline {_rate(t['baseline_rate'])}/s = {t['ratio']:.2f}x, need "
+                     f"{t['required_ratio']:.1f}x{extra})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cases: list[dict], path: Path, title: str) -> None:
+    """Delivered msgs/s (min per subscriber) and CPU µs/msg per case, scopecast beside baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = []
+    for c in cases:
+        k = (c["size"], c["subscribers"])
+        if k not in keys:
+            keys.append(k)
+    by = {(c["system"], c["size"], c["subscribers"]): c for c in cases if not c.get("error")}
+    labels = [f"{s} B\n1→{n}" for s, n in keys]
+    x = list(range(len(keys)))
+    width = 0.38
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(keys) + 2), 7.5),
+                                   sharex=True)
+    for i, (system, color) in enumerate((("scopecast", "tab:blue"), ("baseline", "tab:gray"))):
+        xs = [v + (i - 0.5) * width for v in x]
+        rates = [by.get((system, s, n), {}).get("min_rate") or 0.0 for s, n in keys]
+        cpu = [by.get((system, s, n), {}).get("cpu_us_per_msg") or 0.0 for s, n in keys]
+        ax1.bar(xs, rates, width, label=system, color=color)
+        ax2.bar(xs, cpu, width, label=system, color=color)
+        for xv, (s, n) in zip(xs, keys, strict=True):
+            c = by.get((system, s, n))
+            if not c:
+                continue
+            notes = []
+            if system == "scopecast" and c.get("ratio") is not None:
+                notes.append(f"{c['ratio']:.2f}x")
+            if c["lost_total"] and c["published"]:
+                notes.append(f"lost {100.0 * c['lost_total'] / (c['published'] * n):.0f}%")
+            if notes:
+                ax1.annotate("\n".join(notes), (xv, c["min_rate"]), ha="center", va="bottom",
+                             fontsize=7, color="tab:red" if c["lost_total"] else "black")
+    ax1.set_ylabel("delivered msgs/s\n(min over subscribers)")
+    ax1.set_ylim(0, max([c.get("min_rate") or 0.0 for c in by.values()] + [1.0]) * 1.2)
+    ax1.legend(fontsize=8)
+    ax1.grid(axis="y", alpha=0.3)
+    ax1.set_title(title, fontsize=8)
+    ax1.set_xlim(-0.8, len(keys) - 0.2)
+    ax2.set_ylabel("CPU µs per delivered msg\n(all processes)")
+    ax2.grid(axis="y", alpha=0.3)
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(labels, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,166 @@
+"""scopecast's side of a throughput case: a publisher process and subscriber processes.
+
+    python -m benchmarks.throughput subscribe --address A --topic T [--warmup S] [--idle S]
+    python -m benchmarks.throughput publish   --address A --topic T --size B --seconds D
+
+Both attach to the harness's cluster with `connect(address=..., start=False)`. The subscriber prints
+READY once subscribed, then consumes with `receive_batch()`, touching every payload (`len()`), until
+the publisher's end-of-stream marker (or `--idle` seconds without a message after the first), and
+prints `RESULT {json}`. The publisher publishes one payload as fast as `publish()` allows for
+`--seconds`, flushes, closes (which sends end-of-stream) and prints `RESULT {json}` with the count and
+its (time, CPU) samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from benchmarks.meter import CpuSampler, DeliveryMeter, cpu, monotonic
+from benchmarks.procs import READY, RESULT, die_with_parent
+
+CHECK_EVERY = 256  # publishes between clock reads
+
+
+def _connect(address: str):
+    import scopecast
+
+    return scopecast.connect(address=address, start=False)
+
+
+def _member_counters(cluster) -> dict:
+    try:
+        me = cluster.status().get("this_member", {})
+        return {"drops": me.get("drops", {}), "stats": me.get("stats", {})}
+    except Exception as exc:  # counters are diagnostics; never lose the result for them
+        return {"error": repr(exc)}
+
+
+def _report(result: dict) -> None:
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def subscribe(args) -> None:
+    cluster = _connect(args.address)
+    try:
+        sub = cluster.subscriber(args.topic)
+        print(READY, flush=True)
+        meter = DeliveryMeter(args.warmup)
+        receive_batch = sub.receive_batch
+        prev_seq = 0
+        gaps = 0
+        end_seq = None
+        ended_by = "deadline"
+        deadline = monotonic() + args.timeout
+        while True:
+            batch = receive_batch(0.05)
+            if batch:
+                now = monotonic()
+                nbytes = 0
+                for m in batch:
+                    nbytes += len(m.payload)
+                meter.add(len(batch), nbytes, now)
+                first, last = batch[0].seq, batch[-1].seq
+                gaps += (first - prev_seq - 1) + (last - first + 1 - len(batch))
+                prev_seq = last
+                if end_seq is not None and last >= end_seq:
+                    ended_by = "end_of_stream"
+                    break
+                continue
+            now = monotonic()
+            ends = sub.ends
+            if ends:  # the queue is drained and the marker came after the last datagram
+                end_seq = max(ends.values())
+                ended_by = "end_of_stream"
+                break
+            elif meter.count and now - meter.last_t > args.idle:
+                ended_by = "idle"
+                break
+            if now > deadline:
+                break
+        end_cpu = cpu()
+        result = meter.summary(end_cpu)
+        result.update(role="subscriber", pid=os.getpid(), ended_by=ended_by, gaps=gaps,
+                      last_seq=prev_seq, end_seq=end_seq, **_member_counters(cluster))
+        _report(result)
+        sub.close()
+    finally:
+        cluster.shutdown()
+
+
+def publish(args) -> None:
+    cluster = _connect(args.address)
+    try:
+        pub = cluster.publisher(args.topic)
+        payload = os.urandom(args.size)
+        publish_one = pub.publish
+        sampler = CpuSampler()
+        count = 0
+        start = monotonic()
+        sampler.sample(0, start, force=True)
+        stop_at = start + args.seconds
+        while True:
+            for _ in range(CHECK_EVERY):
+                publish_one(payload)
+            count += CHECK_EVERY
+            now = monotonic()
+            sampler.sample(count, now)
+            if now >= stop_at:
+                break
+        stopped = monotonic()
+        sampler.sample(count, stopped, force=True)
+        flush_error = None
+        try:
+            pub.flush(timeout=args.flush_timeout)
+        except Exception as exc:  # FlushTimeout: report it, the subscribers' counts tell the rest
+            flush_error = repr(exc)
+        flushed = monotonic()
+        sampler.sample(count, flushed, force=True)
+        pub.close(timeout=args.flush_timeout)
+        closed = monotonic()
+        sampler.sample(count, closed, force=True)
+        result = {"role": "publisher", "pid": os.getpid(), "published": pub.seq, "size": args.size,
+                  "start": start, "stopped": stopped, "flushed": flushed, "closed": closed,
+                  "flush_error": flush_error, "samples": sampler.samples,
+                  **_member_counters(cluster)}
+        _report(result)
+    finally:
+        cluster.shutdown()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.throughput",
+                                description="scopecast publisher/subscriber of a throughput case")
+    sub = p.add_subparsers(dest="role", required=True)
+    for name in ("subscribe", "publish"):
+        s = sub.add_parser(name)
+        s.add_argument("--address", required=True, help="Ray GCS address of the harness's cluster")
+        s.add_argument("--topic", required=True)
+        s.add_argument("--parent-pid", type=int, help="die when this process (the harness) dies")
+        if name == "subscribe":
+            s.add_argument("--warmup", type=float, default=0.5,
+                           help="seconds after the first message before the window opens")
+            s.add_argument("--idle", type=float, default=2.0,
+                           help="stop after this long without a message (once one arrived)")
+            s.add_argument("--timeout", type=float, default=120.0, help="stop after this long")
+        else:
+            s.add_argument("--size", type=int, required=True, help="payload bytes")
+            s.add_argument("--seconds", type=float, required=True, help="publish for this long")
+            s.add_argument("--flush-timeout", type=float, default=60.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    die_with_parent(args.parent_pid)
+    if args.role == "subscribe":
+        subscribe(args)
+    else:
+        publish(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
