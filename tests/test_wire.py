@@ -92,7 +92,7 @@ def test_entries_packed_to_capacity_decode(ptype, sender, channel, dseq, message
         entries.append(entry)
         taken.append(m)
         size += len(entry)
-    data = wire.encode_data(ptype, sender, channel, dseq, table, entries)
+    data = wire.encode_data(ptype, sender, channel, dseq, table, len(entries), entries)
     assert len(data) <= capacity
     header, decoded = wire.decode_data(data)
     assert header == wire.Header(int(ptype), 0, len(taken), sender, channel, dseq)

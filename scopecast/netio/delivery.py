@@ -17,7 +17,7 @@ class Subscription:
     """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
 
     __slots__ = ("topics", "queue", "event", "waiting", "delivered_bytes", "consumed_bytes",
-                 "inbox", "inbox_bytes", "ends", "closed", "callback")
+                 "inbox", "inbox_bytes", "ends", "closed", "wake")
 
     def __init__(self, topics: frozenset[int]) -> None:
         self.topics = topics
@@ -30,7 +30,7 @@ class Subscription:
         self.inbox_bytes = 0
         self.ends: dict[tuple[str, str, int], int] = {}
         self.closed = False
-        self.callback = None
+        self.wake = False  # queued for a wake-up at the end of the I/O thread's current burst
 
     def backlog(self) -> int:
         return self.delivered_bytes - self.consumed_bytes

@@ -25,7 +25,7 @@ class Chunk:
     def __init__(self, record: tuple | None, table: bytes, room: int) -> None:
         self.record = record
         self.table = table            # the encoded one-record routing table
-        self.parts: list[bytes] = []
+        self.parts: list[bytes] = []  # fixed part, payload, fixed part, payload, ...
         self.size = 0
         self.room = room              # entry bytes that fit one datagram with this table
         self.first_own = 0            # stream seq of the first of this member's own messages
@@ -56,13 +56,16 @@ class Feed:
     def pending(self) -> bool:
         return self.frag is not None or self.open is not None or bool(self.chunks)
 
-    def put(self, record: tuple, table: bytes, entry: bytes, sseq: int, capacity: int) -> None:
-        """Queue one encoded entry carrying `record` (`sseq` > 0 for this member's own messages)."""
+    def put(self, record: tuple, table: bytes, head: bytes, payload: bytes, sseq: int,
+            capacity: int) -> None:
+        """Queue one message (its encoded fixed part and its payload) carrying `record`; `sseq` > 0
+        marks this member's own messages."""
         c = self.open
-        n = len(entry)
+        n = len(head) + len(payload)
         if c is None or (c.record is not record and c.record != record) or c.size + n > c.room:
             c = self._start(record, table, capacity, n)
-        c.parts.append(entry)
+        c.parts.append(head)
+        c.parts.append(payload)
         c.size += n
         if sseq and not c.first_own:
             c.first_own = sseq

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 ENTRY = wire.ENTRY
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
 _pack_entry = ENTRY.pack
+_ESIZE = ENTRY.size
 HEADER = wire.HEADER
 
 
@@ -125,6 +126,7 @@ class MemberRuntime:
         self._plans: dict[tuple, list] = {}
         self._own_plans: dict[int, list] = {}
         self._subs: dict[int, tuple[Subscription, ...]] = {}
+        self._to_wake: list[Subscription] = []
         self._feeds: dict[tuple[str, int], Feed] = {}
         self._feeds_by_channel: dict[int, Feed] = {}
         self._stalled: tuple[Feed, bytes] | None = None
@@ -185,10 +187,12 @@ class MemberRuntime:
             self._wait_for_space()
         sseq = next(self._ordinal)
         me = self.member_id
-        # encoded here, on the application's thread, so the I/O thread only joins entries
-        entry = _pack_entry(topic, me, session, seq, me, sseq, ctype, 0, len(payload)) + payload
-        self.app_bytes += len(entry)
-        self._publish_q.append((topic, seq, sseq, entry, payload, session, ctype))
+        # encoded here, on the application's thread, so the I/O thread only joins entries (the
+        # entry's fixed part and its payload stay separate: one copy less, when the datagram is
+        # joined)
+        head = _pack_entry(topic, me, session, seq, me, sseq, ctype, 0, len(payload))
+        self.app_bytes += _ESIZE + len(payload)
+        self._publish_q.append((topic, seq, sseq, head, payload, session, ctype))
         if self._sleeping and not self._wake_pending:
             self._wake_pending = True
             self._wake()
@@ -203,7 +207,9 @@ class MemberRuntime:
         return self.app_bytes - self.taken_bytes + self.feed_bytes
 
     def _wait_for_space(self) -> None:
-        limit = self.config.queue_bytes
+        # wait for the queue to drain to half the limit, so that a saturating publisher blocks and
+        # wakes once per half-queue rather than once per message
+        limit = self._queue_limit // 2
         while self._queued() > limit and not self._stop:
             self._space_waiting = True
             self._space.wait(0.05)
@@ -358,6 +364,8 @@ class MemberRuntime:
             self._housekeeping(now)
         if self._space_waiting:
             self._space.set()
+        if self._to_wake:
+            self._wake_subscribers()
         return sent or bool(self._publish_q)
 
     def _idle_timeout(self) -> float:
@@ -380,6 +388,8 @@ class MemberRuntime:
             if mask & selectors.EVENT_WRITE and self._want_write:
                 self._want_write = False
                 sel.modify(self._sock, selectors.EVENT_READ)
+        if self._to_wake:
+            self._wake_subscribers()
 
     # ----------------------------------------------------------------------------- receive path
 
@@ -544,13 +554,17 @@ class MemberRuntime:
             sub.inbox_bytes = 0
             sub.delivered_bytes += nbytes
             self.stats["delivered"] += len(batch)
-            if sub.callback is not None:
-                sub.callback(batch)
-                sub.consumed_bytes += nbytes
-                continue
             sub.queue.append((batch, nbytes))
-            if sub.waiting:
-                sub.event.set()
+            if sub.waiting and not sub.wake:
+                sub.wake = True
+                self._to_wake.append(sub)
+
+    def _wake_subscribers(self) -> None:
+        """Wake waiting applications once per drained burst, not once per datagram."""
+        for sub in self._to_wake:
+            sub.wake = False
+            sub.event.set()
+        self._to_wake.clear()
 
     def _on_fragment(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
         end = len(body)
@@ -702,12 +716,14 @@ class MemberRuntime:
                     self._queue_end_of_stream(plan, topic, item[5], item[1])
                     topic = None
                     continue
-            _, seq, sseq, entry, payload, session, ctype = item
-            n = len(entry)
+            _, seq, sseq, head, payload, session, ctype = item
+            n = _ESIZE + len(payload)
             taken += n
             chunk = feed.open if feed is not None else None
             if chunk is not None and chunk.record is record and chunk.size + n <= chunk.room:
-                chunk.parts.append(entry)  # fast path: extend the open chunk
+                parts = chunk.parts  # fast path: extend the open chunk
+                parts.append(head)
+                parts.append(payload)
                 chunk.size += n
                 if not chunk.first_own:
                     chunk.first_own = sseq
@@ -717,10 +733,10 @@ class MemberRuntime:
                     if target.__class__ is Feed:
                         if not target.pending():
                             self._active.append(target)
-                        target.put(rec, table, entry, sseq, capacity)
+                        target.put(rec, table, head, payload, sseq, capacity)
                         queued += n
                     else:
-                        self._push_filtered(target, rec, table, entry, sseq, topic,
+                        self._push_filtered(target, rec, table, head, payload, sseq, topic,
                                             self.member_id, seq)
             if subs:
                 msg = Message(self._topic_names.get(topic, str(topic)), self.name, session, seq,
@@ -766,17 +782,19 @@ class MemberRuntime:
         self._plans[(topic, record)] = plan
         return plan
 
-    def _push(self, feed: Feed, record: tuple, table: bytes, entry: bytes, sseq: int) -> None:
+    def _push(self, feed: Feed, record: tuple, table: bytes, head: bytes, payload: bytes,
+              sseq: int) -> None:
         if not feed.pending():
             self._active.append(feed)
-        feed.put(record, table, entry, sseq, self._capacity)
-        self.feed_bytes += len(entry)
+        feed.put(record, table, head, payload, sseq, self._capacity)
+        self.feed_bytes += _ESIZE + len(payload)
 
-    def _push_filtered(self, channel, record, table, entry, sseq, topic, source, seq) -> None:
+    def _push_filtered(self, channel, record, table, head, payload, sseq, topic, source,
+                       seq) -> None:
         out: list = []
-        resolve(channel, topic, source, seq, ENTRY.unpack_from(entry)[5], out)
+        resolve(channel, topic, source, seq, ENTRY.unpack_from(head)[5], out)
         for endpoint in out:
-            self._push(self._feed(endpoint.address), record, table, entry, sseq)
+            self._push(self._feed(endpoint.address), record, table, head, payload, sseq)
 
     def _forward_received(self, topic, source, session, seq, stream, sseq, ctype, record,
                           payload) -> None:
@@ -786,12 +804,12 @@ class MemberRuntime:
         if not plan:
             return
         self.stats["forwarded"] += 1
-        entry = _pack_entry(topic, source, session, seq, stream, sseq, ctype, 0, len(payload)) + payload
+        head = _pack_entry(topic, source, session, seq, stream, sseq, ctype, 0, len(payload))
         for target, after, table in plan:
             if target.__class__ is Feed:
-                self._push(target, after, table, entry, 0)
+                self._push(target, after, table, head, payload, 0)
             else:
-                self._push_filtered(target, after, table, entry, 0, topic, source, seq)
+                self._push_filtered(target, after, table, head, payload, 0, topic, source, seq)
 
     def _queue_end_of_stream(self, plan: list, topic: int, session: int, last_seq: int) -> None:
         for target, _after, _table in plan:
@@ -846,12 +864,12 @@ class MemberRuntime:
             return wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
                                        list(chunk.end_of_stream), feed.channel, feed.dseq)
         if chunk.oversized:
-            entry = chunk.parts[0]
+            head, payload = chunk.parts
             room = chunk.room - wire.FRAGMENT.size - ENTRY.size
-            feed.frag = (chunk.first_own, _pieces(entry, room, chunk.table))
+            feed.frag = (chunk.first_own, _pieces(head, payload, room, chunk.table))
             return self._next_fragment(feed)
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
-                                chunk.table, chunk.parts)
+                                chunk.table, len(chunk.parts) // 2, chunk.parts)
 
     def _next_fragment(self, feed: Feed) -> bytes:
         first_own, pieces = feed.frag
@@ -859,7 +877,7 @@ class MemberRuntime:
         if frag[1] == frag[2] - 1:
             feed.frag = None
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
-                                [entry], frag)
+                                1, [entry], frag)
 
     def _transmit(self, feed: Feed, datagram: bytes) -> bool:
         try:
@@ -881,8 +899,8 @@ class MemberRuntime:
         return True
 
 
-def _pieces(entry: bytes, chunk: int, table: bytes):
-    """(routing table, fragment struct, fragment entry) for each fragment of an encoded entry."""
-    fields = ENTRY.unpack_from(entry)
-    for frag, piece in wire.fragments(memoryview(entry)[ENTRY.size:], chunk):
+def _pieces(head: bytes, payload: bytes, chunk: int, table: bytes):
+    """(routing table, fragment struct, fragment entry) for each fragment of a message."""
+    fields = ENTRY.unpack_from(head)
+    for frag, piece in wire.fragments(payload, chunk):
         yield table, frag, _pack_entry(*fields[:8], len(piece)) + piece

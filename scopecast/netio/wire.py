@@ -182,14 +182,16 @@ def encode_route_table(records: list[tuple]) -> bytes:
     return ROUTE_LEN.pack(len(routes)) + routes
 
 
-def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes,
-                entries: list[bytes], fragment: tuple[int, int, int, int] | None = None) -> bytes:
-    """A data datagram (without MAC) from an encoded routing table and encoded entries."""
-    header = HEADER.pack(MAGIC, VERSION, ptype, FLAG_FRAGMENT if fragment else 0, 0, len(entries),
+def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes, count: int,
+                parts: list[bytes], fragment: tuple[int, int, int, int] | None = None) -> bytes:
+    """A data datagram (without MAC) from an encoded routing table and `parts`, the byte strings
+    that make up `count` encoded entries, in order (an entry may be split, e.g. fixed part and
+    payload)."""
+    header = HEADER.pack(MAGIC, VERSION, ptype, FLAG_FRAGMENT if fragment else 0, 0, count,
                          sender, channel, 0, dseq)
     if fragment is not None:
-        return b"".join((header, table, FRAGMENT.pack(*fragment), *entries))
-    return b"".join((header, table, *entries))
+        return b"".join((header, table, FRAGMENT.pack(*fragment), *parts))
+    return b"".join((header, table, *parts))
 
 
 def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
@@ -203,7 +205,8 @@ def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
                                     m.content_type, ridx, m.payload))
     if len(index) > MAX_ROUTES:
         raise ValueError(f"more than {MAX_ROUTES} routing records in one datagram")
-    return encode_data(ptype, sender, channel, dseq, encode_route_table(list(index)), entries)
+    return encode_data(ptype, sender, channel, dseq, encode_route_table(list(index)), len(entries),
+                       entries)
 
 
 def encode_fragment(ptype: int, sender: int, channel: int, dseq: int, fragment: Fragment) -> bytes:
@@ -211,7 +214,7 @@ def encode_fragment(ptype: int, sender: int, channel: int, dseq: int, fragment: 
     m = fragment.message
     entry = encode_entry(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
                          m.content_type, 0, m.payload)
-    return encode_data(ptype, sender, channel, dseq, encode_route_table([m.route]), [entry],
+    return encode_data(ptype, sender, channel, dseq, encode_route_table([m.route]), 1, [entry],
                        (fragment.total, fragment.index, fragment.count, fragment.chunk))
 
 
