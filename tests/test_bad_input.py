@@ -338,7 +338,8 @@ def test_malformed_routing_record_at_a_forwarder(make_env):
         body = bytearray(wire.HEADER.size)
         wire.pack_header(body, wire.PacketType.DATA, 0, 1, JUNK_ID, 1, 1)
         body += wire.ROUTE_LEN.pack(len(routes)) + routes
-        body += wire.ENTRY.pack(TOPIC, JUNK_ID, SESSION, 1, JUNK_ID, 1, 0, 0, 4) + b"junk"
+        body += wire.RUN.pack(TOPIC, JUNK_ID, SESSION, 1, JUNK_ID, 1, 0, 0, 1) + wire.LENGTH.pack(4)
+        body += b"junk"
         sent = 0
 
         def junk(r: int) -> None:

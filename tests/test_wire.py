@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from scopecast.netio import wire
+from scopecast.netio.feed import Feed
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.wire import (
-    ENTRY,
     FLAG_FRAGMENT,
     HEADER,
     MAX_CONTROL_BODY,
@@ -68,35 +68,44 @@ def message_lists(draw, max_size=24):
 def test_data_datagram_roundtrip(ptype, sender, channel, dseq, messages):
     data = wire.encode_datagram(ptype, sender, channel, dseq, messages)
     header, decoded = wire.decode_data(data)
-    assert header == wire.Header(int(ptype), 0, len(messages), sender, channel, dseq)
+    assert (header.ptype, header.flags, header.sender, header.channel, header.dseq) == (
+        int(ptype), 0, sender, channel, dseq)
+    assert header.count <= len(messages)  # runs: consecutive messages share one
     assert decoded == messages
     assert all(type(m.payload) is bytes for m in decoded)
 
 
+def test_consecutive_messages_share_one_run():
+    route = (("A", "A"),)
+    msgs = [WireMessage(3, 9, 1, s, 9, 100 + s, 0, route, b"p%d" % s) for s in range(1, 51)]
+    data = wire.encode_datagram(PacketType.DATA, 9, 1, 1, msgs)
+    header, decoded = wire.decode_data(data)
+    assert header.count == 1 and decoded == msgs
+    assert len(data) == (HEADER.size + len(wire.encode_route_table([route]))
+                         + wire.run_size(50, sum(len(m.payload) for m in msgs)))
+
+
 @SETTINGS
 @given(ptype=data_types, sender=u32, channel=u16, dseq=u64,
-       messages=message_lists(max_size=60).filter(bool), capacity=st.integers(200, 65_000 - 16))
-def test_entries_packed_to_capacity_decode(ptype, sender, channel, dseq, messages, capacity):
-    """The I/O loop's way: an encoded routing table, then encoded entries while they fit."""
-    records = list(dict.fromkeys(m.route for m in messages))
-    table = wire.encode_route_table(records)
-    room = capacity - HEADER.size - len(table)
-    assume(room >= 0)  # (the runtime fragments a message whose table and entry exceed a datagram)
-    entries, taken, size = [], [], 0
+       messages=message_lists(max_size=60).filter(bool), capacity=st.integers(400, 65_000 - 28))
+def test_feed_chunks_fit_a_datagram_and_decode(ptype, sender, channel, dseq, messages, capacity):
+    """The I/O loop's way: messages queued in a Feed's chunks (runs under one routing record),
+    each chunk encoded as the runtime does, within capacity, decoding to the same messages."""
+    tables = {m.route: wire.encode_route_table([m.route]) for m in messages}
+    assume(all(len(tables[m.route]) + wire.run_size(1, len(m.payload)) <= capacity - HEADER.size
+               for m in messages))  # (larger ones are fragmented, tested below)
+    feed = Feed(("127.0.0.1", 1), 1)
     for m in messages:
-        entry = wire.encode_entry(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
-                                  m.content_type, records.index(m.route), m.payload)
-        assert len(entry) == m.entry_size()
-        if size + len(entry) > room:
-            break
-        entries.append(entry)
-        taken.append(m)
-        size += len(entry)
-    data = wire.encode_data(ptype, sender, channel, dseq, table, len(entries), entries)
-    assert len(data) <= capacity
-    header, decoded = wire.decode_data(data)
-    assert header == wire.Header(int(ptype), 0, len(taken), sender, channel, dseq)
-    assert decoded == taken
+        feed.put(m.route, tables[m.route], capacity - HEADER.size, False, m.topic_id, m.source,
+                 m.session, m.seq, m.stream, m.stream_seq, m.content_type, m.payload)
+    decoded = []
+    while feed.pending():
+        chunk = feed.take()
+        parts = [p for run in chunk.runs for p in run.parts()]
+        data = wire.encode_data(ptype, sender, channel, dseq, chunk.table, len(chunk.runs), parts)
+        assert len(data) <= capacity
+        decoded += wire.decode_data(data)[1]
+    assert decoded == messages
 
 
 def test_routing_table_holds_up_to_max_routes():
@@ -224,7 +233,7 @@ def test_fragments_of_the_runtime_chunk_size_fit_a_datagram(size, seed, head):
     msg = dataclasses.replace(head, payload=random.Random(seed).randbytes(size))
     capacity = 65_000 - 16
     chunk = capacity - HEADER.size - ROUTE_LEN.size - len(wire.encode_routes([msg.route])) \
-        - wire.FRAGMENT.size - ENTRY.size
+        - wire.FRAGMENT.size - wire.run_size(1, 0)
     pieces = list(split(msg, chunk))
     datagrams = fragment_datagrams(msg, pieces, PacketType.DATA, 1, 1, 0)
     assert all(len(d) <= capacity for d in datagrams)
@@ -287,12 +296,13 @@ def test_header_errors_have_reasons(raw, reason):
 
 
 def _with_routes(routes_bytes: bytes, n_entries: int = 1) -> bytes:
-    """A DATA datagram with a hand-made routing table and `n_entries` empty entries (route 0)."""
+    """A DATA datagram with a hand-made routing table and `n_entries` runs of one empty message
+    (route 0)."""
     out = bytearray(HEADER.size)
     wire.pack_header(out, PacketType.DATA, 0, n_entries, 1, 1, 1)
     out += ROUTE_LEN.pack(len(routes_bytes)) + routes_bytes
     for _ in range(n_entries):
-        out += ENTRY.pack(1, 1, 1, 1, 1, 1, 0, 0, 0)
+        out += wire.RUN.pack(1, 1, 1, 1, 1, 1, 0, 0, 1) + wire.LENGTH.pack(0)
     return bytes(out)
 
 
@@ -306,7 +316,7 @@ def test_malformed_routing_table_is_bad_routes(routes_value):
 
 def test_route_index_out_of_table_is_bad_routes():
     data = bytearray(_with_routes(msgpack.packb([[["a", "b"]]])))
-    struct.pack_into("!B", data, len(data) - 5, 1)  # ridx byte of the only entry
+    struct.pack_into("!B", data, len(data) - wire.LENGTH.size - 3, 1)  # ridx byte of the run
     with pytest.raises(DecodeError) as e:
         wire.decode_data(bytes(data))
     assert e.value.reason == "bad_routes"
@@ -327,3 +337,11 @@ def test_long_member_names_roundtrip_or_are_refused_by_the_encoder():
     except ValueError:
         return
     assert wire.decode_data(data)[1] == [m]
+
+
+def test_empty_run_is_rejected():
+    data = bytearray(_with_routes(msgpack.packb([[["a", "b"]]])))
+    struct.pack_into("!H", data, len(data) - wire.LENGTH.size - 2, 0)  # the run's count
+    with pytest.raises(DecodeError) as e:
+        wire.decode_data(bytes(data[:-wire.LENGTH.size]))
+    assert e.value.reason == "bad_run"

@@ -1,9 +1,9 @@
 """A destination's send queue and its bytes-bounded flow window.
 
-Queued messages are kept as *chunks*: runs of encoded entries that share a routing record and fit
-one datagram. The I/O thread appends to the open chunk as messages are taken from publishers (or
-forwarded), and the socket pulls whole chunks when the window allows, so the datagram is assembled
-only when it can be sent, and the per-message work is one list append.
+Queued messages are kept as *chunks*: what fits one datagram under one routing record, as runs of
+consecutive messages (see `wire`). The I/O thread extends the open chunk's last run as messages are
+taken from publishers (or forwarded), and the socket pulls whole chunks when the window allows, so a
+datagram is assembled only when it can be sent, and a message costs one list append.
 
 Receivers acknowledge the highest datagram number they took from this destination's channel; the
 window is the bytes sent after the slowest live receiver's acknowledgement. A receiver the control
@@ -15,22 +15,47 @@ from __future__ import annotations
 
 from collections import deque
 
+from scopecast.netio import wire
+
+RUN_COST = wire.RUN.size
+MESSAGE_COST = wire.LENGTH.size
+
+
+class Run:
+    """Consecutive messages of one topic, source and session (see `wire`)."""
+
+    __slots__ = ("topic", "source", "session", "first_seq", "stream", "first_sseq", "ctype",
+                 "payloads", "next_seq", "next_sseq")
+
+    def __init__(self, topic: int, source: int, session: int, seq: int, stream: int, sseq: int,
+                 ctype: int, payload: bytes) -> None:
+        self.topic, self.source, self.session, self.stream = topic, source, session, stream
+        self.first_seq, self.first_sseq, self.ctype = seq, sseq, ctype
+        self.payloads = [payload]
+        self.next_seq = seq + 1
+        self.next_sseq = sseq + 1
+
+    def parts(self, route_index: int = 0) -> list:
+        return wire.run_parts(self.topic, self.source, self.session, self.first_seq, self.stream,
+                              self.first_sseq, self.ctype, route_index, self.payloads)
+
 
 class Chunk:
-    """Entries for one datagram (or one end-of-stream marker, or one message to fragment)."""
+    """Runs for one datagram (or one end-of-stream marker, or one message to fragment)."""
 
-    __slots__ = ("record", "table", "parts", "size", "room", "first_own", "end_of_stream",
+    __slots__ = ("record", "table", "runs", "last", "size", "room", "first_own", "end_of_stream",
                  "oversized")
 
     def __init__(self, record: tuple | None, table: bytes, room: int) -> None:
         self.record = record
         self.table = table            # the encoded one-record routing table
-        self.parts: list[bytes] = []  # fixed part, payload, fixed part, payload, ...
-        self.size = 0
-        self.room = room              # entry bytes that fit one datagram with this table
+        self.runs: list[Run] = []
+        self.last: Run | None = None  # the run new messages may extend
+        self.size = 0                 # bytes of the runs so far
+        self.room = room              # bytes of runs that fit one datagram with this table
         self.first_own = 0            # stream seq of the first of this member's own messages
         self.end_of_stream: tuple | None = None
-        self.oversized = False        # one entry larger than a datagram: sent as fragments
+        self.oversized = False        # one message larger than a datagram: sent as fragments
 
 
 class Feed:
@@ -56,19 +81,33 @@ class Feed:
     def pending(self) -> bool:
         return self.frag is not None or self.open is not None or bool(self.chunks)
 
-    def put(self, record: tuple, table: bytes, head: bytes, payload: bytes, sseq: int,
-            capacity: int) -> None:
-        """Queue one message (its encoded fixed part and its payload) carrying `record`; `sseq` > 0
-        marks this member's own messages."""
+    def put(self, record: tuple, table: bytes, capacity: int, own: bool, topic: int, source: int,
+            session: int, seq: int, stream: int, sseq: int, ctype: int, payload: bytes) -> Run:
+        """Queue one message carrying `record` (`own`: published by this member); returns the run
+        it joined, which the caller may extend directly while messages stay consecutive."""
         c = self.open
-        n = len(head) + len(payload)
-        if c is None or (c.record is not record and c.record != record) or c.size + n > c.room:
-            c = self._start(record, table, capacity, n)
-        c.parts.append(head)
-        c.parts.append(payload)
-        c.size += n
-        if sseq and not c.first_own:
+        n = len(payload) + MESSAGE_COST
+        if c is not None and (c.record is record or c.record == record):
+            r = c.last
+            if (c.size + n <= c.room and r.next_seq == seq and r.next_sseq == sseq
+                    and r.topic == topic and r.source == source and r.session == session
+                    and r.stream == stream and r.ctype == ctype):
+                r.payloads.append(payload)
+                r.next_seq += 1
+                r.next_sseq += 1
+                c.size += n
+                return r
+            if c.size + RUN_COST + n > c.room:
+                c = self._start(record, table, capacity, RUN_COST + n)
+        else:
+            c = self._start(record, table, capacity, RUN_COST + n)
+        r = Run(topic, source, session, seq, stream, sseq, ctype, payload)
+        c.runs.append(r)
+        c.last = r
+        c.size += RUN_COST + n
+        if own and not c.first_own:
             c.first_own = sseq
+        return r
 
     def _start(self, record: tuple, table: bytes, capacity: int, n: int) -> Chunk:
         if self.open is not None:

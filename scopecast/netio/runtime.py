@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
-from scopecast.netio.feed import Feed
+from scopecast.netio.feed import MESSAGE_COST, RUN_COST, Feed
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import Reassembler, ReassemblyError
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
@@ -35,10 +35,7 @@ from scopecast.scopes.routing import RoutingLabel, forward, matches, origin_reco
 
 log = logging.getLogger(__name__)
 
-ENTRY = wire.ENTRY
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
-_pack_entry = ENTRY.pack
-_ESIZE = ENTRY.size
 HEADER = wire.HEADER
 
 
@@ -127,6 +124,7 @@ class MemberRuntime:
         self._own_plans: dict[int, list] = {}
         self._subs: dict[int, tuple[Subscription, ...]] = {}
         self._to_wake: list[Subscription] = []
+        self._touched: list[Subscription] = []  # subscribers with messages in their inbox
         self._feeds: dict[tuple[str, int], Feed] = {}
         self._feeds_by_channel: dict[int, Feed] = {}
         self._stalled: tuple[Feed, bytes] | None = None
@@ -186,13 +184,8 @@ class MemberRuntime:
         if self.app_bytes - self.taken_bytes + self.feed_bytes > self._queue_limit:
             self._wait_for_space()
         sseq = next(self._ordinal)
-        me = self.member_id
-        # encoded here, on the application's thread, so the I/O thread only joins entries (the
-        # entry's fixed part and its payload stay separate: one copy less, when the datagram is
-        # joined)
-        head = _pack_entry(topic, me, session, seq, me, sseq, ctype, 0, len(payload))
-        self.app_bytes += _ESIZE + len(payload)
-        self._publish_q.append((topic, seq, sseq, head, payload, session, ctype))
+        self.app_bytes += MESSAGE_COST + len(payload)
+        self._publish_q.append((topic, seq, sseq, payload, session, ctype))
         if self._sleeping and not self._wake_pending:
             self._wake_pending = True
             self._wake()
@@ -200,7 +193,7 @@ class MemberRuntime:
 
     def end_stream(self, topic: int, session: int, last_seq: int) -> None:
         """Queue an end-of-stream marker behind the messages already published on `topic`."""
-        self._publish_q.append((topic, last_seq, 0, b"", b"", session, 0))
+        self._publish_q.append((topic, last_seq, 0, b"", session, 0))
         self._wake()
 
     def _queued(self) -> int:
@@ -469,10 +462,18 @@ class MemberRuntime:
 
     def _on_data(self, header: wire.Header, body: memoryview, data: bytes) -> None:
         routes, off = wire.decode_routes(body, HEADER.size)
-        if header.flags & wire.FLAG_FRAGMENT:
-            self._on_fragment(header, body, routes, off)
-        else:
-            self._take_entries(header, body, data, routes, off)
+        try:
+            if header.flags & wire.FLAG_FRAGMENT:
+                self._on_fragment(header, body, routes, off)
+            else:
+                # runs are validated as they are read: the runs before a malformed one in an
+                # authenticated datagram are kept
+                for run in wire.iter_runs(body, off, header.count, len(routes)):
+                    self._take_run(data, routes, *run)
+        finally:
+            if self._touched:
+                self._deliver(self._touched)
+                self._touched = []
         self._note_received(header, len(body))
 
     def _note_received(self, header: wire.Header, nbytes: int) -> None:
@@ -483,69 +484,53 @@ class MemberRuntime:
         elif header.dseq > pos[0]:
             pos[0] = header.dseq
 
-    def _take_entries(self, header: wire.Header, body: memoryview, data: bytes, routes: list,
-                      off: int) -> None:
-        """Deliver and forward the messages of one datagram (validated as they are read; messages
-        before a malformed entry of an authenticated datagram are kept)."""
-        end = len(body)
-        unpack = ENTRY.unpack_from
-        esize = ENTRY.size
-        nroutes = len(routes)
-        next_seq = self._next_seq
-        touched: list[Subscription] = []
-        key = None
-        expected = None
-        subs: tuple = ()
-        topic_name = source_name = ""
-        forwards = False
-        try:
-            for _ in range(header.count):
-                if off + esize > end:
-                    raise wire.DecodeError("truncated", "message entry")
-                topic, source, session, seq, stream, sseq, ctype, ridx, n = unpack(body, off)
-                off += esize
-                stop = off + n
-                if stop > end:
-                    raise wire.DecodeError("truncated", "payload")
-                if ridx >= nroutes:
-                    raise wire.DecodeError("bad_routes", "route index")
-                payload = data[off:stop]
-                off = stop
-                if key is None or key[0] != topic or key[1] != source or key[2] != session:
-                    # messages of one datagram nearly always share topic, source and session
-                    if expected is not None:
-                        next_seq[key] = expected
-                    key = (topic, source, session)
-                    expected = next_seq.get(key)
-                    subs = self._subs.get(topic, ())
-                    topic_name = self._topic_names.get(topic) or str(topic)
-                    member = self._members.get(source)
-                    source_name = member.name if member is not None else str(source)
-                    forwards = topic in self._routes
-                if expected is not None and seq != expected:
-                    if seq < expected:
-                        self.stats["duplicates"] += 1
-                        continue
-                    self.stats["gaps"] += 1
-                expected = seq + 1
-                if subs:
-                    msg = Message(topic_name, source_name, session, seq, payload, ctype,
-                                  routes[ridx])
-                    for sub in subs:
-                        if not sub.inbox:
-                            touched.append(sub)
-                        sub.inbox.append(msg)
-                        sub.inbox_bytes += n + esize
-                if forwards:
-                    self._forward_received(topic, source, session, seq, stream, sseq, ctype,
-                                           routes[ridx], payload)
-            if off != end:
-                raise wire.DecodeError("trailing_bytes", str(end - off))
-        finally:
-            if expected is not None:
-                next_seq[key] = expected
-            if touched:
-                self._deliver(touched)
+    def _take_run(self, data: bytes, routes: list, topic: int, source: int, session: int,
+                  first: int, stream: int, first_sseq: int, ctype: int, ridx: int,
+                  lengths: tuple, off: int) -> None:
+        """Deliver and forward one run: FIFO per (topic, source, session), duplicates dropped;
+        order is checked once per run, not per message."""
+        count = len(lengths)
+        key = (topic, source, session)
+        expected = self._next_seq.get(key)
+        if expected is not None and first != expected:
+            if first < expected:
+                skip = min(expected - first, count)
+                self.stats["duplicates"] += skip
+                if skip == count:
+                    return
+                off += sum(lengths[:skip])
+                lengths = lengths[skip:]
+                first += skip
+                first_sseq += skip
+            else:
+                self.stats["gaps"] += 1
+        self._next_seq[key] = first + len(lengths)
+        subs = self._subs.get(topic)
+        forwards = topic in self._routes
+        if not subs and not forwards:
+            return
+        payloads = []
+        append = payloads.append
+        for n in lengths:
+            stop = off + n
+            append(data[off:stop])
+            off = stop
+        route = routes[ridx]
+        if subs:
+            member = self._members.get(source)
+            topic_name = self._topic_names.get(topic) or str(topic)
+            source_name = member.name if member is not None else str(source)
+            out = [Message(topic_name, source_name, session, seq, payload, ctype, route)
+                   for seq, payload in enumerate(payloads, first)]
+            nbytes = sum(lengths) + MESSAGE_COST * len(lengths)
+            for sub in subs:
+                if not sub.inbox:
+                    self._touched.append(sub)
+                sub.inbox.extend(out)
+                sub.inbox_bytes += nbytes
+        if forwards:
+            self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
+                              payloads)
 
     def _deliver(self, touched: list[Subscription]) -> None:
         for sub in touched:
@@ -567,51 +552,26 @@ class MemberRuntime:
         self._to_wake.clear()
 
     def _on_fragment(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
-        end = len(body)
-        if header.count != 1 or off + wire.FRAGMENT.size + ENTRY.size > end:
+        if header.count != 1 or off + wire.FRAGMENT.size > len(body):
             raise wire.DecodeError("bad_fragment")
         total, index, count, chunk = wire.FRAGMENT.unpack_from(body, off)
-        off += wire.FRAGMENT.size
-        topic, source, session, seq, stream, sseq, ctype, ridx, n = ENTRY.unpack_from(body, off)
-        off += ENTRY.size
-        if off + n != end or ridx >= len(routes):
-            raise wire.DecodeError("bad_fragment")
+        runs = list(wire.iter_runs(body, off + wire.FRAGMENT.size, 1, len(routes)))
+        topic, source, session, seq, stream, sseq, ctype, ridx, lengths, start = runs[0]
+        if len(lengths) != 1:
+            raise wire.DecodeError("bad_fragment", "fragment run of several messages")
         piece = wire.WireMessage(topic, source, session, seq, stream, sseq, ctype, routes[ridx],
-                                 bytes(body[off:end]))
+                                 bytes(body[start:start + lengths[0]]))
         try:
             whole = self._reassembler.add(header.sender,
                                           wire.Fragment(piece, total, index, count, chunk))
         except ReassemblyError as exc:
             self._drop(exc.reason)
             return
-        if whole is None:
-            return
-        self.stats["reassembled"] += 1
-        self._take_whole(whole)
-
-    def _take_whole(self, m: wire.WireMessage) -> None:
-        """Deliver/forward one reassembled message (same rules as `_take_entries`)."""
-        key = (m.topic_id, m.source, m.session)
-        expected = self._next_seq.get(key)
-        if expected is not None and m.seq < expected:
-            self.stats["duplicates"] += 1
-            return
-        if expected is not None and m.seq > expected:
-            self.stats["gaps"] += 1
-        self._next_seq[key] = m.seq + 1
-        subs = self._subs.get(m.topic_id)
-        if subs:
-            src = self._members.get(m.source)
-            msg = Message(self._topic_names.get(m.topic_id, str(m.topic_id)),
-                          src.name if src else str(m.source), m.session, m.seq, m.payload,
-                          m.content_type, m.route)
-            for sub in subs:
-                sub.inbox.append(msg)
-                sub.inbox_bytes += len(m.payload) + ENTRY.size
-            self._deliver(list(subs))
-        if m.topic_id in self._routes:
-            self._forward_received(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
-                                   m.content_type, m.route, m.payload)
+        if whole is not None:
+            self.stats["reassembled"] += 1
+            m = whole
+            self._take_run(m.payload, [m.route], m.topic_id, m.source, m.session, m.seq,
+                           m.stream, m.stream_seq, m.content_type, 0, (len(m.payload),), 0)
 
     def _on_control(self, header: wire.Header, body: memoryview) -> None:
         header, msg = wire.decode_control(body)
@@ -695,13 +655,14 @@ class MemberRuntime:
     def _take_publishes(self) -> None:
         q = self._publish_q
         capacity = self._capacity
+        me = self.member_id
         taken = 0
         queued = 0
         sseq = 0
         touched: list[Subscription] = []
         topic = None
         plan: list = []
-        feed = record = None
+        feed = record = table = run = None
         subs: tuple = ()
         while q:
             item = q.popleft()
@@ -709,35 +670,35 @@ class MemberRuntime:
                 topic = item[0]
                 plan = self._own_plans.get(topic) or self._own_plan(topic)
                 # the common case: one destination queue, no filters
-                feed, record = (plan[0][0], plan[0][1]) if (
-                    len(plan) == 1 and plan[0][0].__class__ is Feed) else (None, None)
+                feed, record, table = plan[0] if (
+                    len(plan) == 1 and plan[0][0].__class__ is Feed) else (None, None, None)
+                run = None
                 subs = self._subs.get(topic, ())
-                if not item[2]:  # end-of-stream marker: (topic, last_seq, 0, ...)
-                    self._queue_end_of_stream(plan, topic, item[5], item[1])
+                if not item[2]:  # end-of-stream marker: (topic, last_seq, 0, b"", session, 0)
+                    self._queue_end_of_stream(plan, topic, item[4], item[1])
                     topic = None
                     continue
-            _, seq, sseq, head, payload, session, ctype = item
-            n = _ESIZE + len(payload)
+            _, seq, sseq, payload, session, ctype = item
+            n = len(payload) + MESSAGE_COST
             taken += n
-            chunk = feed.open if feed is not None else None
-            if chunk is not None and chunk.record is record and chunk.size + n <= chunk.room:
-                parts = chunk.parts  # fast path: extend the open chunk
-                parts.append(head)
-                parts.append(payload)
-                chunk.size += n
-                if not chunk.first_own:
-                    chunk.first_own = sseq
+            if run is not None and seq == run.next_seq and sseq == run.next_sseq \
+                    and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
+                    and c.size + n <= c.room:
+                run.payloads.append(payload)  # fast path: extend this publisher's run
+                run.next_seq += 1
+                run.next_sseq += 1
+                c.size += n
+                queued += n
+            elif feed is not None:
+                if not feed.pending():
+                    self._active.append(feed)
+                run = feed.put(record, table, capacity, True, topic, me, session, seq, me, sseq,
+                               ctype, payload)
                 queued += n
             else:
-                for target, rec, table in plan:
-                    if target.__class__ is Feed:
-                        if not target.pending():
-                            self._active.append(target)
-                        target.put(rec, table, head, payload, sseq, capacity)
-                        queued += n
-                    else:
-                        self._push_filtered(target, rec, table, head, payload, sseq, topic,
-                                            self.member_id, seq)
+                for target, rec, tbl in plan:
+                    queued += self._push(target, rec, tbl, True, topic, me, session, seq, me,
+                                         sseq, ctype, payload)
             if subs:
                 msg = Message(self._topic_names.get(topic, str(topic)), self.name, session, seq,
                               payload, ctype, self._origin)
@@ -782,34 +743,33 @@ class MemberRuntime:
         self._plans[(topic, record)] = plan
         return plan
 
-    def _push(self, feed: Feed, record: tuple, table: bytes, head: bytes, payload: bytes,
-              sseq: int) -> None:
-        if not feed.pending():
-            self._active.append(feed)
-        feed.put(record, table, head, payload, sseq, self._capacity)
-        self.feed_bytes += _ESIZE + len(payload)
+    def _push(self, target, record: tuple, table: bytes, own: bool, topic: int, source: int,
+              session: int, seq: int, stream: int, sseq: int, ctype: int, payload: bytes) -> int:
+        """Queue one message for a feed, or for the endpoints a filtered channel picks for it;
+        returns the bytes queued."""
+        feeds = [target] if target.__class__ is Feed else [
+            self._feed(e.address) for e in _resolved(target, topic, source, seq, sseq)]
+        for feed in feeds:
+            if not feed.pending():
+                self._active.append(feed)
+            feed.put(record, table, self._capacity, own, topic, source, session, seq, stream, sseq,
+                     ctype, payload)
+        return (len(payload) + MESSAGE_COST) * len(feeds)
 
-    def _push_filtered(self, channel, record, table, head, payload, sseq, topic, source,
-                       seq) -> None:
-        out: list = []
-        resolve(channel, topic, source, seq, ENTRY.unpack_from(head)[5], out)
-        for endpoint in out:
-            self._push(self._feed(endpoint.address), record, table, head, payload, sseq)
-
-    def _forward_received(self, topic, source, session, seq, stream, sseq, ctype, record,
-                          payload) -> None:
+    def _forward_run(self, topic, source, session, first, stream, first_sseq, ctype, record,
+                     payloads: list) -> None:
         plan = self._plans.get((topic, record))
         if plan is None:
             plan = self._plan(topic, record)
         if not plan:
             return
-        self.stats["forwarded"] += 1
-        head = _pack_entry(topic, source, session, seq, stream, sseq, ctype, 0, len(payload))
-        for target, after, table in plan:
-            if target.__class__ is Feed:
-                self._push(target, after, table, head, payload, 0)
-            else:
-                self._push_filtered(target, after, table, head, payload, 0, topic, source, seq)
+        self.stats["forwarded"] += len(payloads)
+        queued = 0
+        for i, payload in enumerate(payloads):
+            for target, after, table in plan:
+                queued += self._push(target, after, table, False, topic, source, session, first + i,
+                                     stream, first_sseq + i, ctype, payload)
+        self.feed_bytes += queued
 
     def _queue_end_of_stream(self, plan: list, topic: int, session: int, last_seq: int) -> None:
         for target, _after, _table in plan:
@@ -859,25 +819,27 @@ class MemberRuntime:
         if feed.frag is not None:
             return self._next_fragment(feed)
         chunk = feed.take()
-        self.feed_bytes -= chunk.size
+        self.feed_bytes -= chunk.size - RUN_COST * len(chunk.runs)  # what _take_publishes added
         if chunk.end_of_stream is not None:
             return wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
                                        list(chunk.end_of_stream), feed.channel, feed.dseq)
         if chunk.oversized:
-            head, payload = chunk.parts
-            room = chunk.room - wire.FRAGMENT.size - ENTRY.size
-            feed.frag = (chunk.first_own, _pieces(head, payload, room, chunk.table))
+            room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
+            feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
             return self._next_fragment(feed)
+        parts: list = []
+        for run in chunk.runs:
+            parts += run.parts()
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
-                                chunk.table, len(chunk.parts) // 2, chunk.parts)
+                                chunk.table, len(chunk.runs), parts)
 
     def _next_fragment(self, feed: Feed) -> bytes:
         first_own, pieces = feed.frag
-        table, frag, entry = next(pieces)
+        table, frag, parts = next(pieces)
         if frag[1] == frag[2] - 1:
             feed.frag = None
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
-                                1, [entry], frag)
+                                1, parts, frag)
 
     def _transmit(self, feed: Feed, datagram: bytes) -> bool:
         try:
@@ -899,8 +861,14 @@ class MemberRuntime:
         return True
 
 
-def _pieces(head: bytes, payload: bytes, chunk: int, table: bytes):
-    """(routing table, fragment struct, fragment entry) for each fragment of a message."""
-    fields = ENTRY.unpack_from(head)
-    for frag, piece in wire.fragments(payload, chunk):
-        yield table, frag, _pack_entry(*fields[:8], len(piece)) + piece
+def _pieces(run, chunk: int, table: bytes):
+    """(routing table, fragment struct, run parts) for each fragment of a one-message run."""
+    for frag, piece in wire.fragments(run.payloads[0], chunk):
+        yield table, frag, wire.run_parts(run.topic, run.source, run.session, run.first_seq,
+                                          run.stream, run.first_sseq, run.ctype, 0, [piece])
+
+
+def _resolved(channel, topic: int, source: int, seq: int, sseq: int) -> list:
+    out: list = []
+    resolve(channel, topic, source, seq, sseq, out)
+    return out
