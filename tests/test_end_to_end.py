@@ -70,3 +70,38 @@ def test_values_round_trip_through_msgpack(cluster, topic_name):
     assert [m.seq for m in got] == [1, 2, 3, 4, 5]
     assert got[-1].payload == b"raw bytes"
     assert all(m.topic == topic_name for m in got)
+
+
+def test_messages_larger_than_a_datagram_are_fragmented_and_reassembled(cluster, topic_name):
+    """Fragmentation on the wire: the subscriber is another process (a Ray actor)."""
+    from scopecast.netio.pubsub import encode_value
+
+    cluster.create_topic(topic_name)
+    big = bytes(range(256)) * (5 * 4096)            # 5 MiB, many fragments
+    values = [b"small before", big, {"blob": big[:300_000], "n": 1}, b"small after"]
+    actor = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name)
+    ray.get(actor.ready.remote())
+    pending = actor.consume.remote(len(values), 60.0)
+    expected = DeliveryDigest()
+    with cluster.publisher(topic_name) as pub:
+        for seq, v in enumerate(values, 1):
+            pub.publish(v)
+            expected.add(topic_name, seq, encode_value(v)[1])
+        pub.flush(timeout=30.0)
+    summary = ray.get(pending, timeout=120)
+    counters = ray.get(actor.counters.remote())
+    ray.get(actor.close.remote())
+    assert summary["count"] == len(values) and summary["gaps"] == 0
+    assert summary["digest"] == expected.hexdigest()
+    assert summary["bytes"] == sum(len(encode_value(v)[1]) for v in values)
+    assert counters["stats"]["reassembled"] == 2
+    assert counters["drops"] == {}
+
+
+def test_message_above_the_maximum_is_refused(cluster, topic_name):
+    import scopecast
+
+    cluster.create_topic(topic_name)
+    with cluster.publisher(topic_name) as pub:
+        with pytest.raises(scopecast.MessageTooLarge):
+            pub.publish(b"x" * (16 * 1024 * 1024 + 1))
