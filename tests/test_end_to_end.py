@@ -105,3 +105,16 @@ def test_message_above_the_maximum_is_refused(cluster, topic_name):
     with cluster.publisher(topic_name) as pub:
         with pytest.raises(scopecast.MessageTooLarge):
             pub.publish(b"x" * (16 * 1024 * 1024 + 1))
+
+
+def test_quickstart_example_runs(ray_address):
+    import os
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "RAY_ADDRESS": ray_address})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("subscriber")]
+    assert len(lines) == 2
+    assert all("(5, {'symbol': 'XYZ', 'price': 104})" in line for line in lines)

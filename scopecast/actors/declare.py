@@ -29,10 +29,3 @@ def lookup(name: str):
     except ValueError:
         return None
 
-
-def list_actors() -> list[str]:
-    """Names of every live scopecast actor."""
-    from ray.util import list_named_actors
-
-    return sorted(a["name"] for a in list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE)

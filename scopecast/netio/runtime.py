@@ -129,7 +129,6 @@ class MemberRuntime:
         self._feeds_by_channel: dict[int, Feed] = {}
         self._stalled: tuple[Feed, bytes] | None = None
         self._active: deque[Feed] = deque()
-        self._expected: dict[tuple[str, int], set[int]] = {}
         self._next_seq: dict[tuple[int, int, int], int] = {}
         self._recv_pos: dict[tuple[int, int], list] = {}  # (sender, channel) -> [dseq, acked, t]
         self._held: deque[tuple[float, int, bytes]] = deque()
@@ -262,9 +261,8 @@ class MemberRuntime:
         self._routes = {t: list(rs) for t, rs in routes.items()}
         self._plans.clear()
         self._own_plans.clear()
-        self._expected = {a: set(ms) for a, ms in (receivers or {}).items()}
         now = time.monotonic()
-        for address, members in self._expected.items():
+        for address, members in (receivers or {}).items():
             feed = self._feed(address)
             for m in members:
                 if m != self.member_id:

@@ -128,13 +128,13 @@ class ClusterScopeManager:
         self._next_member += 1
         self._members[mid] = MemberRecord(mid, name, host, int(port), int(pid), node, role)
         self._bump()
-        log.info("member %d (%s) registered at %s:%d", mid, name, host, port)
+        log.debug("member %d (%s) registered at %s:%d", mid, name, host, port)
         return mid
 
     def unregister_member(self, member_id: int) -> None:
         if self._members.pop(member_id, None) is not None:
             self._bump()
-            log.info("member %d left", member_id)
+            log.debug("member %d left", member_id)
 
     def subscribe(self, member_id: int, names: list[str]) -> list[TopicInfo]:
         member = self._member(member_id)
