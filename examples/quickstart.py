@@ -17,6 +17,9 @@ class Printer:
         self.cluster = scopecast.connect()
         self.sub = self.cluster.subscriber(topic)
 
+    def ready(self) -> bool:
+        return True  # the constructor has subscribed: messages published from now on arrive
+
     def take(self, n: int) -> list:
         return [(m.seq, m.value) for m in (self.sub.receive(timeout=10.0) for _ in range(n)) if m]
 
@@ -28,6 +31,7 @@ def main() -> None:
     cluster = scopecast.connect()
     cluster.create_topic("quickstart/prices")
     printers = [Printer.remote("quickstart/prices") for _ in range(2)]
+    ray.get([p.ready.remote() for p in printers])  # subscribers see messages published after this
     results = [p.take.remote(5) for p in printers]
     with cluster.publisher("quickstart/prices") as pub:
         for i in range(5):
