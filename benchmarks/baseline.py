@@ -14,7 +14,6 @@ receivers cannot keep up with; the harness reports what they were delivered.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -23,7 +22,7 @@ import sys
 import time
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, cpu, monotonic
-from benchmarks.procs import READY, RESULT, die_with_parent
+from benchmarks.procs import READY, RESULT, role_parser, run_role
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
@@ -144,40 +143,25 @@ def send(args) -> None:
     sock.close()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.baseline",
-                                description="plain multicast sender/receiver of a baseline case")
-    sub = p.add_subparsers(dest="role", required=True)
-    for name in ("receive", "send"):
-        s = sub.add_parser(name)
+def build_parser():
+    p, send_opts, recv_opts = role_parser(
+        "python -m benchmarks.baseline", "plain multicast sender/receiver of a baseline case",
+        sender="send", receiver="receive", what="datagram")
+    for s in (send_opts, recv_opts):
         s.add_argument("--group", required=True, help="IP multicast group")
         s.add_argument("--port", type=int, required=True)
         s.add_argument("--interface", default="127.0.0.1", help="interface address (loopback)")
-        s.add_argument("--parent-pid", type=int, help="die when this process (the harness) dies")
-        if name == "receive":
-            s.add_argument("--rcvbuf", type=int, default=32 << 20, help="SO_RCVBUF(FORCE) bytes")
-            s.add_argument("--warmup", type=float, default=0.5,
-                           help="seconds after the first datagram before the window opens")
-            s.add_argument("--idle", type=float, default=1.0,
+    recv_opts.add_argument("--rcvbuf", type=int, default=32 << 20, help="SO_RCVBUF(FORCE) bytes")
+    recv_opts.add_argument("--idle", type=float, default=1.0,
                            help="stop after this long without a datagram (once one arrived)")
-            s.add_argument("--timeout", type=float, default=120.0, help="stop after this long")
-        else:
-            s.add_argument("--size", type=int, required=True, help="payload bytes")
-            s.add_argument("--seconds", type=float, required=True, help="send for this long")
-            s.add_argument("--ttl", type=int, default=1, help="IP_MULTICAST_TTL")
-            s.add_argument("--loop", type=int, default=1, help="IP_MULTICAST_LOOP (0 or 1)")
-            s.add_argument("--sndbuf", type=int, default=4 << 20, help="SO_SNDBUF(FORCE) bytes")
+    send_opts.add_argument("--ttl", type=int, default=1, help="IP_MULTICAST_TTL")
+    send_opts.add_argument("--loop", type=int, default=1, help="IP_MULTICAST_LOOP (0 or 1)")
+    send_opts.add_argument("--sndbuf", type=int, default=4 << 20, help="SO_SNDBUF(FORCE) bytes")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    die_with_parent(args.parent_pid)
-    if args.role == "receive":
-        receive(args)
-    else:
-        send(args)
-    return 0
+    return run_role(build_parser(), {"receive": receive, "send": send}, argv)
 
 
 if __name__ == "__main__":

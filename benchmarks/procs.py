@@ -174,3 +174,34 @@ def die_with_parent(parent_pid: int | None) -> None:
         threading.Thread(target=watch, name="bench-parent-watch", daemon=True).start()
     if os.getppid() != parent_pid:  # the parent died before we asked
         os._exit(3)
+
+
+def role_parser(prog: str, description: str, sender: str, receiver: str, what: str):
+    """The command line shared by the baseline's and scopecast's case processes: one sub-command
+    per role, each with --parent-pid, the receiver with its measuring window options. Returns the
+    parser and the two sub-parsers (sender, receiver) for the options of their own."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    sub = p.add_subparsers(dest="role", required=True)
+    roles = {}
+    for name in (receiver, sender):
+        s = roles[name] = sub.add_parser(name)
+        s.add_argument("--parent-pid", type=int, help="die when this process (the harness) dies")
+    r = roles[receiver]
+    r.add_argument("--warmup", type=float, default=0.5,
+                   help=f"seconds after the first {what} before the window opens")
+    r.add_argument("--timeout", type=float, default=120.0, help="stop after this long")
+    s = roles[sender]
+    s.add_argument("--size", type=int, required=True, help="payload bytes")
+    s.add_argument("--seconds", type=float, required=True, help="send for this long")
+    return p, s, r
+
+
+def run_role(parser, handlers: dict, argv: list[str] | None) -> int:
+    """Parse, arrange to die with the harness, run the chosen role."""
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    handlers[args.role](args)
+    return 0
+

@@ -13,13 +13,12 @@ its (time, CPU) samples.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, cpu, monotonic
-from benchmarks.procs import READY, RESULT, die_with_parent
+from benchmarks.procs import READY, RESULT, role_parser, run_role
 
 CHECK_EVERY = 256  # publishes between clock reads
 
@@ -130,36 +129,21 @@ def publish(args) -> None:
         cluster.shutdown()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.throughput",
-                                description="scopecast publisher/subscriber of a throughput case")
-    sub = p.add_subparsers(dest="role", required=True)
-    for name in ("subscribe", "publish"):
-        s = sub.add_parser(name)
+def build_parser():
+    p, pub_opts, sub_opts = role_parser(
+        "python -m benchmarks.throughput", "scopecast publisher/subscriber of a throughput case",
+        sender="publish", receiver="subscribe", what="message")
+    for s in (pub_opts, sub_opts):
         s.add_argument("--address", required=True, help="Ray GCS address of the harness's cluster")
         s.add_argument("--topic", required=True)
-        s.add_argument("--parent-pid", type=int, help="die when this process (the harness) dies")
-        if name == "subscribe":
-            s.add_argument("--warmup", type=float, default=0.5,
-                           help="seconds after the first message before the window opens")
-            s.add_argument("--idle", type=float, default=2.0,
-                           help="stop after this long without a message (once one arrived)")
-            s.add_argument("--timeout", type=float, default=120.0, help="stop after this long")
-        else:
-            s.add_argument("--size", type=int, required=True, help="payload bytes")
-            s.add_argument("--seconds", type=float, required=True, help="publish for this long")
-            s.add_argument("--flush-timeout", type=float, default=60.0)
+    sub_opts.add_argument("--idle", type=float, default=2.0,
+                          help="stop after this long without a message (once one arrived)")
+    pub_opts.add_argument("--flush-timeout", type=float, default=60.0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    die_with_parent(args.parent_pid)
-    if args.role == "subscribe":
-        subscribe(args)
-    else:
-        publish(args)
-    return 0
+    return run_role(build_parser(), {"subscribe": subscribe, "publish": publish}, argv)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_status(args) -> int:
-    cluster = _connect(args)
-    try:
+    with _connect(args) as cluster:
         status = cluster.status()
         if args.json:
             print(json.dumps(status, indent=2, default=str))
@@ -54,13 +53,10 @@ def cmd_status(args) -> int:
                 print(f"  {m['id']:<4} {m['name']:<28} {m['host']}:{m['port']:<6} "
                       f"pub={m['publishes']} sub={m['subscribes']}")
         return 0
-    finally:
-        cluster.shutdown()
 
 
 def cmd_topic(args) -> int:
-    cluster = _connect(args)
-    try:
+    with _connect(args) as cluster:
         if args.action == "create":
             info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery)
             print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery}")
@@ -71,13 +67,10 @@ def cmd_topic(args) -> int:
             for t in cluster.topics():
                 print(f"{t.name}\tid={t.id}\tpolicy={t.policy}\trecovery={t.recovery}")
         return 0
-    finally:
-        cluster.shutdown()
 
 
 def cmd_publish(args) -> int:
-    cluster = _connect(args)
-    try:
+    with _connect(args) as cluster:
         source = open(args.file, "rb") if args.file else sys.stdin.buffer
         count = 0
         with source, cluster.publisher(args.topic) as pub:
@@ -87,13 +80,10 @@ def cmd_publish(args) -> int:
             pub.flush(timeout=args.timeout)
         print(f"published {count} messages to {args.topic}", file=sys.stderr)
         return 0
-    finally:
-        cluster.shutdown()
 
 
 def cmd_subscribe(args) -> int:
-    cluster = _connect(args)
-    try:
+    with _connect(args) as cluster:
         with cluster.subscriber(args.topic) as sub:
             got = 0
             while args.count is None or got < args.count:
@@ -105,8 +95,6 @@ def cmd_subscribe(args) -> int:
                     else json.dumps(msg.value, default=str)
                 print(f"{msg.topic}\t{msg.source}\t{msg.seq}\t{text}", flush=True)
         return 0
-    finally:
-        cluster.shutdown()
 
 
 def build_parser() -> argparse.ArgumentParser:

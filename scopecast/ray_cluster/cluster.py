@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 
 import ray
@@ -42,6 +43,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     if not ray.is_initialized():
         target = address or os.environ.get("RAY_ADDRESS")
         if target:
+            _check_reachable(target)
             try:
                 ray.init(address=target, namespace=declare.NAMESPACE,
                          logging_level=logging.WARNING)
@@ -65,6 +67,19 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
     return Cluster(manager, hello, owns_ray, config)
+
+
+def _check_reachable(address: str, timeout: float = 3.0) -> None:
+    """Fail fast with NotConnected when a host:port address has nobody listening (ray.init would
+    keep retrying for a minute)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", ray:// client addresses: leave them to Ray
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise NotConnected(f"no Ray cluster at {address} ({exc.strerror or exc}). Start one with "
+                           "`scopecast up`, or check --address / RAY_ADDRESS") from None
 
 
 class Cluster:

@@ -1,0 +1,59 @@
+"""The `scopecast` command against the test session's running cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def scopecast(*args: str, address: str | None, stdin: str | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if address:
+        env["RAY_ADDRESS"] = address
+    return subprocess.run([sys.executable, "-m", "scopecast.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_topic_publish_subscribe_status(ray_address, topic_name):
+    out = scopecast("topic", "create", topic_name, address=ray_address)
+    assert out.returncode == 0, out.stderr
+    listed = scopecast("topic", "list", address=ray_address)
+    assert topic_name in listed.stdout
+    sub = subprocess.Popen([sys.executable, "-m", "scopecast.cli", "subscribe", topic_name,
+                            "--count", "3", "--timeout", "60"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "RAY_ADDRESS": ray_address})
+    # wait until the subscriber is a member of the topic before publishing
+    for _ in range(300):
+        status = json.loads(scopecast("status", "--json", address=ray_address).stdout)
+        tid = next(t["id"] for t in status["topics"] if t["name"] == topic_name)
+        if any(tid in m["subscribes"] for m in status["members"]):
+            break
+    else:
+        pytest.fail("the subscriber never joined")
+    pub = scopecast("publish", topic_name, address=ray_address, stdin="one\ntwo\nthree\n")
+    assert pub.returncode == 0, pub.stderr
+    out, err = sub.communicate(timeout=120)
+    assert sub.returncode == 0, err
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert [(t, seq, text) for t, _src, seq, text in lines] == [
+        (topic_name, "1", "one"), (topic_name, "2", "two"), (topic_name, "3", "three")]
+
+
+def test_commands_do_not_start_ray_when_there_is_no_cluster():
+    out = scopecast("status", "--address", "127.0.0.1:1", address=None, timeout=120)
+    assert out.returncode == 1
+    assert "NotConnected" in out.stderr
+
+
+def test_unknown_topic_is_a_typed_error(ray_address):
+    out = scopecast("publish", "no/such/topic", address=ray_address, stdin="x\n")
+    assert out.returncode == 1
+    assert "TopicNotFound" in out.stderr and "create_topic" in out.stderr
