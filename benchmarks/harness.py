@@ -166,6 +166,8 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         print(f"warning: the machine is {busy['cpu_percent']:.0f}% busy before the run ({names}); "
               "other work skews the numbers", flush=True)
     t0 = time.monotonic()
+    # a state directory of the run's own: its topics and members never mix with a user's cluster
+    os.environ.setdefault("SCOPECAST_HOME", tempfile.mkdtemp(prefix="scopecast-bench-"))
     cluster = scopecast.connect(**({"mac": args.mac} if args.mac else {}))
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own; ours unwinds
@@ -176,7 +178,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         wiring_info = {"interface": "127.0.0.1", "ttl": tc.ttl, "loop": tc.loopback,
                        "rcvbuf": tc.rcvbuf_bytes, "sndbuf": tc.sndbuf_bytes,
                        "ray_address": address,
-                       "mac": getattr(cluster, "_hello", {}).get("mac")}
+                       "mac": cluster.status()["manager"]["mac"]}
         quiet = machine.settle(30.0)
         print(f"cluster up at {address} ({time.monotonic() - t0:.1f} s, machine {quiet:.0f}% busy)",
               flush=True)

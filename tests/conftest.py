@@ -8,7 +8,15 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def cluster():
+def scopecast_home(tmp_path_factory) -> str:
+    """A state directory of the test session's own (inherited by the embedded Ray's workers)."""
+    home = str(tmp_path_factory.mktemp("scopecast-home"))
+    os.environ["SCOPECAST_HOME"] = home
+    return home
+
+
+@pytest.fixture(scope="session")
+def cluster(scopecast_home):
     import scopecast
 
     c = scopecast.connect()

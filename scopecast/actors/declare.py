@@ -15,11 +15,12 @@ _CONTROL_OPTIONS = dict(num_cpus=0, max_restarts=-1, max_task_retries=-1, lifeti
                         namespace=NAMESPACE)
 
 
-def get_or_create(cls: type, name: str, *args, **options):
-    """The named actor of class `cls`, created with `args` if it does not exist yet (idempotent)."""
-    opts = {**_CONTROL_OPTIONS, **options}
+def get_or_create(cls: type, name: str, *args, ray_options: dict | None = None, **kwargs):
+    """The named actor of class `cls`, created as `cls(*args, **kwargs)` if it does not exist yet
+    (idempotent); `ray_options` add to or override the control-plane defaults."""
+    opts = {**_CONTROL_OPTIONS, **(ray_options or {})}
     remote_cls = ray.remote(cls)
-    return remote_cls.options(name=name, get_if_exists=True, **opts).remote(*args)
+    return remote_cls.options(name=name, get_if_exists=True, **opts).remote(*args, **kwargs)
 
 
 def lookup(name: str):

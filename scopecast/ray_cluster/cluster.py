@@ -59,7 +59,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
                                "--address / set RAY_ADDRESS")
     if start:
         manager = declare.get_or_create(ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-                                        "127.0.0.1" if owns_ray else None, None, mac)
+                                        interface="127.0.0.1" if owns_ray else None, mac=mac)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:

@@ -5,6 +5,10 @@ from, the topic names, the multicast groups to join and their forwarding table â
 only when the view changed since the version they hold. Members that are plain driver processes
 cannot be called, so every member pulls (Ray actors will also be pushed to, later).
 
+Its durable state (cluster key and settings, topics and sessions, members) lives in SQLite
+(`scopes.state`), so Ray restarting the actor loses nothing: members it knew are taken back once they
+check in again (until then they are left out of every view), and forgotten if they never do.
+
 Foundation scope: one scope, topics disseminated over one IP multicast group each.
 """
 
@@ -15,9 +19,11 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.netio.auth import new_cluster_key
+from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import TopicInfo, check_topic_name
 
 log = logging.getLogger(__name__)
@@ -39,34 +45,53 @@ class MemberRecord:
     publishes: set[int] = field(default_factory=set)
     subscribes: set[int] = field(default_factory=set)
     last_seen: float = field(default_factory=time.monotonic)
+    confirmed: bool = True  # False for records reloaded after a restart, until the member calls
+
+    @classmethod
+    def reloaded(cls, body: dict) -> MemberRecord:
+        return cls(body["id"], body["name"], body["host"], body["port"], body["pid"],
+                   body["node"], body["role"], set(body["publishes"]), set(body["subscribes"]),
+                   confirmed=False)  # until it checks in again
 
     def public(self) -> dict:
         return {"id": self.id, "name": self.name, "host": self.host, "port": self.port,
                 "pid": self.pid, "node": self.node, "role": self.role,
-                "publishes": sorted(self.publishes), "subscribes": sorted(self.subscribes)}
+                "publishes": sorted(self.publishes), "subscribes": sorted(self.subscribes),
+                "confirmed": self.confirmed}
 
 
 class ClusterScopeManager:
     """Root scope of a scopecast cluster (a Ray actor; see `scopecast.actors.declare`)."""
 
-    def __init__(self, interface: str | None = None, seed: int | None = None,
-                 mac: str = "gmac") -> None:
-        rng = random.Random(seed if seed is not None else os.urandom(8))
-        self._key = new_cluster_key()
-        self._cluster_id = rng.getrandbits(48)
-        prefix = rng.getrandbits(10)
-        self._group_prefix = (239, 192 + (prefix >> 8), prefix & 0xFF)
-        self._port = 40000 + rng.randrange(10000)
-        self._interface = interface
-        self._mac = mac
-        self._topics: dict[str, TopicInfo] = {}
-        self._members: dict[int, MemberRecord] = {}
-        self._next_member = 1
-        self._version = 1
-        self._started = time.time()
+    def __init__(self, interface: str | None = None, mac: str = "gmac",
+                 state: str | None = None) -> None:
         logging.basicConfig(level=logging.INFO)
-        log.info("cluster scope manager up: cluster %x, multicast %s.x:%d", self._cluster_id,
-                 ".".join(map(str, self._group_prefix)), self._port)
+        self._store = ScopeStore(Path(state) if state else None)
+        cluster = self._store.get("cluster")
+        if cluster is None:
+            rng = random.SystemRandom()
+            prefix = rng.getrandbits(10)
+            cluster = {"id": rng.getrandbits(48), "key": new_cluster_key().hex(), "mac": mac,
+                       "group_prefix": [239, 192 + (prefix >> 8), prefix & 0xFF],
+                       "port": 40000 + rng.randrange(10000)}
+            self._store.put("cluster", cluster)
+        elif cluster["mac"] != mac:
+            log.warning("state %s was created with mac=%s; keeping it (asked for %s)",
+                        self._store.path, cluster["mac"], mac)
+        self._cluster_id = cluster["id"]
+        self._key = bytes.fromhex(cluster["key"])
+        self._mac = cluster["mac"]
+        self._group_prefix = tuple(cluster["group_prefix"])
+        self._port = cluster["port"]
+        self._interface = interface
+        self._topics = {t["name"]: TopicInfo(**t) for t in self._store.topics()}
+        self._members = {m["id"]: MemberRecord.reloaded(m) for m in self._store.members()}
+        # view versions only grow, also across restarts, so no member mistakes a new view for its own
+        self._version = time.time_ns()
+        self._started = time.time()
+        log.info("cluster scope manager up: cluster %x, multicast %s.x:%d, state %s, %d topics, "
+                 "%d members to confirm", self._cluster_id, ".".join(map(str, self._group_prefix)),
+                 self._port, self._store.path, len(self._topics), len(self._members))
 
     # ------------------------------------------------------------------------------ cluster
 
@@ -92,11 +117,12 @@ class ClusterScopeManager:
                 raise TopicExists(f"topic {name!r} exists with policy={existing.policy!r}, "
                                   f"recovery={existing.recovery!r}")
             return existing
-        tid = max((t.id for t in self._topics.values()), default=0) + 1
+        tid = self._store.next_id("topic")
         group = "%d.%d.%d.%d" % (*self._group_prefix, 1 + (tid - 1) % 254)
         info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, root=root,
                          session=1, group=group, port=self._port, options=dict(options or {}))
         self._topics[name] = info
+        self._store.put_topic(name, tid, info.to_dict())
         self._bump()
         log.info("topic %s created (id %d, group %s:%d)", name, tid, group, self._port)
         return info
@@ -113,9 +139,12 @@ class ClusterScopeManager:
     def delete_topic(self, name: str) -> None:
         info = self.topic(name)
         del self._topics[name]
+        self._store.delete_topic(name)
         for m in self._members.values():
-            m.publishes.discard(info.id)
-            m.subscribes.discard(info.id)
+            if info.id in m.publishes or info.id in m.subscribes:
+                m.publishes.discard(info.id)
+                m.subscribes.discard(info.id)
+                self._changed(m)
         self._bump()
 
     # ------------------------------------------------------------------------------ members
@@ -124,15 +153,15 @@ class ClusterScopeManager:
                         role: str = "member") -> int:
         if role not in ("member", "client"):
             raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")
-        mid = self._next_member
-        self._next_member += 1
+        mid = self._store.next_id("member")
         self._members[mid] = MemberRecord(mid, name, host, int(port), int(pid), node, role)
-        self._bump()
+        self._changed(self._members[mid])
         log.debug("member %d (%s) registered at %s:%d", mid, name, host, port)
         return mid
 
     def unregister_member(self, member_id: int) -> None:
         if self._members.pop(member_id, None) is not None:
+            self._store.delete_member(member_id)
             self._bump()
             log.debug("member %d left", member_id)
 
@@ -140,7 +169,7 @@ class ClusterScopeManager:
         member = self._member(member_id)
         infos = [self.topic(n) for n in names]
         member.subscribes.update(t.id for t in infos)
-        self._bump()
+        self._changed(member)
         return infos
 
     def unsubscribe(self, member_id: int, names: list[str]) -> None:
@@ -151,12 +180,13 @@ class ClusterScopeManager:
             info = self._topics.get(n)
             if info is not None:
                 member.subscribes.discard(info.id)
-        self._bump()
+        self._changed(member)
 
     def advertise(self, member_id: int, name: str) -> TopicInfo:
         info = self.topic(name)
-        self._member(member_id).publishes.add(info.id)
-        self._bump()
+        member = self._member(member_id)
+        member.publishes.add(info.id)
+        self._changed(member)
         return info
 
     def unadvertise(self, member_id: int, name: str) -> None:
@@ -164,12 +194,11 @@ class ClusterScopeManager:
         info = self._topics.get(name)
         if member is not None and info is not None:
             member.publishes.discard(info.id)
-            self._bump()
+            self._changed(member)
 
     def view(self, member_id: int, have_version: int = 0) -> dict | None:
         """The member's view if it changed since `have_version`, else None (also a heartbeat)."""
         member = self._member(member_id)
-        member.last_seen = time.monotonic()
         self._expire_members()
         if have_version == self._version:
             return None
@@ -184,11 +213,13 @@ class ClusterScopeManager:
                            "group": info.group, "port": info.port})
             receivers[f"{info.group}:{info.port}"] = sorted(
                 m.id for m in self._members.values()
-                if tid in m.subscribes and m.role == "member" and m.id != member_id)
+                if tid in m.subscribes and m.role == "member" and m.id != member_id
+                and m.confirmed)
         groups = sorted({(by_id[t].group, by_id[t].port) for t in member.subscribes if t in by_id})
         return {
             "version": self._version,
-            "members": [(m.id, m.name, m.host, m.port) for m in self._members.values()],
+            "members": [(m.id, m.name, m.host, m.port) for m in self._members.values()
+                        if m.confirmed],
             "topics": {t.id: t.name for t in self._topics.values()},
             "sessions": {t.id: t.session for t in self._topics.values()},
             "groups": groups,
@@ -200,6 +231,7 @@ class ClusterScopeManager:
         return {
             "cluster_id": f"{self._cluster_id:012x}",
             "uptime_s": round(time.time() - self._started, 1),
+            "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
             "version": self._version,
             "topics": [t.to_dict() for t in self.topics()],
             "members": [m.public() for m in self._members.values()],
@@ -212,6 +244,10 @@ class ClusterScopeManager:
         if member is None:
             raise InvalidConfig(f"member {member_id} is not registered (it may have been expired "
                                 "after missing heartbeats); reconnect")
+        member.last_seen = time.monotonic()
+        if not member.confirmed:
+            member.confirmed = True
+            self._bump()
         return member
 
     def _expire_members(self) -> None:
@@ -220,8 +256,13 @@ class ClusterScopeManager:
         for m in dead:
             log.warning("member %d (%s) silent for %.0fs; removed", m.id, m.name, MEMBER_TIMEOUT)
             del self._members[m.id]
+            self._store.delete_member(m.id)
         if dead:
             self._bump()
+
+    def _changed(self, member: MemberRecord) -> None:
+        self._store.put_member(member.id, member.public())
+        self._bump()
 
     def _bump(self) -> None:
         self._version += 1

@@ -1,0 +1,94 @@
+"""The root scope's durable state, in SQLite at `$SCOPECAST_HOME/state.db` (default
+`~/.scopecast/state.db`) on the node that hosts the cluster scope manager.
+
+It holds what must survive the scope manager's process: the cluster's identity, key and multicast
+settings, topics with their session numbers, the member id counter and the member records. One state
+directory serves one cluster at a time: two clusters running at once on one machine need distinct
+`SCOPECAST_HOME`s (the tests and the benchmark harness use their own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, id INTEGER UNIQUE NOT NULL,
+                                   body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
+"""
+SCHEMA_VERSION = "1"
+
+
+def state_path() -> Path:
+    home = os.environ.get("SCOPECAST_HOME") or "~/.scopecast"
+    return Path(home).expanduser() / "state.db"
+
+
+class ScopeStore:
+    """Small typed access to the state database; every write commits (WAL, synchronous=NORMAL)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or state_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        version = self.get("schema")
+        if version is None:
+            self.put("schema", SCHEMA_VERSION)
+        elif version != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} has state schema {version}, this scopecast reads "
+                               f"{SCHEMA_VERSION}; move it away to start afresh")
+
+    # ------------------------------------------------------------------------------- meta
+
+    def get(self, key: str):
+        row = self._db.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put(self, key: str, value) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)",
+                         (key, json.dumps(value)))
+
+    def next_id(self, counter: str) -> int:
+        """Atomically take the next value of a counter (1, 2, ...); never reused."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            value = (self.get(counter) or 0) + 1
+            self.put(counter, value)
+        return value
+
+    # ----------------------------------------------------------------------------- topics
+
+    def topics(self) -> list[dict]:
+        return [json.loads(b) for (b,) in self._db.execute("SELECT body FROM topics ORDER BY id")]
+
+    def put_topic(self, name: str, topic_id: int, body: dict) -> None:
+        self._db.execute("INSERT OR REPLACE INTO topics (name, id, body) VALUES (?, ?, ?)",
+                         (name, topic_id, json.dumps(body)))
+
+    def delete_topic(self, name: str) -> None:
+        self._db.execute("DELETE FROM topics WHERE name = ?", (name,))
+
+    # ---------------------------------------------------------------------------- members
+
+    def members(self) -> list[dict]:
+        return [json.loads(b) for (b,) in self._db.execute("SELECT body FROM members ORDER BY id")]
+
+    def put_member(self, member_id: int, body: dict) -> None:
+        self._db.execute("INSERT OR REPLACE INTO members (id, body) VALUES (?, ?)",
+                         (member_id, json.dumps(body)))
+
+    def delete_member(self, member_id: int) -> None:
+        self._db.execute("DELETE FROM members WHERE id = ?", (member_id,))
+
+    def clear_members(self) -> None:
+        self._db.execute("DELETE FROM members")
+
+    def close(self) -> None:
+        self._db.close()
