@@ -36,6 +36,29 @@ def cmd_bench(args) -> int:
     return harness.main(args.rest)
 
 
+def cmd_up(args) -> int:
+    from scopecast.ray_cluster import launch
+
+    info = launch.up(address=args.address, port=args.port, mac=args.mac)
+    how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
+    print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
+          f"state {info['state']})")
+    print(f"attach with: scopecast status --address {info['address']}  |  "
+          f"scopecast.connect(address={info['address']!r})  |  RAY_ADDRESS={info['address']}")
+    return 0
+
+
+def cmd_down(args) -> int:
+    from scopecast.ray_cluster import launch
+
+    info = launch.down(address=args.address, stop_ray=args.ray)
+    print(f"removed {len(info['removed_actors'])} scopecast actors"
+          + (f"; stopped {info['stopped_ray_processes']} Ray processes" if args.ray else
+             " (Ray itself still runs; `scopecast down --ray` stops a head `scopecast up` "
+             "started)"))
+    return 0
+
+
 def cmd_status(args) -> int:
     with _connect(args) as cluster:
         status = cluster.status()
@@ -109,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or the Ray "
                                           "running on this machine)")
         return sp
+
+    u = sub.add_parser("up", help="start a persistent local cluster (a Ray head on loopback plus "
+                                  "the scope managers), or deploy onto --address")
+    u.add_argument("--address", help="deploy onto this existing Ray cluster instead")
+    u.add_argument("--port", type=int, default=6390, help="port of the local Ray head (6390)")
+    u.add_argument("--mac", default="gmac", choices=["gmac", "hmac-sha256"],
+                   help="packet authenticator of a newly deployed cluster (gmac)")
+    u.set_defaults(func=cmd_up)
+
+    dn = attach(sub.add_parser("down", help="remove every scopecast actor from the cluster"))
+    dn.add_argument("--ray", action="store_true",
+                    help="also stop the local Ray head that `scopecast up` started")
+    dn.set_defaults(func=cmd_down)
 
     d = sub.add_parser("demo", help="the main job: stream a topic to subscriber actors on an "
                                     "embedded local Ray and print a summary")

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+from pathlib import Path
 
 import ray
 
@@ -21,6 +22,7 @@ from scopecast.scopes.topics import TopicInfo
 log = logging.getLogger(__name__)
 
 EMBEDDED_OBJECT_STORE = 1 << 30
+RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` records its address
 
 
 def embedded_ray_options() -> dict:
@@ -33,33 +35,19 @@ def embedded_ray_options() -> dict:
 
 
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
-            start: bool = True, mac: str = "gmac") -> Cluster:
+            start: bool = True, mac: str = "gmac", interface: str | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet
-    authenticator of a cluster deployed now: "gmac" or "hmac-sha256"). With `start=False`, raise
-    `NotConnected` instead of starting an embedded Ray or deploying scope managers."""
-    owns_ray = False
-    if not ray.is_initialized():
-        target = address or os.environ.get("RAY_ADDRESS")
-        if target:
-            _check_reachable(target)
-            try:
-                ray.init(address=target, namespace=declare.NAMESPACE,
-                         logging_level=logging.WARNING)
-            except ConnectionError as exc:
-                raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
-                                   "`scopecast up`") from None
-        elif start:
-            ray.init(**embedded_ray_options())
-            owns_ray = True
-            log.info("started an embedded local Ray")
-        else:
-            raise NotConnected("no Ray cluster to attach to: run `scopecast up` first, or pass "
-                               "--address / set RAY_ADDRESS")
+    authenticator of a cluster deployed now, "gmac" or "hmac-sha256"; `interface` the address its
+    members use for multicast, default loopback for an embedded Ray and each node's own address
+    otherwise). With `start=False`, raise `NotConnected` instead of starting an embedded Ray or
+    deploying scope managers."""
+    owns_ray = attach_ray(address, start)
     if start:
-        manager = declare.get_or_create(ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-                                        interface="127.0.0.1" if owns_ray else None, mac=mac)
+        manager = declare.get_or_create(
+            ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
+            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:
@@ -69,12 +57,78 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     return Cluster(manager, hello, owns_ray, config)
 
 
-def _check_reachable(address: str, timeout: float = 3.0) -> None:
+def attach_ray(address: str | None = None, start: bool = True) -> bool:
+    """Make this process a Ray driver (unless it is one, or a Ray worker, already): attach to
+    `address`, `RAY_ADDRESS` or the Ray started on this machine, else start an embedded Ray when
+    `start`. Returns True if it started Ray."""
+    if ray.is_initialized():
+        return False
+    target = address or os.environ.get("RAY_ADDRESS")
+    if target in (None, "auto"):
+        local = local_ray_address()
+        if local is not None and reachable(local):
+            target = local
+        elif target == "auto" or not start:
+            raise NotConnected("no Ray cluster to attach to: run `scopecast up` first, or pass "
+                               "--address / set RAY_ADDRESS")
+        else:
+            target = None
+    if target:
+        check_reachable(target)
+        _use_ray_token()
+        try:
+            ray.init(address=target, namespace=declare.NAMESPACE, logging_level=logging.WARNING)
+        except ConnectionError as exc:
+            raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
+                               "`scopecast up`") from None
+        return False
+    ray.init(**embedded_ray_options())
+    log.info("started an embedded local Ray")
+    return True
+
+
+def _use_ray_token() -> None:
+    """Send Ray's token when one exists: a head started with `ray start` while ~/.ray/auth_token
+    exists requires it, but a driver attaching by address sends it only in token mode. This is
+    Ray's own rule for `ray start` (a no-op when RAY_AUTH_MODE is set: it decides)."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray version: RAY_AUTH_MODE is the documented switch
+        return
+    quiet = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" line, on every command
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        quiet.setLevel(level)
+
+
+def local_ray_address() -> str | None:
+    """The address of the Ray most recently started on this machine (`ray start` records it),
+    if any."""
+    try:
+        return Path(RAY_CURRENT_CLUSTER).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def reachable(address: str) -> bool:
+    try:
+        check_reachable(address, timeout=1.0)
+    except NotConnected:
+        return False
+    return True
+
+
+def check_reachable(address: str, timeout: float = 3.0) -> None:
     """Fail fast with NotConnected when a host:port address has nobody listening (ray.init would
     keep retrying for a minute)."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "://" in address:
-        return  # "auto", ray:// client addresses: leave them to Ray
+        return  # ray:// client addresses: leave them to Ray
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as exc:

@@ -1,0 +1,121 @@
+"""`scopecast up` and `scopecast down`: a persistent local cluster (a Ray head started with
+`ray start`, plus the scope managers) that later commands and drivers attach to, or scopecast
+deployed onto an existing Ray cluster; and its removal."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import ray
+
+from scopecast.actors import declare
+from scopecast.actors.errors import NotConnected, ScopecastError
+from scopecast.ray_cluster.cluster import (
+    attach_ray,
+    connect,
+    embedded_ray_options,
+    reachable,
+)
+from scopecast.scopes.state import state_path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 6390  # not Ray's 6379, which a Redis server on the same machine may hold
+
+
+def _record_path() -> Path:
+    return state_path().parent / "up.json"
+
+
+def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac") -> dict:
+    """Deploy scopecast onto the Ray cluster at `address`, or start a local Ray head on `port`
+    (loopback only) and deploy onto it. Idempotent: an existing deployment is reused."""
+    started_ray = False
+    interface = None  # on a real cluster every member uses its own node's address
+    if address is None:
+        address = f"127.0.0.1:{port}"
+        interface = "127.0.0.1"
+        if not reachable(address):
+            _start_head(port)
+            started_ray = True
+    cluster = connect(address=address, start=True, mac=mac, interface=interface)
+    try:
+        status = cluster.status()
+        info = {"address": cluster.address, "started_ray": started_ray,
+                "session_dir": _session_dir(), "cluster_id": status["cluster_id"],
+                "state": status["manager"]["state"]}
+    finally:
+        cluster.shutdown()
+    if started_ray:
+        _record_path().write_text(json.dumps(info))
+    return info
+
+
+def down(address: str | None = None, stop_ray: bool = False) -> dict:
+    """Remove every scopecast actor (and nothing else) from the cluster; with `stop_ray`, also
+    stop the local Ray head that `up` started (only that one)."""
+    removed = []
+    try:
+        attach_ray(address, start=False)
+    except NotConnected:
+        if not stop_ray:
+            raise
+    else:
+        from ray.util import list_named_actors
+
+        for entry in list_named_actors(all_namespaces=True):
+            if entry.get("namespace") == declare.NAMESPACE:
+                ray.kill(ray.get_actor(entry["name"], namespace=declare.NAMESPACE),
+                         no_restart=True)
+                removed.append(entry["name"])
+        ray.shutdown()
+    stopped = _stop_head() if stop_ray else 0
+    return {"removed_actors": sorted(removed), "stopped_ray_processes": stopped}
+
+
+def _start_head(port: int) -> None:
+    opts = embedded_ray_options()
+    ray_bin = Path(sys.executable).parent / "ray"
+    cmd = [str(ray_bin), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+           f"--num-cpus={opts['num_cpus']}", f"--object-store-memory={opts['object_store_memory']}",
+           "--include-dashboard=false", "--disable-usage-stats"]
+    log.info("starting a local Ray head: %s", " ".join(cmd))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if out.returncode != 0:
+        raise ScopecastError(f"`ray start` failed ({out.returncode}): {out.stderr[-2000:]}")
+
+
+def _session_dir() -> str:
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()
+    except AttributeError:
+        return ""
+
+
+def _stop_head() -> int:
+    """Kill the processes of the Ray head `up` started (found by its session directory and port);
+    returns how many."""
+    path = _record_path()
+    if not path.exists():
+        return 0
+    info = json.loads(path.read_text())
+    marks = [m for m in (info.get("session_dir"), ":" + info["address"].rsplit(":", 1)[1]) if m]
+    killed = 0
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] != os.getpid() and any(m in cmdline for m in marks):
+            try:
+                os.kill(proc.info["pid"], signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    path.unlink()
+    return killed
+

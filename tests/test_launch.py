@@ -1,0 +1,53 @@
+"""`scopecast up` / `scopecast down`: a persistent local cluster other commands attach to."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_up_then_commands_attach_then_down_removes_it(tmp_path):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["SCOPECAST_HOME"] = str(tmp_path)
+
+    def scopecast(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "scopecast.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    try:
+        up = scopecast("up", "--port", str(port))
+        assert up.returncode == 0, up.stderr
+        assert "started a local Ray head" in up.stdout
+        address = f"127.0.0.1:{port}"
+        again = scopecast("up", "--port", str(port))  # idempotent: reuses what is there
+        assert again.returncode == 0 and "started" not in again.stdout
+        assert scopecast("topic", "create", "kept", "--address", address).returncode == 0
+        status = json.loads(scopecast("status", "--json", "--address", address).stdout)
+        assert [t["name"] for t in status["topics"]] == ["kept"]
+        assert status["manager"]["state"] == str(tmp_path / "state.db")
+        down = scopecast("down", "--ray", "--address", address)
+        assert down.returncode == 0, down.stderr
+        assert "removed 1 scopecast actors" in down.stdout
+    finally:
+        left = [p for p in psutil.process_iter(["cmdline"])
+                if f":{port}" in " ".join(p.info["cmdline"] or [])]
+        for p in left:
+            p.kill()
+    assert not left, "down --ray left processes of the head behind"
+    after = scopecast("status", "--address", f"127.0.0.1:{port}")
+    assert after.returncode == 1 and "NotConnected" in after.stderr
