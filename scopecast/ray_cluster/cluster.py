@@ -29,7 +29,9 @@ def embedded_ray_options() -> dict:
     """How an embedded local Ray is started: more logical CPUs than cores (our actors and Spark's
     executors must never starve each other), a capped object store, everything on loopback."""
     cores = os.cpu_count() or 2
-    return dict(num_cpus=max(8, 4 * cores), object_store_memory=EMBEDDED_OBJECT_STORE,
+    # address="local": a new Ray even when `ray start` left an address behind (Ray would attach)
+    return dict(address="local", num_cpus=max(8, 4 * cores),
+                object_store_memory=EMBEDDED_OBJECT_STORE,
                 include_dashboard=False, _node_ip_address="127.0.0.1",
                 namespace=declare.NAMESPACE, logging_level=logging.WARNING)
 
@@ -63,16 +65,16 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
     `start`. Returns True if it started Ray."""
     if ray.is_initialized():
         return False
-    target = address or os.environ.get("RAY_ADDRESS")
+    target = address if address not in (None, "auto") else (
+        os.environ.get("RAY_ADDRESS") or address)
     if target in (None, "auto"):
         local = local_ray_address()
         if local is not None and reachable(local):
             target = local
-        elif target == "auto" or not start:
+        elif target is None and not start:
             raise NotConnected("no Ray cluster to attach to: run `scopecast up` first, or pass "
                                "--address / set RAY_ADDRESS")
-        else:
-            target = None
+        # "auto" with no address recorded: Ray's own search for a running head decides
     if target:
         check_reachable(target)
         _use_ray_token()

@@ -18,9 +18,11 @@ import ray
 from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected, ScopecastError
 from scopecast.ray_cluster.cluster import (
+    RAY_CURRENT_CLUSTER,
     attach_ray,
     connect,
     embedded_ray_options,
+    local_ray_address,
     reachable,
 )
 from scopecast.scopes.state import state_path
@@ -107,15 +109,25 @@ def _stop_head() -> int:
         return 0
     info = json.loads(path.read_text())
     marks = [m for m in (info.get("session_dir"), ":" + info["address"].rsplit(":", 1)[1]) if m]
-    killed = 0
+    victims: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if proc.info["pid"] != os.getpid() and any(m in cmdline for m in marks):
-            try:
-                os.kill(proc.info["pid"], signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
+            victims[proc.pid] = proc
+            try:  # Ray's agents rename themselves ("ray::DashboardAgent"): take the children too
+                victims.update((c.pid, c) for c in proc.children(recursive=True))
+            except psutil.Error:
                 pass
+    killed = 0
+    for proc in victims.values():
+        try:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        except psutil.Error:
+            pass
     path.unlink()
+    # like `ray stop`: forget the head's address, or the next ray.init() would try to attach to it
+    if local_ray_address() == info["address"]:
+        Path(RAY_CURRENT_CLUSTER).unlink(missing_ok=True)
     return killed
 
