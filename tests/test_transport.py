@@ -162,3 +162,22 @@ def test_warns_for_a_request_just_above_rmem_max(monkeypatch, caplog):
         sock.close()
     assert got == 2 * rmem_max  # the kernel stored rmem_max (and reports it doubled)
     assert len(_rcvbuf_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("kwargs", [{"datagram_bytes": 100}, {"datagram_bytes": 70_000},
+                                    {"ttl": 300}, {"rcvbuf_bytes": 0}])
+def test_transport_config_out_of_range_is_a_typed_error(kwargs):
+    import scopecast
+
+    with pytest.raises(scopecast.InvalidConfig):
+        TransportConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"window_bytes": 0}, {"max_message_bytes": 2**32},
+                                    {"ack_period": 0}, {"held_datagrams": -1}])
+def test_runtime_config_out_of_range_is_a_typed_error(kwargs):
+    import scopecast
+    from scopecast.netio.runtime import RuntimeConfig
+
+    with pytest.raises(scopecast.InvalidConfig):
+        RuntimeConfig(**kwargs)

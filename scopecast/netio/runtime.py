@@ -24,6 +24,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
+from scopecast.actors.errors import InvalidConfig
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
@@ -37,6 +38,7 @@ from scopecast.scopes.routing import RoutingLabel, forward, matches, origin_reco
 log = logging.getLogger(__name__)
 
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
+MAX_MESSAGE = 0xFFFFFFFF
 HEADER = wire.HEADER
 
 
@@ -63,9 +65,15 @@ class RuntimeConfig:
     freeze_gc: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("window_bytes", "queue_bytes", "max_backlog_bytes", "max_message_bytes"):
+        for name in ("window_bytes", "queue_bytes", "max_backlog_bytes", "max_message_bytes",
+                     "reassembly_budget_bytes", "held_datagrams"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+                raise InvalidConfig(f"RuntimeConfig.{name} must be positive")
+        if self.max_message_bytes > MAX_MESSAGE:
+            raise InvalidConfig(f"RuntimeConfig.max_message_bytes is at most {MAX_MESSAGE} (the "
+                                "wire format's 32-bit lengths)")
+        if min(self.ack_period, self.ack_timeout, self.reassembly_timeout) <= 0:
+            raise InvalidConfig("RuntimeConfig periods and timeouts must be positive")
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,7 +9,11 @@ import struct
 import sys
 from dataclasses import dataclass
 
+from scopecast.actors.errors import InvalidConfig
+
 log = logging.getLogger(__name__)
+
+MAX_DATAGRAM = 65_000  # below UDP's 65,507-byte payload limit
 
 # Linux constants not exported by every Python build
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -28,10 +32,18 @@ class TransportConfig:
     sndbuf_bytes: int = 4 << 20
     datagram_bytes: int | None = None  # None: from the interface MTU (64 KB on loopback)
 
+    def __post_init__(self) -> None:
+        if self.datagram_bytes is not None and not 1200 <= self.datagram_bytes <= MAX_DATAGRAM:
+            raise InvalidConfig(f"TransportConfig.datagram_bytes must be within 1200..{MAX_DATAGRAM}")
+        if not 0 <= self.ttl <= 255:
+            raise InvalidConfig("TransportConfig.ttl must be within 0..255")
+        if self.rcvbuf_bytes <= 0 or self.sndbuf_bytes <= 0:
+            raise InvalidConfig("TransportConfig buffer sizes must be positive")
+
     def datagram_size(self) -> int:
         if self.datagram_bytes is not None:
             return self.datagram_bytes
-        return max(1200, min(65_000, interface_mtu(self.interface) - 28))
+        return max(1200, min(MAX_DATAGRAM, interface_mtu(self.interface) - 28))
 
 
 def interface_mtu(address: str | None) -> int:
