@@ -16,11 +16,12 @@ from scopecast.netio.message import Message
 class Subscription:
     """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
 
-    __slots__ = ("topics", "queue", "event", "waiting", "delivered_bytes", "consumed_bytes",
-                 "inbox", "inbox_bytes", "ends", "closed", "wake")
+    __slots__ = ("topics", "patterns", "queue", "event", "waiting", "delivered_bytes",
+                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "closed", "wake")
 
-    def __init__(self, topics: frozenset[int]) -> None:
-        self.topics = topics
+    def __init__(self, topics: frozenset[int] | set[int], patterns: tuple = ()) -> None:
+        self.topics = set(topics)   # grows as topics matching `patterns` appear (I/O thread)
+        self.patterns = patterns    # compiled topic patterns (`scopes.topics.topic_matcher`)
         self.queue: deque[tuple[list[Message], int]] = deque()
         self.event = threading.Event()
         self.waiting = False

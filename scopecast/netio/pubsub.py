@@ -17,7 +17,7 @@ from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClos
 from scopecast.netio.message import Message
 from scopecast.netio.runtime import Subscription
 from scopecast.netio.wire import ContentType
-from scopecast.scopes.topics import TopicInfo
+from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +112,13 @@ class Publisher:
 class Subscriber:
     """Receives messages of one or more topics, in order per sender, without duplicates."""
 
-    def __init__(self, element, infos: list[TopicInfo],
+    def __init__(self, element, names: list[str], infos: list[TopicInfo],
                  on_message: Callable[[Message], None] | None = None) -> None:
         self._element = element
         self._runtime = element.runtime
-        self.topics = [i.name for i in infos]
-        self._sub = Subscription(frozenset(i.id for i in infos))
+        self.topics = list(names)  # as subscribed: names and patterns
+        self._sub = Subscription(frozenset(i.id for i in infos),
+                                 tuple(topic_matcher(n) for n in names if is_pattern(n)))
         self._batch: list[Message] = []
         self._index = 0
         self._closed = False

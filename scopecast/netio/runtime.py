@@ -137,6 +137,7 @@ class MemberRuntime:
         self._plans: dict[tuple, list] = {}
         self._own_plans: dict[int, list] = {}
         self._subs: dict[int, tuple[Subscription, ...]] = {}
+        self._subscriptions: list[Subscription] = []
         self._to_wake: list[Subscription] = []
         self._touched: list[Subscription] = []  # subscribers with messages in their inbox
         self._feeds: dict[tuple[str, int], Feed] = {}
@@ -270,6 +271,17 @@ class MemberRuntime:
 
     def install_topics(self, names: dict[int, str]) -> None:
         self._topic_names = dict(names)
+        for sub in self._subscriptions:
+            self._match_patterns(sub)
+
+    def _match_patterns(self, sub: Subscription) -> None:
+        """A pattern subscription takes in the known topics it matches."""
+        if sub.patterns:
+            new = [t for t, n in self._topic_names.items()
+                   if t not in sub.topics and any(p.match(n) for p in sub.patterns)]
+            if new:
+                sub.topics.update(new)
+                self._index(sub, new)
 
     def install_routes(self, routes: dict[int, list[Route]],
                        receivers: dict[tuple[str, int], set[int]] | None = None) -> None:
@@ -306,10 +318,17 @@ class MemberRuntime:
             sock.close()
 
     def add_subscription(self, sub: Subscription) -> None:
-        for t in sub.topics:
+        self._subscriptions.append(sub)
+        self._index(sub, sub.topics)
+        self._match_patterns(sub)
+
+    def _index(self, sub: Subscription, topics) -> None:
+        for t in topics:
             self._subs[t] = self._subs.get(t, ()) + (sub,)
 
     def remove_subscription(self, sub: Subscription) -> None:
+        if sub in self._subscriptions:
+            self._subscriptions.remove(sub)
         for t in sub.topics:
             rest = tuple(s for s in self._subs.get(t, ()) if s is not sub)
             if rest:

@@ -187,9 +187,11 @@ class Cluster:
         return pub
 
     def subscriber(self, topics: str | list[str], on_message=None) -> Subscriber:
+        """Subscribe to topics by name or by pattern (`"flights/*"`: every topic of that form,
+        existing or created later)."""
         names = [topics] if isinstance(topics, str) else list(topics)
         element = self._member()
-        sub = Subscriber(element, element.subscribe(names), on_message)
+        sub = Subscriber(element, names, element.subscribe(names), on_message)
         self._handles.append(sub)
         return sub
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.netio.auth import new_cluster_key
 from scopecast.scopes.state import ScopeStore
-from scopecast.scopes.topics import TopicInfo, check_topic_name
+from scopecast.scopes.topics import TopicInfo, check_topic_name, is_pattern, topic_matcher
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +43,24 @@ class MemberRecord:
     node: str
     role: str = "member"
     publishes: set[int] = field(default_factory=set)
-    subscribes: set[int] = field(default_factory=set)
+    subscriptions: set[str] = field(default_factory=set)  # topic names and patterns
+    subscribes: set[int] = field(default_factory=set)      # derived: the topics they cover
     last_seen: float = field(default_factory=time.monotonic)
+    installed: int = 0      # the view version the member last said it has installed
+    covered_at: dict[int, int] = field(default_factory=dict)  # topic -> version it was covered at
     confirmed: bool = True  # False for records reloaded after a restart, until the member calls
 
     @classmethod
     def reloaded(cls, body: dict) -> MemberRecord:
         return cls(body["id"], body["name"], body["host"], body["port"], body["pid"],
-                   body["node"], body["role"], set(body["publishes"]), set(body["subscribes"]),
-                   confirmed=False)  # until it checks in again
+                   body["node"], body["role"], set(body["publishes"]),
+                   set(body["subscriptions"]), confirmed=False)  # until it checks in again
 
     def public(self) -> dict:
         return {"id": self.id, "name": self.name, "host": self.host, "port": self.port,
                 "pid": self.pid, "node": self.node, "role": self.role,
-                "publishes": sorted(self.publishes), "subscribes": sorted(self.subscribes),
+                "publishes": sorted(self.publishes), "subscriptions": sorted(self.subscriptions),
+                "subscribes": sorted(self.subscribes),
                 "confirmed": self.confirmed}
 
 
@@ -86,6 +90,8 @@ class ClusterScopeManager:
         self._interface = interface
         self._topics = {t["name"]: TopicInfo(**t) for t in self._store.topics()}
         self._members = {m["id"]: MemberRecord.reloaded(m) for m in self._store.members()}
+        for m in self._members.values():
+            self._cover(m)
         # view versions only grow, also across restarts, so no member mistakes a new view for its own
         self._version = time.time_ns()
         self._started = time.time()
@@ -123,6 +129,9 @@ class ClusterScopeManager:
                          session=1, group=group, port=self._port, options=dict(options or {}))
         self._topics[name] = info
         self._store.put_topic(name, tid, info.to_dict())
+        for m in self._members.values():
+            if any(is_pattern(n) for n in m.subscriptions):
+                self._cover(m)
         self._bump()
         log.info("topic %s created (id %d, group %s:%d)", name, tid, group, self._port)
         return info
@@ -143,7 +152,7 @@ class ClusterScopeManager:
         for m in self._members.values():
             if info.id in m.publishes or info.id in m.subscribes:
                 m.publishes.discard(info.id)
-                m.subscribes.discard(info.id)
+                m.subscriptions.discard(name)
                 self._changed(m)
         self._bump()
 
@@ -166,20 +175,25 @@ class ClusterScopeManager:
             log.debug("member %d left", member_id)
 
     def subscribe(self, member_id: int, names: list[str]) -> list[TopicInfo]:
+        """Subscribe to topics by name (which must exist) or by pattern (`flights/*`: existing and
+        future topics); returns the topics covered now."""
         member = self._member(member_id)
-        infos = [self.topic(n) for n in names]
-        member.subscribes.update(t.id for t in infos)
+        matched: dict[str, TopicInfo] = {}
+        for n in names:
+            if is_pattern(n):
+                matcher = topic_matcher(n)
+                matched.update((t.name, t) for t in self._topics.values() if matcher.match(t.name))
+            else:
+                matched[n] = self.topic(n)
+        member.subscriptions.update(names)
         self._changed(member)
-        return infos
+        return sorted(matched.values(), key=lambda t: t.id)
 
     def unsubscribe(self, member_id: int, names: list[str]) -> None:
         member = self._members.get(member_id)
         if member is None:
             return
-        for n in names:
-            info = self._topics.get(n)
-            if info is not None:
-                member.subscribes.discard(info.id)
+        member.subscriptions.difference_update(names)
         self._changed(member)
 
     def advertise(self, member_id: int, name: str) -> TopicInfo:
@@ -199,6 +213,7 @@ class ClusterScopeManager:
     def view(self, member_id: int, have_version: int = 0) -> dict | None:
         """The member's view if it changed since `have_version`, else None (also a heartbeat)."""
         member = self._member(member_id)
+        member.installed = have_version
         self._expire_members()
         if have_version == self._version:
             return None
@@ -226,6 +241,14 @@ class ClusterScopeManager:
             "routes": routes,
             "receivers": receivers,
         }
+
+    def receivers_ready(self, name: str) -> bool:
+        """True once every member subscriber of topic `name` has installed a view that shows it
+        (so it has joined the topic's channel): a publisher waits for this before sending."""
+        info = self.topic(name)
+        return all(m.installed >= m.covered_at.get(info.id, 0)
+                   for m in self._members.values()
+                   if info.id in m.subscribes and m.role == "member" and m.confirmed)
 
     def status(self) -> dict:
         return {
@@ -261,8 +284,19 @@ class ClusterScopeManager:
             self._bump()
 
     def _changed(self, member: MemberRecord) -> None:
+        self._cover(member)
         self._store.put_member(member.id, member.public())
         self._bump()
+
+    def _cover(self, member: MemberRecord) -> None:
+        """Recompute the topics a member's subscriptions cover (after its or the topics' change)."""
+        patterns = [topic_matcher(n) for n in member.subscriptions if is_pattern(n)]
+        member.subscribes = {t.id for t in self._topics.values()
+                             if t.name in member.subscriptions
+                             or any(p.match(t.name) for p in patterns)}
+        # the view that first shows a newly covered topic is the next one
+        member.covered_at = {t: member.covered_at.get(t, self._version + 1)
+                             for t in member.subscribes}
 
     def _bump(self) -> None:
         self._version += 1

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import replace
 
 import ray
@@ -24,6 +25,7 @@ from scopecast.scopes.routing import RoutingLabel
 log = logging.getLogger(__name__)
 
 VIEW_PERIOD = 0.2
+READY_TIMEOUT = 5.0
 
 
 def call(method, *args, timeout: float = 60.0, **kwargs):
@@ -74,10 +76,19 @@ class ControlledElement:
         return infos
 
     def advertise(self, name: str):
-        """Make this member a publisher of `name`; returns its TopicInfo once routes are laid."""
+        """Make this member a publisher of `name`; returns its TopicInfo once routes are laid and
+        every member subscribed to the topic has joined its channel (a topic created a moment ago
+        reaches pattern subscribers with their next view)."""
         info = call(self.manager.advertise, self.member_id, name)
         self._published[name] = self._published.get(name, 0) + 1
         self.refresh()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not call(self.manager.receivers_ready, name):
+            if time.monotonic() > deadline:
+                log.warning("subscribers of %s did not take their view within %.0fs; publishing "
+                            "anyway (they may miss the first messages)", name, READY_TIMEOUT)
+                break
+            time.sleep(0.02)
         return info
 
     def release(self, publisher_of: str | None = None,
@@ -100,6 +111,8 @@ class ControlledElement:
                 return
             self.runtime.call_wait(self._install, view)
             self._version = view["version"]
+            # tell the scope at once that this view is in place (publishers may be waiting on it)
+            call(self.manager.view, self.member_id, self._version)
 
     def _install(self, view: dict) -> None:
         """Runs on the I/O thread: swap in the new tables."""

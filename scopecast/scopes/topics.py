@@ -11,6 +11,23 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
 MAX_TOPIC_NAME = 200
 
 
+_PATTERN = re.compile(r"^[A-Za-z0-9_.\-*?]+(/[A-Za-z0-9_.\-*?]+)*$")
+
+
+def is_pattern(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
+def topic_matcher(pattern: str) -> re.Pattern:
+    """A topic pattern as a regular expression: `*` matches within one `/`-separated part, `?` one
+    character of it (`flights/*` matches `flights/JFK`, not `flights/JFK/late`)."""
+    if not isinstance(pattern, str) or len(pattern) > MAX_TOPIC_NAME or not _PATTERN.match(pattern):
+        raise InvalidConfig(f"bad topic pattern {pattern!r}: topic-name characters plus '*' and "
+                            "'?', in '/'-separated parts")
+    body = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in pattern)
+    return re.compile(body + r"\Z")
+
+
 def check_topic_name(name: str) -> str:
     if not isinstance(name, str) or len(name) > MAX_TOPIC_NAME or not _TOPIC_NAME.match(name):
         raise InvalidConfig(f"bad topic name {name!r}: use letters, digits, '_', '-', '.' in "

@@ -1,0 +1,52 @@
+"""Pattern subscriptions (`flights/*`) take in existing and future topics, losing nothing."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.topics import topic_matcher
+
+pytestmark = pytest.mark.ray
+
+
+def test_pattern_matches_one_level():
+    m = topic_matcher("flights/*")
+    assert m.match("flights/JFK") and m.match("flights/x.y-z")
+    assert not m.match("flights/JFK/late") and not m.match("flightsX/JFK")
+    assert not m.match("flights")
+    assert topic_matcher("a/?b").match("a/xb") and not topic_matcher("a/?b").match("a/xyb")
+
+
+def test_bad_pattern_is_a_typed_error(cluster):
+    import scopecast
+
+    with pytest.raises(scopecast.InvalidConfig):
+        cluster.subscriber("flights/*[abc]")
+
+
+def test_pattern_subscriber_gets_existing_and_new_topics_from_the_first_message(cluster,
+                                                                               topic_name):
+    base = topic_name + "/flights"
+    cluster.create_topic(f"{base}/JFK")
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(f"{base}/*")
+    ray.get(consumer.ready.remote())
+    pending = consumer.consume.remote(3 * 200, 60.0)
+    for origin in ("JFK", "LGA", "EWR"):  # LGA and EWR are created after the subscription
+        cluster.create_topic(f"{base}/{origin}")
+        with cluster.publisher(f"{base}/{origin}") as pub:
+            for i in range(200):
+                pub.publish({"origin": origin, "n": i})
+            pub.flush()
+    got = ray.get(pending, timeout=120)
+    assert got["count"] == 600 and got["gaps"] == 0
+    assert got["sources"] == 3
+    assert {k.split("|")[0] for k in got["last_seq"]} == {f"{base}/{o}" for o in
+                                                          ("JFK", "LGA", "EWR")}
+    assert all(seq == 200 for seq in got["last_seq"].values())  # each from seq 1, nothing missing
+    other = cluster.create_topic(f"{base}/JFK/late")  # one level deeper: not matched
+    status = cluster.status()
+    member = next(m for m in status["members"] if f"{base}/*" in m["subscriptions"])
+    assert other.id not in member["subscribes"]
+    ray.get(consumer.close.remote())
