@@ -88,12 +88,12 @@ class ClusterScopeManager:
         self._group_prefix = tuple(cluster["group_prefix"])
         self._port = cluster["port"]
         self._interface = interface
+        # view versions only grow, also across restarts, so no member mistakes a new view for its own
+        self._version = time.time_ns()
         self._topics = {t["name"]: TopicInfo(**t) for t in self._store.topics()}
         self._members = {m["id"]: MemberRecord.reloaded(m) for m in self._store.members()}
         for m in self._members.values():
             self._cover(m)
-        # view versions only grow, also across restarts, so no member mistakes a new view for its own
-        self._version = time.time_ns()
         self._started = time.time()
         log.info("cluster scope manager up: cluster %x, multicast %s.x:%d, state %s, %d topics, "
                  "%d members to confirm", self._cluster_id, ".".join(map(str, self._group_prefix)),
