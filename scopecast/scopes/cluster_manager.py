@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_POLICIES = ("tree", "chain", "star", "lan_multicast", "replicated")
 KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
-MEMBER_TIMEOUT = 60.0
+MEMBER_TIMEOUT = 10.0  # seconds without a heartbeat (a view poll, every 0.2 s) before removal
 
 
 @dataclass(slots=True)
@@ -68,7 +68,7 @@ class ClusterScopeManager:
     """Root scope of a scopecast cluster (a Ray actor; see `scopecast.actors.declare`)."""
 
     def __init__(self, interface: str | None = None, mac: str = "gmac",
-                 state: str | None = None) -> None:
+                 state: str | None = None, member_timeout: float = MEMBER_TIMEOUT) -> None:
         logging.basicConfig(level=logging.INFO)
         self._store = ScopeStore(Path(state) if state else None)
         cluster = self._store.get("cluster")
@@ -88,6 +88,7 @@ class ClusterScopeManager:
         self._group_prefix = tuple(cluster["group_prefix"])
         self._port = cluster["port"]
         self._interface = interface
+        self._member_timeout = member_timeout
         # view versions only grow, also across restarts, so no member mistakes a new view for its own
         self._version = time.time_ns()
         self._topics = {t["name"]: TopicInfo(**t) for t in self._store.topics()}
@@ -275,9 +276,10 @@ class ClusterScopeManager:
 
     def _expire_members(self) -> None:
         now = time.monotonic()
-        dead = [m for m in self._members.values() if now - m.last_seen > MEMBER_TIMEOUT]
+        dead = [m for m in self._members.values() if now - m.last_seen > self._member_timeout]
         for m in dead:
-            log.warning("member %d (%s) silent for %.0fs; removed", m.id, m.name, MEMBER_TIMEOUT)
+            log.warning("member %d (%s) silent for %.0fs; removed", m.id, m.name,
+                        self._member_timeout)
             del self._members[m.id]
             self._store.delete_member(m.id)
         if dead:
