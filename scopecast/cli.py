@@ -74,7 +74,12 @@ def cmd_status(args) -> int:
             print(f"members ({len(status['members'])}):")
             for m in status["members"]:
                 print(f"  {m['id']:<4} {m['name']:<28} {m['host']}:{m['port']:<6} "
-                      f"pub={m['publishes']} sub={m['subscribes']}")
+                      f"pub={m['publishes']} sub={m['subscriptions']}"
+                      + ("" if m["confirmed"] else "  (not yet back after a restart)"))
+                for r in m["channels"]["routes"]:
+                    print(f"         sends topic {r['topic']} to {r['group']}:{r['port']}")
+                for g, p in m["channels"]["groups"]:
+                    print(f"         receives on {g}:{p}")
         return 0
 
 

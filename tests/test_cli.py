@@ -57,3 +57,14 @@ def test_unknown_topic_is_a_typed_error(ray_address):
     out = scopecast("publish", "no/such/topic", address=ray_address, stdin="x\n")
     assert out.returncode == 1
     assert "TopicNotFound" in out.stderr and "create_topic" in out.stderr
+
+
+def test_status_shows_each_members_channels(cluster, topic_name):
+    info = cluster.create_topic(topic_name)
+    with cluster.subscriber(topic_name), cluster.publisher(topic_name):
+        status = cluster.status()
+    me = next(m for m in status["members"] if m["pid"] == os.getpid())
+    assert [info.group, info.port] in [list(g) for g in me["channels"]["groups"]]
+    assert {"topic": info.id, "group": info.group, "port": info.port}.items() <= \
+        next(r for r in me["channels"]["routes"] if r["topic"] == info.id).items()
+    assert topic_name in me["subscriptions"]

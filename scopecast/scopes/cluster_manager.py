@@ -218,6 +218,18 @@ class ClusterScopeManager:
         self._expire_members()
         if have_version == self._version:
             return None
+        return {
+            "version": self._version,
+            "members": [(m.id, m.name, m.host, m.port) for m in self._members.values()
+                        if m.confirmed],
+            "topics": {t.id: t.name for t in self._topics.values()},
+            "sessions": {t.id: t.session for t in self._topics.values()},
+            **self._channels(member),
+        }
+
+    def _channels(self, member: MemberRecord) -> dict:
+        """A member's channels: the groups it receives on, the routes it sends along (one
+        multicast group per topic for now) and, per route destination, the receivers it waits for."""
         by_id = {t.id: t for t in self._topics.values()}
         routes = []
         receivers: dict[str, list[int]] = {}
@@ -229,19 +241,10 @@ class ClusterScopeManager:
                            "group": info.group, "port": info.port})
             receivers[f"{info.group}:{info.port}"] = sorted(
                 m.id for m in self._members.values()
-                if tid in m.subscribes and m.role == "member" and m.id != member_id
+                if tid in m.subscribes and m.role == "member" and m.id != member.id
                 and m.confirmed)
         groups = sorted({(by_id[t].group, by_id[t].port) for t in member.subscribes if t in by_id})
-        return {
-            "version": self._version,
-            "members": [(m.id, m.name, m.host, m.port) for m in self._members.values()
-                        if m.confirmed],
-            "topics": {t.id: t.name for t in self._topics.values()},
-            "sessions": {t.id: t.session for t in self._topics.values()},
-            "groups": groups,
-            "routes": routes,
-            "receivers": receivers,
-        }
+        return {"groups": groups, "routes": routes, "receivers": receivers}
 
     def receivers_ready(self, name: str) -> bool:
         """True once every member subscriber of topic `name` has installed a view that shows it
@@ -258,7 +261,8 @@ class ClusterScopeManager:
             "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
             "version": self._version,
             "topics": [t.to_dict() for t in self.topics()],
-            "members": [m.public() for m in self._members.values()],
+            "members": [{**m.public(), "channels": self._channels(m)}
+                        for m in self._members.values()],
         }
 
     # ------------------------------------------------------------------------------ helpers
