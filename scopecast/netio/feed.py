@@ -153,20 +153,26 @@ class Feed:
     def in_flight(self) -> int:
         return self.sent_bytes - self.base_bytes
 
-    def expect(self, member: int, now: float) -> None:
-        """A receiver the control plane says is there: it holds the window from now on."""
-        if member not in self.acks:
-            self.acks[member] = [self.dseq, now]
+    def set_receivers(self, members: set[int], now: float) -> None:
+        """The receivers the control plane says to wait for: a new one holds the window from now
+        on; one no longer listed (gone, or a client nobody waits for) stops holding it."""
+        for m in [m for m in self.acks if m not in members]:
+            del self.acks[m]
+        for m in members:
+            if m not in self.acks:
+                self.acks[m] = [self.dseq, now]
+        self._advance()
 
-    def acknowledge(self, member: int, dseq: int, now: float) -> None:
+    def acknowledge(self, member: int, dseq: int, now: float) -> bool:
+        """Record a receiver's acknowledgement; False if it is not one this feed waits for."""
         entry = self.acks.get(member)
         if entry is None:
-            self.acks[member] = [dseq, now]
-        else:
-            if dseq > entry[0]:
-                entry[0] = dseq
-            entry[1] = now
+            return False
+        if dseq > entry[0]:
+            entry[0] = dseq
+        entry[1] = now
         self._advance()
+        return True
 
     def _advance(self) -> None:
         low = min((a[0] for a in self.acks.values()), default=self.dseq)

@@ -113,8 +113,10 @@ class Subscriber:
     """Receives messages of one or more topics, in order per sender, without duplicates."""
 
     def __init__(self, element, names: list[str], infos: list[TopicInfo],
-                 on_message: Callable[[Message], None] | None = None) -> None:
+                 on_message: Callable[[Message], None] | None = None,
+                 role: str = "member") -> None:
         self._element = element
+        self.role = role
         self._runtime = element.runtime
         self.topics = list(names)  # as subscribed: names and patterns
         self._sub = Subscription(frozenset(i.id for i in infos),
@@ -201,7 +203,7 @@ class Subscriber:
             return
         self._closed = True
         self._runtime.call_wait(self._runtime.remove_subscription, self._sub)
-        self._element.release(subscriber_of=self.topics)
+        self._element.release(subscriber_of=self.topics, role=self.role)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2.0)
 

@@ -290,11 +290,11 @@ class MemberRuntime:
         self._plans.clear()
         self._own_plans.clear()
         now = time.monotonic()
-        for address, members in (receivers or {}).items():
-            feed = self._feed(address)
-            for m in members:
-                if m != self.member_id:
-                    feed.expect(m, now)
+        receivers = receivers or {}
+        for address in receivers:
+            self._feed(address)
+        for address, feed in self._feeds.items():
+            feed.set_receivers(set(receivers.get(address, ())) - {self.member_id}, now)
 
     def install_groups(self, wanted: set[tuple[str, int]]) -> None:
         """Join exactly the multicast groups in `wanted`."""
@@ -642,7 +642,8 @@ class MemberRuntime:
         if feed is None or dseq > feed.dseq:
             self._drop("bad_ack")
             return
-        feed.acknowledge(sender, dseq, time.monotonic())
+        if not feed.acknowledge(sender, dseq, time.monotonic()):
+            self.stats["acks_ignored"] += 1  # from a client, or a member no longer listed
 
     def _send_acks(self, now: float) -> None:
         self._last_ack = now

@@ -186,12 +186,15 @@ class Cluster:
         self._handles.append(pub)
         return pub
 
-    def subscriber(self, topics: str | list[str], on_message=None) -> Subscriber:
+    def subscriber(self, topics: str | list[str], on_message=None,
+                   role: str = "member") -> Subscriber:
         """Subscribe to topics by name or by pattern (`"flights/*"`: every topic of that form,
-        existing or created later)."""
+        existing or created later). `role="client"` makes a transient subscriber (thesis 3.2.2):
+        nobody waits for it, so a slow client never holds publishers back, and it may miss
+        messages it is too slow for."""
         names = [topics] if isinstance(topics, str) else list(topics)
         element = self._member()
-        sub = Subscriber(element, names, element.subscribe(names), on_message)
+        sub = Subscriber(element, names, element.subscribe(names, role), on_message, role)
         self._handles.append(sub)
         return sub
 

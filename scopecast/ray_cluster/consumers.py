@@ -75,11 +75,11 @@ def consume(sub, expect: int | None = None, timeout: float = 60.0, idle: float |
 class TopicConsumer:
     """A subscriber living in a Ray actor (declare with `ray.remote(num_cpus=0)`)."""
 
-    def __init__(self, topics: str | list[str]) -> None:
+    def __init__(self, topics: str | list[str], role: str = "member") -> None:
         import scopecast
 
         self._cluster = scopecast.connect()
-        self._sub = self._cluster.subscriber(topics)
+        self._sub = self._cluster.subscriber(topics, role=role)
 
     def ready(self) -> bool:
         return True

@@ -44,7 +44,9 @@ class MemberRecord:
     role: str = "member"
     publishes: set[int] = field(default_factory=set)
     subscriptions: set[str] = field(default_factory=set)  # topic names and patterns
-    subscribes: set[int] = field(default_factory=set)      # derived: the topics they cover
+    client_subscriptions: set[str] = field(default_factory=set)  # the same, as a client
+    subscribes: set[int] = field(default_factory=set)  # derived: topics covered either way
+    waited_for: set[int] = field(default_factory=set)  # derived: those covered as a member
     last_seen: float = field(default_factory=time.monotonic)
     installed: int = 0      # the view version the member last said it has installed
     covered_at: dict[int, int] = field(default_factory=dict)  # topic -> version it was covered at
@@ -54,12 +56,14 @@ class MemberRecord:
     def reloaded(cls, body: dict) -> MemberRecord:
         return cls(body["id"], body["name"], body["host"], body["port"], body["pid"],
                    body["node"], body["role"], set(body["publishes"]),
-                   set(body["subscriptions"]), confirmed=False)  # until it checks in again
+                   set(body["subscriptions"]), set(body["client_subscriptions"]),
+                   confirmed=False)  # until it checks in again
 
     def public(self) -> dict:
         return {"id": self.id, "name": self.name, "host": self.host, "port": self.port,
                 "pid": self.pid, "node": self.node, "role": self.role,
                 "publishes": sorted(self.publishes), "subscriptions": sorted(self.subscriptions),
+                "client_subscriptions": sorted(self.client_subscriptions),
                 "subscribes": sorted(self.subscribes),
                 "confirmed": self.confirmed}
 
@@ -131,7 +135,7 @@ class ClusterScopeManager:
         self._topics[name] = info
         self._store.put_topic(name, tid, info.to_dict())
         for m in self._members.values():
-            if any(is_pattern(n) for n in m.subscriptions):
+            if any(is_pattern(n) for n in m.subscriptions | m.client_subscriptions):
                 self._cover(m)
         self._bump()
         log.info("topic %s created (id %d, group %s:%d)", name, tid, group, self._port)
@@ -154,6 +158,7 @@ class ClusterScopeManager:
             if info.id in m.publishes or info.id in m.subscribes:
                 m.publishes.discard(info.id)
                 m.subscriptions.discard(name)
+                m.client_subscriptions.discard(name)
                 self._changed(m)
         self._bump()
 
@@ -161,8 +166,7 @@ class ClusterScopeManager:
 
     def register_member(self, name: str, host: str, port: int, pid: int, node: str,
                         role: str = "member") -> int:
-        if role not in ("member", "client"):
-            raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")
+        _check_role(role)
         mid = self._store.next_id("member")
         self._members[mid] = MemberRecord(mid, name, host, int(port), int(pid), node, role)
         self._changed(self._members[mid])
@@ -175,9 +179,12 @@ class ClusterScopeManager:
             self._bump()
             log.debug("member %d left", member_id)
 
-    def subscribe(self, member_id: int, names: list[str]) -> list[TopicInfo]:
+    def subscribe(self, member_id: int, names: list[str],
+                  role: str = "member") -> list[TopicInfo]:
         """Subscribe to topics by name (which must exist) or by pattern (`flights/*`: existing and
-        future topics); returns the topics covered now."""
+        future topics); returns the topics covered now. As a "client" (3.2.2) the member is a
+        transient subscriber: nobody waits for it."""
+        _check_role(role)
         member = self._member(member_id)
         matched: dict[str, TopicInfo] = {}
         for n in names:
@@ -186,15 +193,16 @@ class ClusterScopeManager:
                 matched.update((t.name, t) for t in self._topics.values() if matcher.match(t.name))
             else:
                 matched[n] = self.topic(n)
-        member.subscriptions.update(names)
+        (member.subscriptions if role == "member" else member.client_subscriptions).update(names)
         self._changed(member)
         return sorted(matched.values(), key=lambda t: t.id)
 
-    def unsubscribe(self, member_id: int, names: list[str]) -> None:
+    def unsubscribe(self, member_id: int, names: list[str], role: str = "member") -> None:
         member = self._members.get(member_id)
         if member is None:
             return
-        member.subscriptions.difference_update(names)
+        (member.subscriptions if role == "member" else member.client_subscriptions
+         ).difference_update(names)
         self._changed(member)
 
     def advertise(self, member_id: int, name: str) -> TopicInfo:
@@ -241,7 +249,7 @@ class ClusterScopeManager:
                            "group": info.group, "port": info.port})
             receivers[f"{info.group}:{info.port}"] = sorted(
                 m.id for m in self._members.values()
-                if tid in m.subscribes and m.role == "member" and m.id != member.id
+                if tid in m.waited_for and m.role == "member" and m.id != member.id
                 and m.confirmed)
         groups = sorted({(by_id[t].group, by_id[t].port) for t in member.subscribes if t in by_id})
         return {"groups": groups, "routes": routes, "receivers": receivers}
@@ -252,7 +260,7 @@ class ClusterScopeManager:
         info = self.topic(name)
         return all(m.installed >= m.covered_at.get(info.id, 0)
                    for m in self._members.values()
-                   if info.id in m.subscribes and m.role == "member" and m.confirmed)
+                   if info.id in m.waited_for and m.role == "member" and m.confirmed)
 
     def status(self) -> dict:
         return {
@@ -289,6 +297,11 @@ class ClusterScopeManager:
         if dead:
             self._bump()
 
+    def _covered(self, names: set[str]) -> set[int]:
+        patterns = [topic_matcher(n) for n in names if is_pattern(n)]
+        return {t.id for t in self._topics.values()
+                if t.name in names or any(p.match(t.name) for p in patterns)}
+
     def _changed(self, member: MemberRecord) -> None:
         self._cover(member)
         self._store.put_member(member.id, member.public())
@@ -296,13 +309,16 @@ class ClusterScopeManager:
 
     def _cover(self, member: MemberRecord) -> None:
         """Recompute the topics a member's subscriptions cover (after its or the topics' change)."""
-        patterns = [topic_matcher(n) for n in member.subscriptions if is_pattern(n)]
-        member.subscribes = {t.id for t in self._topics.values()
-                             if t.name in member.subscriptions
-                             or any(p.match(t.name) for p in patterns)}
+        member.waited_for = self._covered(member.subscriptions)
+        member.subscribes = member.waited_for | self._covered(member.client_subscriptions)
         # the view that first shows a newly covered topic is the next one
         member.covered_at = {t: member.covered_at.get(t, self._version + 1)
                              for t in member.subscribes}
 
     def _bump(self) -> None:
         self._version += 1
+
+
+def _check_role(role: str) -> None:
+    if role not in ("member", "client"):
+        raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")

@@ -54,7 +54,7 @@ class ControlledElement:
         self._lock = threading.Lock()  # serialises view installs (control thread vs callers)
         self._stop = threading.Event()
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
-        self._subscribed: dict[str, int] = {}  # topic -> open Subscriber handles
+        self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         # the runtime needs its member id before it can sign; register with a provisional socket
         runtime = MemberRuntime(0, self.name, hello["key"], config)
         self.member_id = call(manager.register_member, self.name, runtime.address[0],
@@ -67,11 +67,12 @@ class ControlledElement:
 
     # ------------------------------------------------------------------ requests from the API
 
-    def subscribe(self, names: list[str]):
-        """Subscribe this member to `names`; returns their TopicInfos once the groups are joined."""
-        infos = call(self.manager.subscribe, self.member_id, names)
-        for info in infos:
-            self._subscribed[info.name] = self._subscribed.get(info.name, 0) + 1
+    def subscribe(self, names: list[str], role: str = "member"):
+        """Subscribe this member to `names` (topics or patterns) as a member or a client; returns
+        the TopicInfos covered now, once their groups are joined."""
+        infos = call(self.manager.subscribe, self.member_id, names, role)
+        for name in names:
+            self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
         self.refresh()
         return infos
 
@@ -92,13 +93,13 @@ class ControlledElement:
         return info
 
     def release(self, publisher_of: str | None = None,
-                subscriber_of: list[str] | None = None) -> None:
+                subscriber_of: list[str] | None = None, role: str = "member") -> None:
         """A publisher or subscriber closed: leave topics no other handle in this process uses."""
         if publisher_of is not None and _decrement(self._published, publisher_of):
             call(self.manager.unadvertise, self.member_id, publisher_of)
-        gone = [n for n in subscriber_of or () if _decrement(self._subscribed, n)]
+        gone = [n for n in subscriber_of or () if _decrement(self._subscribed, (n, role))]
         if gone:
-            call(self.manager.unsubscribe, self.member_id, gone)
+            call(self.manager.unsubscribe, self.member_id, gone, role)
         self.refresh()
 
     # ------------------------------------------------------------------------- view installs
@@ -153,7 +154,7 @@ class ControlledElement:
         self.runtime.close()
 
 
-def _decrement(counts: dict[str, int], name: str) -> bool:
+def _decrement(counts: dict, name) -> bool:
     """Drop one use of `name`; True when it was the last."""
     left = counts.get(name, 0) - 1
     if left > 0:
