@@ -1,0 +1,276 @@
+"""The receive path of the member runtime: drain sockets, authenticate, deliver runs to
+subscribers in order, forward, reassemble fragments, acknowledge.
+
+A part of `MemberRuntime` (runs on its I/O thread only); the state it uses is set up there."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+
+from scopecast.netio import wire
+from scopecast.netio.delivery import Subscription
+from scopecast.netio.feed import MESSAGE_COST
+from scopecast.netio.message import Message
+from scopecast.netio.reassembly import ReassemblyError
+
+log = logging.getLogger("scopecast.netio.runtime")
+HEADER = wire.HEADER
+
+
+class ReceivePath:
+
+    def _drain(self, sock: socket.socket) -> None:
+        # recvfrom (a fresh bytes object) rather than recv_into a shared buffer: payloads are then
+        # cheap slices of it, and a held datagram needs no copy
+        recv = sock.recvfrom
+        size = self._recv_size
+        while True:
+            try:
+                data, _addr = recv(size)
+            except BlockingIOError:
+                # drained: acknowledge now rather than at the next ack tick, so that a sender
+                # waiting on its window resumes as soon as this burst is taken
+                now = time.monotonic()
+                if now - self._last_ack >= self.config.ack_period / 4:
+                    self._send_acks(now)
+                return
+            except OSError as exc:
+                self.drops["socket_error"] += 1
+                log.debug("recv failed: %s", exc)
+                return
+            self.stats["datagrams_in"] += 1
+            self._on_datagram(data)
+
+    def _on_datagram(self, data: bytes) -> None:
+        n = len(data) - self._trailer
+        if n < HEADER.size:
+            self._drop("truncated")
+            return
+        if not self._auth.check(data, n):
+            self._drop("bad_mac")
+            return
+        try:
+            header = wire.unpack_header(data)
+        except wire.DecodeError as exc:
+            self._drop(exc.reason)
+            return
+        sender = header.sender
+        if sender == self.member_id:
+            self.stats["own_datagrams"] += 1
+            return
+        if sender not in self._members:
+            self._hold(sender, data)
+            return
+        self._dispatch(header, data, n)
+
+    def _dispatch(self, header: wire.Header, data: bytes, n: int) -> None:
+        """Handle an authenticated datagram of a known sender; `n` is its length without MAC."""
+        body = memoryview(data)[:n]
+        try:
+            if header.ptype in wire.DATA_TYPES:
+                self._on_data(header, body, data)
+            else:
+                self._on_control(header, body)
+        except wire.DecodeError as exc:
+            self._drop(exc.reason)
+
+    def _drop(self, reason: str) -> None:
+        self.drops[reason] += 1
+        if self.drops[reason] in (1, 10, 100, 1000) or self.drops[reason] % 10000 == 0:
+            log.warning("dropped datagram: %s (%d so far)", reason, self.drops[reason])
+
+    def _hold(self, sender: int, data: bytes) -> None:
+        """Keep a datagram of a member the control plane has not told us about yet (bounded)."""
+        if len(self._held) >= self.config.held_datagrams:
+            self._drop("unknown_sender")
+            return
+        self._held.append((time.monotonic(), sender, data))
+        self.unknown_sender.set()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, deque()
+        now = time.monotonic()
+        for t, sender, data in held:
+            if sender in self._members:
+                self._dispatch(wire.unpack_header(data), data, len(data) - self._trailer)
+            elif now - t < self.config.unknown_sender_grace:
+                self._held.append((t, sender, data))
+            else:
+                self._drop("unknown_sender")
+
+    def _on_data(self, header: wire.Header, body: memoryview, data: bytes) -> None:
+        routes, off = wire.decode_routes(body, HEADER.size)
+        try:
+            if header.flags & wire.FLAG_FRAGMENT:
+                self._on_fragment(header, body, routes, off)
+            else:
+                # runs are validated as they are read: the runs before a malformed one in an
+                # authenticated datagram are kept
+                for run in wire.iter_runs(body, off, header.count, len(routes)):
+                    self._take_run(data, routes, *run)
+        finally:
+            if self._touched:
+                self._deliver(self._touched)
+                self._touched = []
+        self._note_received(header, len(body))
+
+    def _note_received(self, header: wire.Header, nbytes: int) -> None:
+        key = (header.sender, header.channel)
+        pos = self._recv_pos.get(key)
+        if pos is None:
+            self._recv_pos[key] = [header.dseq, 0, 0.0]
+        elif header.dseq > pos[0]:
+            pos[0] = header.dseq
+
+    def _take_run(self, data: bytes, routes: list, topic: int, source: int, session: int,
+                  first: int, stream: int, first_sseq: int, ctype: int, ridx: int,
+                  lengths: tuple, off: int) -> None:
+        """Deliver and forward one run: FIFO per (topic, source, session), duplicates dropped;
+        order is checked once per run, not per message."""
+        count = len(lengths)
+        key = (topic, source, session)
+        expected = self._next_seq.get(key)
+        if expected is not None and first != expected:
+            if first < expected:
+                skip = min(expected - first, count)
+                self.stats["duplicates"] += skip
+                if skip == count:
+                    return
+                off += sum(lengths[:skip])
+                lengths = lengths[skip:]
+                first += skip
+                first_sseq += skip
+            else:
+                self.stats["gaps"] += 1
+        self._next_seq[key] = first + len(lengths)
+        subs = self._subs.get(topic)
+        forwards = topic in self._routes
+        if not subs and not forwards:
+            return
+        payloads = []
+        append = payloads.append
+        for n in lengths:
+            stop = off + n
+            append(data[off:stop])
+            off = stop
+        route = routes[ridx]
+        if subs:
+            member = self._members.get(source)
+            topic_name = self._topic_names.get(topic) or str(topic)
+            source_name = member.name if member is not None else str(source)
+            out = [Message(topic_name, source_name, session, seq, payload, ctype, route)
+                   for seq, payload in enumerate(payloads, first)]
+            nbytes = sum(lengths) + MESSAGE_COST * len(lengths)
+            for sub in subs:
+                if not sub.inbox:
+                    self._touched.append(sub)
+                sub.inbox.extend(out)
+                sub.inbox_bytes += nbytes
+        if forwards:
+            self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
+                              payloads)
+
+    def _deliver(self, touched: list[Subscription]) -> None:
+        for sub in touched:
+            batch, nbytes = sub.inbox, sub.inbox_bytes
+            sub.inbox = []
+            sub.inbox_bytes = 0
+            sub.delivered_bytes += nbytes
+            self.stats["delivered"] += len(batch)
+            sub.queue.append((batch, nbytes))
+            if sub.waiting and not sub.wake:
+                sub.wake = True
+                self._to_wake.append(sub)
+
+    def _wake_subscribers(self) -> None:
+        """Wake waiting applications once per drained burst, not once per datagram."""
+        for sub in self._to_wake:
+            sub.wake = False
+            sub.event.set()
+        self._to_wake.clear()
+
+    def _on_fragment(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
+        if header.count != 1 or off + wire.FRAGMENT.size > len(body):
+            raise wire.DecodeError("bad_fragment")
+        total, index, count, chunk = wire.FRAGMENT.unpack_from(body, off)
+        runs = list(wire.iter_runs(body, off + wire.FRAGMENT.size, 1, len(routes)))
+        topic, source, session, seq, stream, sseq, ctype, ridx, lengths, start = runs[0]
+        if len(lengths) != 1:
+            raise wire.DecodeError("bad_fragment", "fragment run of several messages")
+        piece = wire.WireMessage(topic, source, session, seq, stream, sseq, ctype, routes[ridx],
+                                 bytes(body[start:start + lengths[0]]))
+        try:
+            whole = self._reassembler.add(header.sender,
+                                          wire.Fragment(piece, total, index, count, chunk))
+        except ReassemblyError as exc:
+            self._drop(exc.reason)
+            return
+        if whole is not None:
+            self.stats["reassembled"] += 1
+            m = whole
+            self._take_run(m.payload, [m.route], m.topic_id, m.source, m.session, m.seq,
+                           m.stream, m.stream_seq, m.content_type, 0, (len(m.payload),), 0)
+
+    def _on_control(self, header: wire.Header, body: memoryview) -> None:
+        header, msg = wire.decode_control(body)
+        if header.ptype == wire.PacketType.CONTROL:
+            if (isinstance(msg, list) and len(msg) == 3 and msg[0] == "ack"
+                    and isinstance(msg[1], int) and isinstance(msg[2], int)):
+                self._on_ack(header.sender, msg[1], msg[2])
+            else:
+                self._drop("bad_control")
+        elif header.ptype == wire.PacketType.END_OF_STREAM:
+            self._note_received(header, len(body))
+            if (isinstance(msg, list) and len(msg) == 3 and all(isinstance(v, int) for v in msg)):
+                self._on_end_of_stream(header.sender, *msg)
+            else:
+                self._drop("bad_control")
+        else:
+            self.stats[f"ignored_{wire.PacketType(header.ptype).name.lower()}"] += 1
+
+    def _on_end_of_stream(self, sender: int, topic: int, session: int, last_seq: int) -> None:
+        subs = self._subs.get(topic, ())
+        member = self._members.get(sender)
+        for sub in subs:
+            sub.ends[(self._topic_names.get(topic, str(topic)),
+                      member.name if member else str(sender), session)] = last_seq
+            if sub.waiting:
+                sub.event.set()
+
+    def _on_ack(self, sender: int, channel: int, dseq: int) -> None:
+        feed = self._feeds_by_channel.get(channel)
+        if feed is None or dseq > feed.dseq:
+            self._drop("bad_ack")
+            return
+        if not feed.acknowledge(sender, dseq, time.monotonic()):
+            self.stats["acks_ignored"] += 1  # from a client, or a member no longer listed
+
+    def _send_acks(self, now: float) -> None:
+        self._last_ack = now
+        for sub_list in self._subs.values():
+            for sub in sub_list:
+                if sub.backlog() > self.config.max_backlog_bytes:
+                    self.stats["acks_withheld"] += 1
+                    return
+        for (sender, channel), pos in self._recv_pos.items():
+            if pos[0] == pos[1] and now - pos[2] < 0.5:
+                continue
+            member = self._members.get(sender)
+            if member is None:
+                continue
+            pos[1] = pos[0]
+            pos[2] = now
+            self._send_control(wire.PacketType.CONTROL, ["ack", channel, pos[0]],
+                               (member.host, member.port))
+
+    def _send_control(self, ptype: int, body, address, channel: int = 0, dseq: int = 0) -> None:
+        data = wire.encode_control(ptype, self.member_id, body, channel, dseq)
+        try:
+            self._sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
+            self.stats["control_out"] += 1
+        except OSError as exc:
+            self.drops["send_error"] += 1
+            log.debug("control send to %s failed: %s", address, exc)

@@ -1,0 +1,250 @@
+"""The send path of the member runtime: take publishes from application threads, queue them per
+destination in chunks of runs, and let each destination pull its next datagram when its window is
+open (QSM's pull-based sending).
+
+A part of `MemberRuntime` (runs on its I/O thread only); the state it uses is set up there.
+
+Feed items are runs (see `wire`) collected into chunks under one routing record; a datagram is its
+header, a one-record routing table and the runs of one chunk."""
+
+from __future__ import annotations
+
+import logging
+import selectors
+
+from scopecast.netio import wire
+from scopecast.netio.delivery import Subscription
+from scopecast.netio.feed import MESSAGE_COST, RUN_COST, Feed
+from scopecast.netio.message import Message
+from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
+from scopecast.scopes.routing import forward, matches
+
+log = logging.getLogger("scopecast.netio.runtime")
+
+
+class SendPath:
+    #
+    # Entries are encoded once (by the publishing thread for own messages, here for forwarded ones)
+    # with routing-table index 0, and queued in chunks per destination: a datagram is then its
+    # header, a one-record routing table and the joined entries of one chunk.
+
+    def _take_publishes(self) -> None:
+        q = self._publish_q
+        capacity = self._capacity
+        me = self.member_id
+        taken = 0
+        queued = 0
+        sseq = 0
+        touched: list[Subscription] = []
+        topic = None
+        plan: list = []
+        feed = record = table = run = None
+        subs: tuple = ()
+        while q:
+            item = q.popleft()
+            if item[0] != topic or not item[2]:
+                topic = item[0]
+                plan = self._own_plans.get(topic) or self._own_plan(topic)
+                # the common case: one destination queue, no filters
+                feed, record, table = plan[0] if (
+                    len(plan) == 1 and plan[0][0].__class__ is Feed) else (None, None, None)
+                run = None
+                subs = self._subs.get(topic, ())
+                if not item[2]:  # end-of-stream marker: (topic, last_seq, 0, b"", session, 0)
+                    self._queue_end_of_stream(plan, topic, item[4], item[1])
+                    topic = None
+                    continue
+            _, seq, sseq, payload, session, ctype = item
+            n = len(payload) + MESSAGE_COST
+            taken += n
+            if run is not None and seq == run.next_seq and sseq == run.next_sseq \
+                    and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
+                    and c.size + n <= c.room:
+                run.payloads.append(payload)  # fast path: extend this publisher's run
+                run.next_seq += 1
+                run.next_sseq += 1
+                c.size += n
+                queued += n
+            elif feed is not None:
+                if not feed.pending():
+                    self._active.append(feed)
+                run = feed.put(record, table, capacity, True, topic, me, session, seq, me, sseq,
+                               ctype, payload)
+                queued += n
+            else:
+                for target, rec, tbl in plan:
+                    queued += self._push(target, rec, tbl, True, topic, me, session, seq, me,
+                                         sseq, ctype, payload)
+            if subs:
+                msg = Message(self._topic_names.get(topic, str(topic)), self.name, session, seq,
+                              payload, ctype, self._origin)
+                for sub in subs:
+                    if not sub.inbox:
+                        touched.append(sub)
+                    sub.inbox.append(msg)
+                    sub.inbox_bytes += n
+        if sseq:
+            self._taken_sseq = sseq
+        self.taken_bytes += taken
+        self.feed_bytes += queued
+        if touched:
+            self._deliver(touched)
+        self._update_handed()
+
+    def _update_handed(self) -> None:
+        low = self._taken_sseq
+        for feed in self._active:
+            first = feed.first_own()
+            if first and first - 1 < low:
+                low = first - 1
+        self.handed = low
+
+    def _own_plan(self, topic: int) -> list:
+        plan = self._plan(topic, self._origin)
+        self._own_plans[topic] = plan
+        return plan
+
+    def _plan(self, topic: int, record: tuple) -> list:
+        """For messages of `topic` carrying `record`: (feed or filtered channel, record after the
+        hop, its encoded routing table)."""
+        plan = []
+        for route in self._routes.get(topic, ()):
+            if matches(record, route.label):
+                after = forward(record, route.label)
+                table = wire.encode_route_table([after])
+                if isinstance(route.channel, FilteredChannel):
+                    plan.append((route.channel, after, table))
+                else:
+                    plan.append((self._feed(route.channel.address), after, table))
+        self._plans[(topic, record)] = plan
+        return plan
+
+    def _push(self, target, record: tuple, table: bytes, own: bool, topic: int, source: int,
+              session: int, seq: int, stream: int, sseq: int, ctype: int, payload: bytes) -> int:
+        """Queue one message for a feed, or for the endpoints a filtered channel picks for it;
+        returns the bytes queued."""
+        feeds = [target] if target.__class__ is Feed else [
+            self._feed(e.address) for e in _resolved(target, topic, source, seq, sseq)]
+        for feed in feeds:
+            if not feed.pending():
+                self._active.append(feed)
+            feed.put(record, table, self._capacity, own, topic, source, session, seq, stream, sseq,
+                     ctype, payload)
+        return (len(payload) + MESSAGE_COST) * len(feeds)
+
+    def _forward_run(self, topic, source, session, first, stream, first_sseq, ctype, record,
+                     payloads: list) -> None:
+        plan = self._plans.get((topic, record))
+        if plan is None:
+            plan = self._plan(topic, record)
+        if not plan:
+            return
+        self.stats["forwarded"] += len(payloads)
+        queued = 0
+        for i, payload in enumerate(payloads):
+            for target, after, table in plan:
+                queued += self._push(target, after, table, False, topic, source, session, first + i,
+                                     stream, first_sseq + i, ctype, payload)
+        self.feed_bytes += queued
+
+    def _queue_end_of_stream(self, plan: list, topic: int, session: int, last_seq: int) -> None:
+        for target, _after, _table in plan:
+            feeds = [target] if target.__class__ is Feed else [
+                self._feed(e.address) for e in endpoints(target)]
+            for feed in feeds:
+                if not feed.pending():
+                    self._active.append(feed)
+                feed.put_end_of_stream((topic, session, last_seq))
+
+    def _feed(self, address: tuple[str, int]) -> Feed:
+        feed = self._feeds.get(address)
+        if feed is None:
+            feed = self._feeds[address] = Feed(address, len(self._feeds) + 1)
+            self._feeds_by_channel[feed.channel] = feed
+        return feed
+
+    def _pump(self) -> bool:
+        """Let destinations pull datagrams while their windows are open and the socket takes them."""
+        if self._want_write:
+            return False
+        if self._stalled is not None:
+            feed, data = self._stalled
+            self._stalled = None
+            if not self._transmit(feed, data):
+                return False
+        active = self._active
+        window = self.config.window_bytes
+        progressed = False
+        for _ in range(len(active)):
+            feed = active.popleft()
+            while feed.pending() and feed.in_flight() < window:
+                if not self._transmit(feed, self._pull(feed)):
+                    break
+                progressed = True
+            if feed.pending():
+                active.append(feed)
+            if self._want_write:
+                break
+        if progressed:
+            self._update_handed()
+        return progressed
+
+    def _pull(self, feed: Feed) -> bytes:
+        """Build the next datagram for `feed`, just in time."""
+        feed.dseq += 1
+        if feed.frag is not None:
+            return self._next_fragment(feed)
+        chunk = feed.take()
+        self.feed_bytes -= chunk.size - RUN_COST * len(chunk.runs)  # what _take_publishes added
+        if chunk.end_of_stream is not None:
+            return wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
+                                       list(chunk.end_of_stream), feed.channel, feed.dseq)
+        if chunk.oversized:
+            room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
+            feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
+            return self._next_fragment(feed)
+        parts: list = []
+        for run in chunk.runs:
+            parts += run.parts()
+        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
+                                chunk.table, len(chunk.runs), parts)
+
+    def _next_fragment(self, feed: Feed) -> bytes:
+        first_own, pieces = feed.frag
+        table, frag, parts = next(pieces)
+        if frag[1] == frag[2] - 1:
+            feed.frag = None
+        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
+                                1, parts, frag)
+
+    def _transmit(self, feed: Feed, datagram: bytes) -> bool:
+        try:
+            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
+        except BlockingIOError:
+            # the kernel's send buffer is full: keep this datagram and resend it when writable
+            self._stalled = (feed, datagram)
+            self._want_write = True
+            self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return False
+        except OSError as exc:
+            self.drops["send_error"] += 1
+            log.warning("send to %s:%d failed: %s", *feed.address, exc)
+        feed.sent_bytes += len(datagram) + self._trailer
+        feed.history.append((feed.dseq, feed.sent_bytes))
+        if not feed.acks:
+            feed.base_bytes = feed.sent_bytes
+        self.stats["datagrams_out"] += 1
+        return True
+
+
+def _pieces(run, chunk: int, table: bytes):
+    """(routing table, fragment struct, run parts) for each fragment of a one-message run."""
+    for frag, piece in wire.fragments(run.payloads[0], chunk):
+        yield table, frag, wire.run_parts(run.topic, run.source, run.session, run.first_seq,
+                                          run.stream, run.first_sseq, run.ctype, 0, [piece])
+
+
+def _resolved(channel, topic: int, source: int, seq: int, sseq: int) -> list:
+    out: list = []
+    resolve(channel, topic, source, seq, sseq, out)
+    return out
