@@ -54,7 +54,8 @@ class Publisher:
         self._publish = element.runtime.publish
         self.topic = info.name
         self._topic_id = info.id
-        self._session = info.session
+        self._sessions = element.runtime.publish_sessions  # moved on by the controlled element
+        self._session = self._sessions.setdefault(info.id, info.session)
         self._max = self._runtime.config.max_message_bytes
         self._seq = 0
         self._last_sseq = 0
@@ -78,9 +79,22 @@ class Publisher:
                                   f"{self._max}; split it or raise the limit in RuntimeConfig")
         if self._closed:
             raise PublisherClosed(f"publisher of {self.topic!r} is closed")
+        if self._sessions[self._topic_id] != self._session:
+            self._next_session()
         self._seq = seq = self._seq + 1
         self._last_sseq = self._publish(self._topic_id, self._session, seq, ctype, payload)
         return seq
+
+    @property
+    def session(self) -> int:
+        """The session this publisher's messages belong to (moves when the topic changes)."""
+        return self._session
+
+    def _next_session(self) -> None:
+        """End the old session's stream and number the new session's messages from 1."""
+        self._runtime.end_stream(self._topic_id, self._session, self._seq)
+        self._session = self._sessions[self._topic_id]
+        self._seq = 0
 
     def flush(self, timeout: float = 10.0) -> None:
         """Return when every message published so far was handed to the socket.

@@ -130,6 +130,10 @@ class ReceivePath:
                   lengths: tuple, off: int) -> None:
         """Deliver and forward one run: FIFO per (topic, source, session), duplicates dropped;
         order is checked once per run, not per message."""
+        announced = self._sessions.get(topic)
+        if announced is not None and session > announced:
+            self.stats["unannounced_session"] += len(lengths)
+            return
         count = len(lengths)
         key = (topic, source, session)
         expected = self._next_seq.get(key)

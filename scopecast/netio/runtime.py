@@ -135,6 +135,8 @@ class MemberRuntime(ReceivePath, SendPath):
         # protocol state, owned by the I/O thread
         self._members: dict[int, MemberInfo] = {}
         self._topic_names: dict[int, str] = {}
+        self._sessions: dict[int, int] = {}      # topic -> latest session announced (I/O thread)
+        self.publish_sessions: dict[int, int] = {}  # topic -> session publishers use (control)
         self._routes: dict[int, list[Route]] = {}
         self._plans: dict[tuple, list] = {}
         self._own_plans: dict[int, list] = {}
@@ -271,8 +273,12 @@ class MemberRuntime(ReceivePath, SendPath):
             del self._recv_pos[key]
         self._release_held()
 
-    def install_topics(self, names: dict[int, str]) -> None:
+    def install_topics(self, names: dict[int, str], sessions: dict[int, int] | None = None) -> None:
+        """Topic names, and the current session of each: a run of a later session is refused
+        until the scope announces it (publishers wait for every member to know it)."""
         self._topic_names = dict(names)
+        if sessions is not None:
+            self._sessions = dict(sessions)
         for sub in self._subscriptions:
             self._match_patterns(sub)
 

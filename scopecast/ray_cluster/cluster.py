@@ -172,6 +172,12 @@ class Cluster:
     def topic(self, name: str) -> TopicInfo:
         return call(self._manager.topic, name)
 
+    def update_topic(self, name: str, policy: str | None = None,
+                     recovery: str | None = None) -> TopicInfo:
+        """Switch a topic's forwarding policy or recovery protocol; starts a new session: publishers
+        end the old one and continue in the new one (seq from 1) once every member knows it."""
+        return call(self._manager.update_topic, name, policy, recovery)
+
     def topics(self) -> list[TopicInfo]:
         return call(self._manager.topics)
 

@@ -18,7 +18,7 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
@@ -96,6 +96,7 @@ class ClusterScopeManager:
         # view versions only grow, also across restarts, so no member mistakes a new view for its own
         self._version = time.time_ns()
         self._topics = {t["name"]: TopicInfo(**t) for t in self._store.topics()}
+        self._session_began: dict[int, int] = {}  # topic -> view version its session began at
         self._members = {m["id"]: MemberRecord.reloaded(m) for m in self._store.members()}
         for m in self._members.values():
             self._cover(m)
@@ -116,12 +117,7 @@ class ClusterScopeManager:
     def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
                      root: str = "", exist_ok: bool = True, options: dict | None = None) -> TopicInfo:
         check_topic_name(name)
-        if policy not in KNOWN_POLICIES:
-            raise InvalidConfig(f"unknown forwarding policy {policy!r}; built-ins are "
-                                f"{', '.join(KNOWN_POLICIES)}")
-        if recovery not in KNOWN_RECOVERY:
-            raise InvalidConfig(f"unknown recovery protocol {recovery!r}; built-ins are "
-                                f"{', '.join(KNOWN_RECOVERY)}")
+        _check_protocols(policy, recovery)
         existing = self._topics.get(name)
         if existing is not None:
             if not exist_ok or (existing.policy, existing.recovery) != (policy, recovery):
@@ -139,6 +135,23 @@ class ClusterScopeManager:
                 self._cover(m)
         self._bump()
         log.info("topic %s created (id %d, group %s:%d)", name, tid, group, self._port)
+        return info
+
+    def update_topic(self, name: str, policy: str | None = None,
+                     recovery: str | None = None) -> TopicInfo:
+        """Change a topic's policy or recovery protocol; this starts a new session (3.2.7):
+        publishers move to it once every member subscriber knows it, ending the old one."""
+        info = self.topic(name)
+        policy = policy or info.policy
+        recovery = recovery or info.recovery
+        _check_protocols(policy, recovery)
+        info = replace(info, policy=policy, recovery=recovery, session=info.session + 1)
+        self._topics[name] = info
+        self._store.put_topic(name, info.id, info.to_dict())
+        self._session_began[info.id] = self._version + 1
+        self._bump()
+        log.info("topic %s: session %d (policy %s, recovery %s)", name, info.session, policy,
+                 recovery)
         return info
 
     def topic(self, name: str) -> TopicInfo:
@@ -256,9 +269,11 @@ class ClusterScopeManager:
 
     def receivers_ready(self, name: str) -> bool:
         """True once every member subscriber of topic `name` has installed a view that shows it
-        (so it has joined the topic's channel): a publisher waits for this before sending."""
+        in its current session (so it has joined the topic's channel and accepts the session): a
+        publisher waits for this before sending, or before moving to a new session."""
         info = self.topic(name)
-        return all(m.installed >= m.covered_at.get(info.id, 0)
+        began = self._session_began.get(info.id, 0)
+        return all(m.installed >= max(m.covered_at.get(info.id, 0), began)
                    for m in self._members.values()
                    if info.id in m.waited_for and m.role == "member" and m.confirmed)
 
@@ -317,6 +332,15 @@ class ClusterScopeManager:
 
     def _bump(self) -> None:
         self._version += 1
+
+
+def _check_protocols(policy: str, recovery: str) -> None:
+    if policy not in KNOWN_POLICIES:
+        raise InvalidConfig(f"unknown forwarding policy {policy!r}; built-ins are "
+                            f"{', '.join(KNOWN_POLICIES)}")
+    if recovery not in KNOWN_RECOVERY:
+        raise InvalidConfig(f"unknown recovery protocol {recovery!r}; built-ins are "
+                            f"{', '.join(KNOWN_RECOVERY)}")
 
 
 def _check_role(role: str) -> None:

@@ -54,6 +54,8 @@ class ControlledElement:
         self._lock = threading.Lock()  # serialises view installs (control thread vs callers)
         self._stop = threading.Event()
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
+        self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
+        self._topic_names: dict[int, str] = {}
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         # the runtime needs its member id before it can sign; register with a provisional socket
         runtime = MemberRuntime(0, self.name, hello["key"], config)
@@ -119,7 +121,12 @@ class ControlledElement:
         """Runs on the I/O thread: swap in the new tables."""
         rt = self.runtime
         rt.install_members([MemberInfo(*m) for m in view["members"]])
-        rt.install_topics({int(k): v for k, v in view["topics"].items()})
+        sessions = {int(k): v for k, v in view["sessions"].items()}
+        self._topic_names = {int(k): v for k, v in view["topics"].items()}
+        rt.install_topics(self._topic_names, sessions)
+        for tid, session in sessions.items():  # topics this process publishes move on later
+            if rt.publish_sessions.get(tid, session) < session:
+                self._session_moves[tid] = session
         rt.install_groups({(g, p) for g, p in view["groups"]})
         routes: dict[int, list[Route]] = {}
         for r in view["routes"]:
@@ -137,9 +144,20 @@ class ControlledElement:
                 break
             try:
                 self.refresh()
+                self._move_sessions()
             except Exception as exc:  # the control plane may be restarting; keep the data plane
                 log.warning("view refresh failed: %s", exc)
                 self._stop.wait(1.0)
+
+    def _move_sessions(self) -> None:
+        """Let this process's publishers move to a topic's new session once every member that
+        subscribes to it has taken the view announcing it (thesis 3.2.7)."""
+        names = self._topic_names
+        for tid, session in list(self._session_moves.items()):
+            if call(self.manager.receivers_ready, names.get(tid, "")):
+                self.runtime.publish_sessions[tid] = session
+                del self._session_moves[tid]
+                log.info("publishers of %s move to session %d", names.get(tid), session)
 
     def close(self) -> None:
         if self._stop.is_set():

@@ -1,0 +1,93 @@
+"""Sessions (thesis 3.2.7): changing a topic starts a new session; publishers end the old one and
+continue in the new one once every member knows it, and subscribers lose nothing in between."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from scopecast.ray_cluster.consumers import TopicConsumer
+
+pytestmark = pytest.mark.ray
+
+
+def test_update_topic_starts_a_new_session_without_loss(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name)
+    ray.get(consumer.ready.remote())
+    with cluster.publisher(topic_name) as pub:
+        for i in range(1000):
+            pub.publish(b"one %d" % i)
+        updated = cluster.update_topic(topic_name, policy="chain")
+        assert updated.session == 2 and updated.policy == "chain"
+        deadline = time.monotonic() + 30
+        total = 1000
+        while pub.session == 1:  # keeps publishing in session 1 until every member knows 2
+            assert time.monotonic() < deadline, "the publisher never moved to session 2"
+            pub.publish(b"more")
+            total += 1
+            time.sleep(0.001)
+        for i in range(1000):
+            pub.publish(b"two %d" % i)
+        total += 1000
+        last_in_two = pub.seq
+        pub.flush()
+    got = ray.get(consumer.consume.remote(total, 60.0), timeout=120)
+    sessions = {int(k.rsplit("|", 1)[1]): seq for k, seq in got["last_seq"].items()}
+    assert set(sessions) == {1, 2}
+    assert sessions[2] == last_in_two >= 1000 and sessions[1] + sessions[2] == total
+    assert got["count"] == total and got["gaps"] == 0 and got["out_of_order"] == 0
+    assert cluster.topic(topic_name).session == 2  # persisted by the root
+    ray.get(consumer.close.remote())
+
+
+def test_a_run_of_an_unannounced_session_is_refused_until_announced():
+    """Subscribers accept a session only when their scope has told them about it."""
+    import os
+
+    from scopecast.netio.delivery import Subscription
+    from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route
+    from scopecast.scopes.channel import UnicastEndpoint
+    from scopecast.scopes.routing import RoutingLabel
+
+    key = os.urandom(32)
+    pub, sub = MemberRuntime(1, "A", key), MemberRuntime(2, "B", key)
+    try:
+        members = [MemberInfo(rt.member_id, rt.name, *rt.address) for rt in (pub, sub)]
+        for rt in (pub, sub):
+            rt.call_wait(rt.install_members, members)
+            rt.call_wait(rt.install_topics, {7: "T"}, {7: 1})
+        inbox = Subscription(frozenset([7]))
+        sub.call_wait(sub.add_subscription, inbox)
+        pub.call_wait(pub.install_routes, {7: [Route(RoutingLabel(("A",), ("B",), 7, "A"),
+                                                     UnicastEndpoint(*sub.address))]})
+
+        def delivered() -> list:
+            out = []
+            while inbox.queue:
+                batch, nbytes = inbox.queue.popleft()
+                inbox.consumed_bytes += nbytes
+                out += batch
+            return out
+
+        def wait_for(predicate) -> None:
+            deadline = time.monotonic() + 10
+            while not predicate():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+        for seq in (1, 2, 3):
+            pub.publish(7, 2, seq, 0, b"early %d" % seq)  # session 2, not yet announced
+        wait_for(lambda: sub.stats["unannounced_session"] == 3)
+        assert delivered() == []
+        sub.call_wait(sub.install_topics, {7: "T"}, {7: 2})
+        for seq in (4, 5):
+            pub.publish(7, 2, seq, 0, b"later %d" % seq)
+        got: list = []
+        wait_for(lambda: got.extend(delivered()) or len(got) >= 2)
+        assert [(m.session, m.seq) for m in got] == [(2, 4), (2, 5)]
+    finally:
+        pub.close()
+        sub.close()
