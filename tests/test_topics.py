@@ -1,0 +1,52 @@
+"""Topic metadata at the root: typed errors for bad requests, idempotent creation, deletion."""
+
+from __future__ import annotations
+
+import pytest
+
+import scopecast
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.mark.parametrize("name", ["", "/lead", "trail/", "two//slashes", "sp ace", "x" * 201,
+                                  "star*"])
+def test_bad_topic_names_are_refused(cluster, name):
+    with pytest.raises(scopecast.InvalidConfig):
+        cluster.create_topic(name)
+
+
+def test_unknown_policy_or_recovery_is_refused(cluster, topic_name):
+    with pytest.raises(scopecast.InvalidConfig, match="built-ins are"):
+        cluster.create_topic(topic_name, policy="no_such_policy")
+    with pytest.raises(scopecast.InvalidConfig, match="built-ins are"):
+        cluster.create_topic(topic_name, recovery="no_such_protocol")
+
+
+def test_create_is_idempotent_but_not_with_other_settings(cluster, topic_name):
+    first = cluster.create_topic(topic_name)
+    assert cluster.create_topic(topic_name) == first
+    with pytest.raises(scopecast.TopicExists):
+        cluster.create_topic(topic_name, policy="chain")
+    with pytest.raises(scopecast.TopicExists):
+        cluster.create_topic(topic_name, exist_ok=False)
+
+
+def test_unknown_topics_are_typed_errors(cluster):
+    with pytest.raises(scopecast.TopicNotFound) as e:
+        cluster.subscriber("no/such/topic")
+    assert isinstance(e.value, KeyError) and "create_topic" in str(e.value)
+    with pytest.raises(scopecast.TopicNotFound):
+        cluster.publisher("no/such/topic")
+    with pytest.raises(scopecast.TopicNotFound):
+        cluster.update_topic("no/such/topic", policy="chain")
+
+
+def test_delete_topic_leaves_others(cluster, topic_name):
+    keep = cluster.create_topic(topic_name + "/keep")
+    cluster.create_topic(topic_name + "/gone")
+    cluster.delete_topic(topic_name + "/gone")
+    names = [t.name for t in cluster.topics()]
+    assert topic_name + "/gone" not in names and keep.name in names
+    with pytest.raises(scopecast.TopicNotFound):
+        cluster.topic(topic_name + "/gone")
