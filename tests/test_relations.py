@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
+from scopecast.netio.runtime import RuntimeConfig
 from scopecast.ray_cluster.consumers import TopicConsumer
 
 pytestmark = pytest.mark.ray
@@ -38,3 +41,23 @@ def test_a_stalled_client_never_holds_the_publisher(cluster, topic_name):
     late = ray.get(client.consume.remote(None, 10.0, 1.0))  # the client, reading at last
     assert late["count"] > 0
     ray.get([member.close.remote(), client.close.remote()])
+
+
+def test_a_client_that_never_reads_stays_bounded_in_memory(cluster, topic_name):
+    """Nobody waits for a client, so its delivery queue is capped (2 x max_backlog_bytes) and what
+    does not fit is dropped and counted, not queued without bound."""
+    cluster.create_topic(topic_name)
+    client = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name, role="client")
+    ray.get(client.ready.remote())
+    with cluster.publisher(topic_name) as pub:
+        for _ in range(100_000):  # ~100 MB, more than the cap
+            pub.publish(b"y" * 1000)
+        pub.flush(timeout=60)
+    deadline = time.monotonic() + 30
+    while (counters := ray.get(client.counters.remote()))["stats"].get(
+            "delivery_overflow", 0) == 0:
+        assert time.monotonic() < deadline, "no overflow was ever counted"
+        time.sleep(0.2)
+    cap = 2 * RuntimeConfig().max_backlog_bytes
+    assert counters["backlog_bytes"] <= cap + RuntimeConfig().window_bytes
+    ray.get(client.close.remote())

@@ -128,6 +128,7 @@ class MemberRuntime(ReceivePath, SendPath):
         self._recv_size = 65_536
         self._capacity = self._datagram - self._trailer
         self._queue_limit = self.config.queue_bytes
+        self._delivery_cap = 2 * self.config.max_backlog_bytes  # see ReceivePath._deliver
         self._origin = origin_record(name)
         self._reassembler = Reassembler(self.config.max_message_bytes,
                                         self.config.reassembly_budget_bytes,
@@ -356,6 +357,7 @@ class MemberRuntime(ReceivePath, SendPath):
                                    "receivers": sorted(f.acks)}
                       for (h, p), f in self._feeds.items()},
             "topics": sorted(self._subs),
+            "backlog_bytes": max((s.backlog() for s in self._subscriptions), default=0),
         }
 
     # -------------------------------------------------------------------------- the I/O loop
