@@ -35,6 +35,13 @@ def test_store_survives_reopen(tmp_path):
     assert again.topics() == [] and again.members() == []
 
 
+def test_state_file_is_private(tmp_path):
+    path = tmp_path / "home" / "state.db"
+    ScopeStore(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600  # the cluster key lives there
+    assert path.parent.stat().st_mode & 0o077 == 0
+
+
 def test_store_refuses_another_schema(tmp_path):
     path = tmp_path / "state.db"
     ScopeStore(path).close()

@@ -33,7 +33,9 @@ class ScopeStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or state_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path.touch(mode=0o600, exist_ok=True)  # it holds the cluster key: owner only
+        os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
