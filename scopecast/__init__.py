@@ -12,6 +12,7 @@ agents; QuickSilver's fast multicast), data over UDP, control through Ray actors
 from scopecast.actors.errors import (
     FlushTimeout,
     InvalidConfig,
+    MemberExpired,
     MessageTooLarge,
     NotConnected,
     PluginRejected,
@@ -30,7 +31,8 @@ from scopecast.scopes.topics import TopicInfo
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "FlushTimeout", "InvalidConfig", "Message", "MessageTooLarge", "NotConnected",
+    "Cluster", "FlushTimeout", "InvalidConfig", "MemberExpired", "Message", "MessageTooLarge",
+    "NotConnected",
     "PluginRejected", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
     "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "connect",
 ]

@@ -54,3 +54,28 @@ def test_subscriber_killed_mid_stream_is_removed_and_the_rest_keep_receiving(
         assert summary["gaps"] == 0 and summary["out_of_order"] == 0
         assert summary["digest"] == expected.hexdigest()
     ray.get([a.close.remote() for a in actors])
+
+
+def test_a_member_the_scope_dropped_rejoins_and_keeps_receiving(cluster, topic_name):
+    """A member whose registration is gone (missed heartbeats, or removed) registers again with the
+    same socket and subscriptions, and receives what is published afterwards."""
+    from scopecast.actors import declare
+
+    cluster.create_topic(topic_name)
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name)
+    ray.get(consumer.ready.remote())
+    old = ray.get(consumer.counters.remote())["member"]
+    manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
+    ray.get(manager.unregister_member.remote(old))  # as its heartbeat timeout would
+    deadline = time.monotonic() + 30
+    while ray.get(consumer.counters.remote())["member"] == old:
+        assert time.monotonic() < deadline, "the dropped member never rejoined"
+        time.sleep(0.2)
+    pending = consumer.consume.remote(500, 60.0)
+    with cluster.publisher(topic_name) as pub:  # the publisher waits for the rejoined member
+        for i in range(500):
+            pub.publish(b"after %d" % i)
+        pub.flush()
+    got = ray.get(pending, timeout=120)
+    assert got["count"] == 500 and got["gaps"] == 0
+    ray.get(consumer.close.remote())

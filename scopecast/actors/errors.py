@@ -26,6 +26,11 @@ class TopicExists(ScopecastError):
     """A topic of that name exists with other settings."""
 
 
+class MemberExpired(ScopecastError):
+    """The scope no longer knows this member (it missed its heartbeats, or was removed); the
+    member's controlled element registers again by itself."""
+
+
 class PluginRejected(ScopecastError):
     """A plug-in failed validation or trust checks."""
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
+from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicExists, TopicNotFound
 from scopecast.netio.auth import new_cluster_key
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import TopicInfo, check_topic_name, is_pattern, topic_matcher
@@ -293,8 +293,8 @@ class ClusterScopeManager:
     def _member(self, member_id: int) -> MemberRecord:
         member = self._members.get(member_id)
         if member is None:
-            raise InvalidConfig(f"member {member_id} is not registered (it may have been expired "
-                                "after missing heartbeats); reconnect")
+            raise MemberExpired(f"member {member_id} is not registered (expired after missing "
+                                "heartbeats, or removed)")
         member.last_seen = time.monotonic()
         if not member.confirmed:
             member.confirmed = True

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import ray
 
-from scopecast.actors.errors import ScopecastError
+from scopecast.actors.errors import MemberExpired, ScopecastError
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.scopes.channel import MulticastGroup
 from scopecast.scopes.routing import RoutingLabel
@@ -57,15 +57,36 @@ class ControlledElement:
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._topic_names: dict[int, str] = {}
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
-        # the runtime needs its member id before it can sign; register with a provisional socket
-        runtime = MemberRuntime(0, self.name, hello["key"], config)
-        self.member_id = call(manager.register_member, self.name, runtime.address[0],
-                              runtime.address[1], os.getpid(), _node_id(), role)
-        runtime.member_id = self.member_id
-        self.runtime = runtime
+        self._role = role
+        # the runtime's socket is the member's address, so it exists before the registration
+        self.runtime = MemberRuntime(0, self.name, hello["key"], config)
+        self._register()
         self.refresh()
         self._thread = threading.Thread(target=self._loop, name="scopecast-control", daemon=True)
         self._thread.start()
+
+    def _register(self) -> None:
+        rt = self.runtime
+        self.member_id = call(self.manager.register_member, self.name, rt.address[0],
+                              rt.address[1], os.getpid(), _node_id(), self._role)
+        rt.member_id = self.member_id
+
+    def _rejoin(self) -> None:
+        """The scope forgot this member (it was silent too long): register again, with the same
+        socket, and take back its subscriptions and publications."""
+        with self._lock:
+            old = self.member_id
+            self._register()
+            for role in ("member", "client"):
+                names = [n for (n, r) in self._subscribed if r == role]
+                if names:
+                    call(self.manager.subscribe, self.member_id, names, role)
+            for name in self._published:
+                call(self.manager.advertise, self.member_id, name)
+            self._version = 0
+        log.warning("member %d had been dropped by its scope; rejoined as member %d", old,
+                    self.member_id)
+        self.refresh()
 
     # ------------------------------------------------------------------ requests from the API
 
@@ -143,8 +164,11 @@ class ControlledElement:
             if self._stop.is_set():
                 break
             try:
-                self.refresh()
-                self._move_sessions()
+                try:
+                    self.refresh()
+                    self._move_sessions()
+                except MemberExpired:
+                    self._rejoin()
             except Exception as exc:  # the control plane may be restarting; keep the data plane
                 log.warning("view refresh failed: %s", exc)
                 self._stop.wait(1.0)
