@@ -197,8 +197,7 @@ def test_random_bytes(make_env):
 def test_truncated_headers(make_env):
     env = make_env()
     good = env.signed(data_body([junk_message(1)]))
-    header_only = bytearray(wire.HEADER.size)
-    wire.pack_header(header_only, wire.PacketType.DATA, 0, 1, JUNK_ID, 1, 1)
+    header_only = wire.pack_header(wire.PacketType.DATA, 0, 1, JUNK_ID, 1, 1)
     entry_cut = data_body([junk_message(1, payload=b"p" * 100)])[:-50]
     variants = [
         good[:10],                                   # a header prefix, no MAC
@@ -335,8 +334,7 @@ def test_malformed_routing_record_at_a_forwarder(make_env):
         env.sub.call_wait(env.sub.install_routes, {TOPIC: [Route(
             RoutingLabel(("B",), ("C",), TOPIC, "B"), UnicastEndpoint(*sink.getsockname()))]})
         routes = msgpack.packb([[[["x"], "J"]]])
-        body = bytearray(wire.HEADER.size)
-        wire.pack_header(body, wire.PacketType.DATA, 0, 1, JUNK_ID, 1, 1)
+        body = bytearray(wire.pack_header(wire.PacketType.DATA, 0, 1, JUNK_ID, 1, 1))
         body += wire.ROUTE_LEN.pack(len(routes)) + routes
         body += wire.RUN.pack(TOPIC, JUNK_ID, SESSION, 1, JUNK_ID, 1, 0, 0, 1) + wire.LENGTH.pack(4)
         body += b"junk"

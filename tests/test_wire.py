@@ -298,8 +298,7 @@ def test_header_errors_have_reasons(raw, reason):
 def _with_routes(routes_bytes: bytes, n_entries: int = 1) -> bytes:
     """A DATA datagram with a hand-made routing table and `n_entries` runs of one empty message
     (route 0)."""
-    out = bytearray(HEADER.size)
-    wire.pack_header(out, PacketType.DATA, 0, n_entries, 1, 1, 1)
+    out = bytearray(wire.pack_header(PacketType.DATA, 0, n_entries, 1, 1, 1))
     out += ROUTE_LEN.pack(len(routes_bytes)) + routes_bytes
     for _ in range(n_entries):
         out += wire.RUN.pack(1, 1, 1, 1, 1, 1, 0, 0, 1) + wire.LENGTH.pack(0)

@@ -17,7 +17,7 @@ class Subscription:
     """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
 
     __slots__ = ("topics", "patterns", "queue", "event", "waiting", "delivered_bytes",
-                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "closed", "wake")
+                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "wake")
 
     def __init__(self, topics: frozenset[int] | set[int], patterns: tuple = ()) -> None:
         self.topics = set(topics)   # grows as topics matching `patterns` appear (I/O thread)
@@ -30,7 +30,6 @@ class Subscription:
         self.inbox: list[Message] = []
         self.inbox_bytes = 0
         self.ends: dict[tuple[str, str, int], int] = {}
-        self.closed = False
         self.wake = False  # queued for a wake-up at the end of the I/O thread's current burst
 
     def backlog(self) -> int:

@@ -112,12 +112,10 @@ class ReceivePath:
                 for run in wire.iter_runs(body, off, header.count, len(routes)):
                     self._take_run(data, routes, *run)
         finally:
-            if self._touched:
-                self._deliver(self._touched)
-                self._touched = []
-        self._note_received(header, len(body))
+            self._deliver()
+        self._note_received(header)
 
-    def _note_received(self, header: wire.Header, nbytes: int) -> None:
+    def _note_received(self, header: wire.Header) -> None:
         key = (header.sender, header.channel)
         pos = self._recv_pos.get(key)
         if pos is None:
@@ -167,17 +165,24 @@ class ReceivePath:
             source_name = member.name if member is not None else str(source)
             out = [Message(topic_name, source_name, session, seq, payload, ctype, route)
                    for seq, payload in enumerate(payloads, first)]
-            nbytes = sum(lengths) + MESSAGE_COST * len(lengths)
-            for sub in subs:
-                if not sub.inbox:
-                    self._touched.append(sub)
-                sub.inbox.extend(out)
-                sub.inbox_bytes += nbytes
+            self._offer(subs, out, sum(lengths) + MESSAGE_COST * len(lengths))
         if forwards:
             self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
                               payloads)
 
-    def _deliver(self, touched: list[Subscription]) -> None:
+    def _offer(self, subs: tuple[Subscription, ...], msgs: list[Message], nbytes: int) -> None:
+        """Put messages in the inboxes of `subs`; `_deliver` hands the inboxes over."""
+        for sub in subs:
+            if not sub.inbox:
+                self._touched.append(sub)
+            sub.inbox.extend(msgs)
+            sub.inbox_bytes += nbytes
+
+    def _deliver(self) -> None:
+        """Hand every filled inbox to its application as one batch."""
+        if not self._touched:
+            return
+        touched, self._touched = self._touched, []
         cap = self._delivery_cap
         for sub in touched:
             batch, nbytes = sub.inbox, sub.inbox_bytes
@@ -234,7 +239,7 @@ class ReceivePath:
             else:
                 self._drop("bad_control")
         elif header.ptype == wire.PacketType.END_OF_STREAM:
-            self._note_received(header, len(body))
+            self._note_received(header)
             if (isinstance(msg, list) and len(msg) == 3 and all(isinstance(v, int) for v in msg)):
                 self._on_end_of_stream(header.sender, *msg)
             else:

@@ -344,8 +344,7 @@ class MemberRuntime(ReceivePath, SendPath):
                 self._subs[t] = rest
             else:
                 self._subs.pop(t, None)
-        sub.closed = True
-        sub.event.set()
+        sub.event.set()  # a receive() waiting on it returns
 
     def snapshot(self) -> dict:
         """Counters and table sizes for status (runs on the I/O thread)."""

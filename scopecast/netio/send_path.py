@@ -13,7 +13,6 @@ import logging
 import selectors
 
 from scopecast.netio import wire
-from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, RUN_COST, Feed
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
@@ -23,10 +22,7 @@ log = logging.getLogger("scopecast.netio.runtime")
 
 
 class SendPath:
-    #
-    # Entries are encoded once (by the publishing thread for own messages, here for forwarded ones)
-    # with routing-table index 0, and queued in chunks per destination: a datagram is then its
-    # header, a one-record routing table and the joined entries of one chunk.
+    """Taking publishes, queueing them per destination, pulling datagrams (see module docstring)."""
 
     def _take_publishes(self) -> None:
         q = self._publish_q
@@ -35,7 +31,6 @@ class SendPath:
         taken = 0
         queued = 0
         sseq = 0
-        touched: list[Subscription] = []
         topic = None
         plan: list = []
         feed = record = table = run = None
@@ -75,20 +70,14 @@ class SendPath:
                 for target, rec, tbl in plan:
                     queued += self._push(target, rec, tbl, True, topic, me, session, seq, me,
                                          sseq, ctype, payload)
-            if subs:
-                msg = Message(self._topic_names.get(topic, str(topic)), self.name, session, seq,
-                              payload, ctype, self._origin)
-                for sub in subs:
-                    if not sub.inbox:
-                        touched.append(sub)
-                    sub.inbox.append(msg)
-                    sub.inbox_bytes += n
+            if subs:  # subscribers in this process get it directly
+                self._offer(subs, [Message(self._topic_names.get(topic, str(topic)), self.name,
+                                           session, seq, payload, ctype, self._origin)], n)
         if sseq:
             self._taken_sseq = sseq
         self.taken_bytes += taken
         self.feed_bytes += queued
-        if touched:
-            self._deliver(touched)
+        self._deliver()
         self._update_handed()
 
     def _update_handed(self) -> None:

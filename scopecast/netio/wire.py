@@ -112,9 +112,9 @@ class Fragment:
     chunk: int
 
 
-def pack_header(buf: bytearray, ptype: int, flags: int, count: int, sender: int, channel: int,
-                dseq: int) -> None:
-    HEADER.pack_into(buf, 0, MAGIC, VERSION, ptype, flags, 0, count, sender, channel, 0, dseq)
+def pack_header(ptype: int, flags: int, count: int, sender: int, channel: int,
+                dseq: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, ptype, flags, 0, count, sender, channel, 0, dseq)
 
 
 def unpack_header(view: memoryview | bytes) -> Header:
@@ -200,8 +200,7 @@ def run_size(count: int, payload_bytes: int) -> int:
 def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes, runs: int,
                 parts: list, fragment: tuple[int, int, int, int] | None = None) -> bytes:
     """A data datagram (without MAC) from an encoded routing table and the parts of `runs` runs."""
-    header = HEADER.pack(MAGIC, VERSION, ptype, FLAG_FRAGMENT if fragment else 0, 0, runs,
-                         sender, channel, 0, dseq)
+    header = pack_header(ptype, FLAG_FRAGMENT if fragment else 0, runs, sender, channel, dseq)
     if fragment is not None:
         return b"".join((header, table, FRAGMENT.pack(*fragment), *parts))
     return b"".join((header, table, *parts))
@@ -309,9 +308,7 @@ def encode_control(ptype: int, sender: int, body: object, channel: int = 0, dseq
     payload = msgpack.packb(body, use_bin_type=True)
     if len(payload) > MAX_CONTROL_BODY:
         raise ValueError(f"control body of {len(payload)} bytes exceeds {MAX_CONTROL_BODY}")
-    buf = bytearray(HEADER.size)
-    pack_header(buf, ptype, 0, 0, sender, channel, dseq)
-    return bytes(buf) + payload
+    return pack_header(ptype, 0, 0, sender, channel, dseq) + payload
 
 
 def decode_control(view: memoryview | bytes) -> tuple[Header, object]:
