@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from scopecast.actors.errors import ScopecastError
+from scopecast.scopes.status import walk
 
 
 def _connect(args):
@@ -65,22 +66,35 @@ def cmd_status(args) -> int:
         if args.json:
             print(json.dumps(status, indent=2, default=str))
         else:
-            print(f"cluster {status['cluster_id']}  (up {status['uptime_s']}s, view "
-                  f"v{status['version']})")
-            print(f"topics ({len(status['topics'])}):")
-            for t in status["topics"]:
-                print(f"  {t['name']:<30} id={t['id']:<5} policy={t['policy']:<14} "
-                      f"session={t['session']}  {t['group']}:{t['port']}")
-            print(f"members ({len(status['members'])}):")
-            for m in status["members"]:
-                print(f"  {m['id']:<4} {m['name']:<28} {m['host']}:{m['port']:<6} "
-                      f"pub={m['publishes']} sub={m['subscriptions']}"
-                      + ("" if m["confirmed"] else "  (not yet back after a restart)"))
-                for r in m["channels"]["routes"]:
-                    print(f"         sends topic {r['topic']} to {r['group']}:{r['port']}")
-                for g, p in m["channels"]["groups"]:
-                    print(f"         receives on {g}:{p}")
+            print(_status_text(status))
         return 0
+
+
+def _status_text(status: dict) -> str:
+    """The scope tree, one line per scope, member and channel."""
+    lines = [f"cluster {status['cluster_id']}  (up {status['uptime_s']}s, state "
+             f"{status['manager']['state']}, {status['directory']} members in the directory)",
+             f"topics ({len(status['topics'])}):"]
+    lines += [f"  {t['name']:<30} id={t['id']:<5} policy={t['policy']:<14} session={t['session']}"
+              + (f" root={t['root']}" if t["root"] else "") for t in status["topics"]]
+    lines.append("scopes:")
+    for scope in walk(status):
+        indent = "  " * (1 + (0 if scope["path"] == "/" else scope["path"].count("/") + 1))
+        group = scope.get("multicast")
+        lines.append(f"{indent}{scope['path']}  [{scope['kind']}, pid {scope['pid']}"
+                     + (f", group {group[0]}:{group[1]}" if group else "") + "]")
+        for tid, t in scope["topics"].items():
+            if t["channels"] or t.get("error"):
+                lines.append(f"{indent}  topic {tid} ({t['policy']}): "
+                             + (", ".join(t["channels"]) or "-")
+                             + (f"  ERROR {t['error']}" if t.get("error") else ""))
+        for m in scope["members"]:
+            lines.append(f"{indent}  member {m['name']} (id {m['id']}, {m['address']}, "
+                         f"{m['role']}) pub={m['publishes']} sub={m['subscriptions']}")
+            lines += [f"{indent}    sends {c['label']} -> {':'.join(map(str, c['endpoint'][1:3]))}"
+                      for c in m["channels"]]
+            lines += [f"{indent}    receives on {g}:{p}" for g, p in m["groups"]]
+    return "\n".join(lines)
 
 
 def cmd_topic(args) -> int:

@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+from scopecast.cli import _status_text
+from scopecast.scopes.status import members
+
 pytestmark = pytest.mark.ray
 
 
@@ -34,7 +37,7 @@ def test_topic_publish_subscribe_status(ray_address, topic_name):
     for _ in range(300):
         status = json.loads(scopecast("status", "--json", address=ray_address).stdout)
         tid = next(t["id"] for t in status["topics"] if t["name"] == topic_name)
-        if any(tid in m["subscribes"] for m in status["members"]):
+        if any(tid in m["subscribes"] for m in members(status)):
             break
     else:
         pytest.fail("the subscriber never joined")
@@ -63,8 +66,7 @@ def test_status_shows_each_members_channels(cluster, topic_name):
     info = cluster.create_topic(topic_name)
     with cluster.subscriber(topic_name), cluster.publisher(topic_name):
         status = cluster.status()
-    me = next(m for m in status["members"] if m["pid"] == os.getpid())
-    assert [info.group, info.port] in [list(g) for g in me["channels"]["groups"]]
-    assert {"topic": info.id, "group": info.group, "port": info.port}.items() <= \
-        next(r for r in me["channels"]["routes"] if r["topic"] == info.id).items()
-    assert topic_name in me["subscriptions"]
+    me = next(m for m in members(status) if m["pid"] == os.getpid())
+    assert me["scope"].startswith("lan0/host-")   # a member's default scope is its host's
+    assert topic_name in me["subscriptions"] and info.id in me["publishes"]
+    assert "scopes:" in _status_text(status) and me["name"] in _status_text(status)

@@ -12,7 +12,11 @@ import pytest
 import ray
 
 from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
-from scopecast.scopes.cluster_manager import MEMBER_TIMEOUT
+from scopecast.scopes.paths import scope_actor_name
+from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
+from scopecast.scopes.status import members
+
+MEMBER_TIMEOUT = DEFAULT_SETTINGS["member_timeout"]
 
 pytestmark = pytest.mark.ray
 
@@ -41,7 +45,7 @@ def test_subscriber_killed_mid_stream_is_removed_and_the_rest_keep_receiving(
         pub.flush(timeout=120)
         # the scope notices the dead member within a few heartbeat timeouts and drops it
         deadline = time.monotonic() + 3 * MEMBER_TIMEOUT + 10
-        while any(m["pid"] == victim.pid for m in cluster.status()["members"]):
+        while any(m["pid"] == victim.pid for m in members(cluster.status())):
             assert time.monotonic() < deadline, "the killed member was never removed"
             time.sleep(0.5)
         for i in range(n + 1, n + more + 1):  # and the survivors get what comes after
@@ -65,7 +69,8 @@ def test_a_member_the_scope_dropped_rejoins_and_keeps_receiving(cluster, topic_n
     consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name)
     ray.get(consumer.ready.remote())
     old = ray.get(consumer.counters.remote())["member"]
-    manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
+    scope = next(m["scope"] for m in members(cluster.status()) if m["id"] == old)
+    manager = declare.lookup(scope_actor_name(scope))
     ray.get(manager.unregister_member.remote(old))  # as its heartbeat timeout would
     deadline = time.monotonic() + 30
     while ray.get(consumer.counters.remote())["member"] == old:

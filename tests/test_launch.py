@@ -42,7 +42,7 @@ def test_up_then_commands_attach_then_down_removes_it(tmp_path):
         assert status["manager"]["state"] == str(tmp_path / "state.db")
         down = scopecast("down", "--ray", "--address", address)
         assert down.returncode == 0, down.stderr
-        assert "removed 1 scopecast actors" in down.stdout
+        assert "removed 3 scopecast actors" in down.stdout  # cluster, LAN and host scopes
     finally:
         left = [p for p in psutil.process_iter(["cmdline"])
                 if f":{port}" in " ".join(p.info["cmdline"] or [])]

@@ -6,6 +6,7 @@ import pytest
 import ray
 
 from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.status import members
 from scopecast.scopes.topics import topic_matcher
 
 pytestmark = pytest.mark.ray
@@ -47,6 +48,6 @@ def test_pattern_subscriber_gets_existing_and_new_topics_from_the_first_message(
     assert all(seq == 200 for seq in got["last_seq"].values())  # each from seq 1, nothing missing
     other = cluster.create_topic(f"{base}/JFK/late")  # one level deeper: not matched
     status = cluster.status()
-    member = next(m for m in status["members"] if f"{base}/*" in m["subscriptions"])
+    member = next(m for m in members(status) if f"{base}/*" in m["subscriptions"])
     assert other.id not in member["subscribes"]
     ray.get(consumer.close.remote())

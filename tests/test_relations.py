@@ -9,32 +9,34 @@ import ray
 
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.status import members
 
 pytestmark = pytest.mark.ray
 
 
 def test_a_stalled_client_never_holds_the_publisher(cluster, topic_name):
-    info = cluster.create_topic(topic_name)
+    cluster.create_topic(topic_name)
     consumer = ray.remote(num_cpus=0)(TopicConsumer)
     member = consumer.remote(topic_name)
     client = consumer.remote(topic_name, role="client")  # subscribes, then never reads
     ray.get([member.ready.remote(), client.ready.remote()])
     n = 40_000
     pending = member.consume.remote(n, 120.0)
-    members = cluster.status()["members"]
-    member_id = next(m["id"] for m in members if topic_name in m["subscriptions"])
-    client_id = next(m["id"] for m in members if topic_name in m["client_subscriptions"])
+    everyone = members(cluster.status())
+    member_id = next(m["id"] for m in everyone if topic_name in m["subscriptions"])
+    client_id = next(m["id"] for m in everyone if topic_name in m["client_subscriptions"])
     with cluster.publisher(topic_name) as pub:
-        timeouts_before = cluster.status()["this_member"]["stats"].get("receiver_timeouts", 0)
-        me = cluster.status()["this_member"]["member"]
-        channels = next(m for m in cluster.status()["members"] if m["id"] == me)["channels"]
-        waited = channels["receivers"][f"{info.group}:{info.port}"]
+        (counters,) = cluster.counters().values()
+        timeouts_before = counters["stats"].get("receiver_timeouts", 0)
+        me = next(m for m in members(cluster.status()) if m["id"] == counters["member"])
+        waited = {i for ids in me["receivers"].values() for i in ids}
         for _ in range(n):
             pub.publish(b"x" * 1000)
         pub.flush(timeout=60)
-        stats = cluster.status()["this_member"]["stats"]
+        (counters,) = cluster.counters().values()
+        stats = counters["stats"]
     assert client_id != member_id
-    assert waited == [member_id]                    # only the member is waited for
+    assert waited == {member_id}                    # only the member is waited for
     assert stats.get("receiver_timeouts", 0) == timeouts_before  # nobody held the publisher
     got = ray.get(pending, timeout=120)
     assert got["count"] == n and got["gaps"] == 0

@@ -274,6 +274,10 @@ class MemberRuntime(ReceivePath, SendPath):
             del self._recv_pos[key]
         self._release_held()
 
+    def held_senders(self) -> set[int]:
+        """Senders of datagrams held because no view named them yet."""
+        return {sender for _t, sender, _data in self._held}
+
     def install_topics(self, names: dict[int, str], sessions: dict[int, int] | None = None) -> None:
         """Topic names, and the current session of each: a run of a later session is refused
         until the scope announces it (publishers wait for every member to know it)."""

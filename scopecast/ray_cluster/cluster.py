@@ -17,6 +17,7 @@ from scopecast.netio.pubsub import Publisher, Subscriber
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
+from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.topics import TopicInfo
 
 log = logging.getLogger(__name__)
@@ -37,26 +38,31 @@ def embedded_ray_options() -> dict:
 
 
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
-            start: bool = True, mac: str = "gmac", interface: str | None = None) -> Cluster:
+            start: bool = True, mac: str = "gmac", interface: str | None = None,
+            name: str | None = None, settings: dict | None = None,
+            lan_label: str | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet
     authenticator of a cluster deployed now, "gmac" or "hmac-sha256"; `interface` the address its
     members use for multicast, default loopback for an embedded Ray and each node's own address
-    otherwise). With `start=False`, raise `NotConnected` instead of starting an embedded Ray or
-    deploying scope managers."""
+    otherwise). `settings` (heartbeat_period, scope_timeout, member_timeout, in seconds) and
+    `lan_label` (the Ray node label that groups hosts into LANs) configure a cluster deployed
+    now. `name` names this process's member in its scopes (default host:pid). With
+    `start=False`, raise `NotConnected` instead of starting an embedded Ray or deploying."""
     owns_ray = attach_ray(address, start)
     if start:
         manager = declare.get_or_create(
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac)
+            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
+            settings=settings, lan_label=lan_label)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:
             raise NotConnected("Ray is running but scopecast is not deployed on it: run "
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
-    return Cluster(manager, hello, owns_ray, config)
+    return Cluster(manager, hello, owns_ray, config, name)
 
 
 def attach_ray(address: str | None = None, start: bool = True) -> bool:
@@ -143,12 +149,13 @@ class Cluster:
     this process a member; `shutdown()` leaves a cluster it attached to running."""
 
     def __init__(self, manager, hello: dict, owns_ray: bool,
-                 config: RuntimeConfig | None = None) -> None:
+                 config: RuntimeConfig | None = None, name: str | None = None) -> None:
         self._manager = manager
         self._hello = hello
         self._owns_ray = owns_ray
         self._config = config
-        self._element: ControlledElement | None = None
+        self._name = name
+        self._elements: dict[str, ControlledElement] = {}  # scope path -> this process's member
         self._lock = threading.Lock()
         self._handles: list = []
 
@@ -157,11 +164,20 @@ class Cluster:
         """The Ray GCS address other processes pass to `connect(address=...)`."""
         return ray.get_runtime_context().gcs_address
 
-    def _member(self) -> ControlledElement:
+    def _member(self, scope: str | None) -> ControlledElement:
+        """This process's member in `scope` (default: its host's scope), made on first use; the
+        scope and its missing ancestors are created under their parents."""
         with self._lock:
-            if self._element is None:
-                self._element = ControlledElement(self._manager, self._hello, self._config)
-            return self._element
+            if scope is None:
+                path = call(self._manager.host_scope, ray.get_runtime_context().get_node_id())
+            else:
+                path = call(self._manager.ensure_scope, scope)
+            element = self._elements.get(path)
+            if element is None:
+                handle = ray.get_actor(scope_actor_name(path), namespace=declare.NAMESPACE)
+                element = self._elements[path] = ControlledElement(
+                    self._manager, handle, path, self._hello, self._config, name=self._name)
+            return element
 
     # ------------------------------------------------------------------------------ topics
 
@@ -179,27 +195,30 @@ class Cluster:
         return call(self._manager.update_topic, name, policy, recovery)
 
     def topics(self) -> list[TopicInfo]:
-        return call(self._manager.topics)
+        return call(self._manager.topics_list)
 
     def delete_topic(self, name: str) -> None:
         call(self._manager.delete_topic, name)
 
     # -------------------------------------------------------------------------- membership
 
-    def publisher(self, topic: str) -> Publisher:
-        element = self._member()
+    def publisher(self, topic: str, scope: str | None = None) -> Publisher:
+        """Publish to `topic` as a member of `scope` (a path such as "X/Q"; default this host's
+        scope)."""
+        element = self._member(scope)
         pub = Publisher(element, element.advertise(topic))
         self._handles.append(pub)
         return pub
 
     def subscriber(self, topics: str | list[str], on_message=None,
-                   role: str = "member") -> Subscriber:
+                   role: str = "member", scope: str | None = None) -> Subscriber:
         """Subscribe to topics by name or by pattern (`"flights/*"`: every topic of that form,
         existing or created later). `role="client"` makes a transient subscriber (thesis 3.2.2):
         nobody waits for it, so a slow client never holds publishers back, and it may miss
-        messages it is too slow for."""
+        messages it is too slow for. `scope` names the member's parent scope path ("X/Q"),
+        created on first use; default this host's scope."""
         names = [topics] if isinstance(topics, str) else list(topics)
-        element = self._member()
+        element = self._member(scope)
         sub = Subscriber(element, names, element.subscribe(names, role), on_message, role)
         self._handles.append(sub)
         return sub
@@ -207,9 +226,13 @@ class Cluster:
     def status(self) -> dict:
         """The cluster's scope state, plus this member's data-plane counters if it is one."""
         status = call(self._manager.status)
-        if self._element is not None:
-            status["this_member"] = self._element.runtime.call_wait(self._element.runtime.snapshot)
+        if self._elements:
+            status["this_process"] = self.counters()
         return status
+
+    def counters(self) -> dict:
+        """Data-plane counters of this process's members, by scope path."""
+        return {path: e.runtime.call_wait(e.runtime.snapshot) for path, e in self._elements.items()}
 
     def shutdown(self) -> None:
         """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""
@@ -219,9 +242,9 @@ class Cluster:
             except Exception as exc:
                 log.warning("closing %r failed: %s", handle, exc)
         self._handles.clear()
-        if self._element is not None:
-            self._element.close()
-            self._element = None
+        for element in self._elements.values():
+            element.close()
+        self._elements.clear()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 

@@ -75,11 +75,12 @@ def consume(sub, expect: int | None = None, timeout: float = 60.0, idle: float |
 class TopicConsumer:
     """A subscriber living in a Ray actor (declare with `ray.remote(num_cpus=0)`)."""
 
-    def __init__(self, topics: str | list[str], role: str = "member") -> None:
+    def __init__(self, topics: str | list[str], role: str = "member", scope: str | None = None,
+                 name: str | None = None) -> None:
         import scopecast
 
-        self._cluster = scopecast.connect()
-        self._sub = self._cluster.subscriber(topics, role=role)
+        self._cluster = scopecast.connect(name=name)
+        self._sub = self._cluster.subscriber(topics, role=role, scope=scope)
 
     def ready(self) -> bool:
         return True
@@ -89,7 +90,8 @@ class TopicConsumer:
         return consume(self._sub, expect, timeout, idle, touch)
 
     def counters(self) -> dict:
-        return self._cluster.status()["this_member"]
+        (counters,) = self._cluster.counters().values()
+        return counters
 
     def close(self) -> None:
         self._sub.close()
@@ -105,14 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--no-digest", action="store_true",
                         help="count and check order only; skip the content digest")
+    parser.add_argument("--scope", help="the member's scope path (default: its host's scope)")
+    parser.add_argument("--name", help="the member's name in its scope (default host:pid)")
     args = parser.parse_args(argv)
     import scopecast
 
-    cluster = scopecast.connect(address=args.address, start=False)
-    sub = cluster.subscriber(args.topic)
+    cluster = scopecast.connect(address=args.address, start=False, name=args.name)
+    sub = cluster.subscriber(args.topic, scope=args.scope)
     print("ready", flush=True)
     summary = consume(sub, args.expect, args.timeout, touch=not args.no_digest)
-    summary["drops"] = cluster.status()["this_member"]["drops"]
+    (counters,) = cluster.counters().values()
+    summary["drops"] = counters["drops"]
     print(json.dumps(summary), flush=True)
     cluster.shutdown()
     return 0

@@ -23,7 +23,7 @@ def run(messages: int = 200_000, subscribers: int = 3, topic: str = "demo/ticks"
     cluster = scopecast.connect()
     try:
         info = cluster.create_topic(topic)
-        say(f"topic {info.name!r} (id {info.id}) on multicast group {info.group}:{info.port}")
+        say(f"topic {info.name!r} (id {info.id}), policy {info.policy}")
         consumer = ray.remote(num_cpus=0)(TopicConsumer)
         actors = [consumer.remote(topic) for _ in range(subscribers)]
         ray.get([a.ready.remote() for a in actors])

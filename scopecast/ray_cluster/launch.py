@@ -72,11 +72,12 @@ def down(address: str | None = None, stop_ray: bool = False) -> dict:
     else:
         from ray.util import list_named_actors
 
-        for entry in list_named_actors(all_namespaces=True):
-            if entry.get("namespace") == declare.NAMESPACE:
-                ray.kill(ray.get_actor(entry["name"], namespace=declare.NAMESPACE),
-                         no_restart=True)
-                removed.append(entry["name"])
+        names = sorted(e["name"] for e in list_named_actors(all_namespaces=True)
+                       if e.get("namespace") == declare.NAMESPACE)
+        # the root first, so that it deploys no scope while the others go
+        for name in sorted(names, key=lambda n: n != declare.CLUSTER_SCOPE_MANAGER):
+            ray.kill(ray.get_actor(name, namespace=declare.NAMESPACE), no_restart=True)
+            removed.append(name)
         ray.shutdown()
     stopped = _stop_head() if stop_ray else 0
     return {"removed_actors": sorted(removed), "stopped_ray_processes": stopped}

@@ -1,15 +1,16 @@
-"""The cluster (root) scope manager: topic metadata, members, and the channels members use.
+"""The cluster (root) scope manager: topics, sessions, the member directory, the hierarchy.
 
-It never touches data (thesis 3.2.6): members ask it for their *view* — the members they may hear
-from, the topic names, the multicast groups to join and their forwarding table — and it answers
-only when the view changed since the version they hold. Members that are plain driver processes
-cannot be called, so every member pulls (Ray actors will also be pushed to, later).
+The root is a `ScopeManager` like any other for layout (its members are the LAN scopes and any
+user scopes at the top), plus what only the root holds, durably in SQLite (`scopes.state`) so that
+Ray restarting the actor loses nothing: the cluster key and settings, topics and their session
+numbers, and the *member directory* — member ids (cluster-wide, never reused) with the name and
+address of each member process, which members consult to recognise datagrams from peers in other
+scopes. The directory is an address book, not scope state: the root's views and channels name only
+its own members. Child scopes re-report within a heartbeat after a restart.
 
-Its durable state (cluster key and settings, topics and sessions, members) lives in SQLite
-(`scopes.state`), so Ray restarting the actor loses nothing: members it knew are taken back once they
-check in again (until then they are left out of every view), and forgotten if they never do.
-
-Foundation scope: one scope, topics disseminated over one IP multicast group each.
+It also deploys the default hierarchy: one LAN scope per value of the Ray node label `lan_label`
+(one LAN, "lan0", when unset) and one host scope per alive Ray node, pinned to it; nodes that join
+later get theirs within a few heartbeats.
 """
 
 from __future__ import annotations
@@ -18,62 +19,35 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicExists, TopicNotFound
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from scopecast.actors import declare
+from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.netio.auth import new_cluster_key
+from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor_name
+from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, ScopeManager
 from scopecast.scopes.state import ScopeStore
-from scopecast.scopes.topics import TopicInfo, check_topic_name, is_pattern, topic_matcher
+from scopecast.scopes.topics import TopicInfo, check_topic_name
 
 log = logging.getLogger(__name__)
 
 KNOWN_POLICIES = ("tree", "chain", "star", "lan_multicast", "replicated")
 KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
-MEMBER_TIMEOUT = 10.0  # seconds without a heartbeat (a view poll, every 0.2 s) before removal
+DEFAULT_LAN = "lan0"
+NODE_CHECK_PERIOD = 2.0
 
 
-@dataclass(slots=True)
-class MemberRecord:
-    id: int
-    name: str
-    host: str
-    port: int
-    pid: int
-    node: str
-    role: str = "member"
-    publishes: set[int] = field(default_factory=set)
-    subscriptions: set[str] = field(default_factory=set)  # topic names and patterns
-    client_subscriptions: set[str] = field(default_factory=set)  # the same, as a client
-    subscribes: set[int] = field(default_factory=set)  # derived: topics covered either way
-    waited_for: set[int] = field(default_factory=set)  # derived: those covered as a member
-    last_seen: float = field(default_factory=time.monotonic)
-    installed: int = 0      # the view version the member last said it has installed
-    covered_at: dict[int, int] = field(default_factory=dict)  # topic -> version it was covered at
-    confirmed: bool = True  # False for records reloaded after a restart, until the member calls
-
-    @classmethod
-    def reloaded(cls, body: dict) -> MemberRecord:
-        return cls(body["id"], body["name"], body["host"], body["port"], body["pid"],
-                   body["node"], body["role"], set(body["publishes"]),
-                   set(body["subscriptions"]), set(body["client_subscriptions"]),
-                   confirmed=False)  # until it checks in again
-
-    def public(self) -> dict:
-        return {"id": self.id, "name": self.name, "host": self.host, "port": self.port,
-                "pid": self.pid, "node": self.node, "role": self.role,
-                "publishes": sorted(self.publishes), "subscriptions": sorted(self.subscriptions),
-                "client_subscriptions": sorted(self.client_subscriptions),
-                "subscribes": sorted(self.subscribes),
-                "confirmed": self.confirmed}
-
-
-class ClusterScopeManager:
-    """Root scope of a scopecast cluster (a Ray actor; see `scopecast.actors.declare`)."""
+class ClusterScopeManager(ScopeManager):
+    """Root scope of a scopecast cluster (an async Ray actor; see `scopecast.actors.declare`)."""
 
     def __init__(self, interface: str | None = None, mac: str = "gmac",
-                 state: str | None = None, member_timeout: float = MEMBER_TIMEOUT) -> None:
-        logging.basicConfig(level=logging.INFO)
+                 state: str | None = None, settings: dict | None = None,
+                 lan_label: str | None = None) -> None:
+        super().__init__("", "cluster", None)
         self._store = ScopeStore(Path(state) if state else None)
         cluster = self._store.get("cluster")
         if cluster is None:
@@ -81,257 +55,196 @@ class ClusterScopeManager:
             prefix = rng.getrandbits(10)
             cluster = {"id": rng.getrandbits(48), "key": new_cluster_key().hex(), "mac": mac,
                        "group_prefix": [239, 192 + (prefix >> 8), prefix & 0xFF],
-                       "port": 40000 + rng.randrange(10000)}
+                       "port": 40000 + rng.randrange(10000), "settings": {}}
             self._store.put("cluster", cluster)
         elif cluster["mac"] != mac:
             log.warning("state %s was created with mac=%s; keeping it (asked for %s)",
                         self._store.path, cluster["mac"], mac)
+        if settings:
+            _check_settings(settings)
+            cluster["settings"] = {**cluster.get("settings", {}), **settings}
+            self._store.put("cluster", cluster)
         self._cluster_id = cluster["id"]
         self._key = bytes.fromhex(cluster["key"])
         self._mac = cluster["mac"]
-        self._group_prefix = tuple(cluster["group_prefix"])
-        self._port = cluster["port"]
         self._interface = interface
-        self._member_timeout = member_timeout
-        # view versions only grow, also across restarts, so no member mistakes a new view for its own
-        self._version = time.time_ns()
-        self._topics = {t["name"]: TopicInfo(**t) for t in self._store.topics()}
-        self._session_began: dict[int, int] = {}  # topic -> view version its session began at
-        self._members = {m["id"]: MemberRecord.reloaded(m) for m in self._store.members()}
-        for m in self._members.values():
-            self._cover(m)
-        self._started = time.time()
-        log.info("cluster scope manager up: cluster %x, multicast %s.x:%d, state %s, %d topics, "
-                 "%d members to confirm", self._cluster_id, ".".join(map(str, self._group_prefix)),
-                 self._port, self._store.path, len(self._topics), len(self._members))
+        self._lan_label = lan_label
+        self.settings = {**DEFAULT_SETTINGS, **cluster.get("settings", {}),
+                         "group_prefix": cluster["group_prefix"], "port": cluster["port"]}
+        fields = set(TopicInfo.__dataclass_fields__)
+        self.topics = {t["id"]: TopicInfo(**{k: v for k, v in t.items() if k in fields})
+                       for t in self._store.topics()}
+        self._directory = {m["id"]: m for m in self._store.members()}
+        self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
+        self._last_node_check = 0.0
+        log.info("cluster scope manager up: cluster %x, state %s, %d topics, %d members in the "
+                 "directory", self._cluster_id, self._store.path, len(self.topics),
+                 len(self._directory))
 
     # ------------------------------------------------------------------------------ cluster
 
-    def hello(self) -> dict:
+    async def hello(self) -> dict:
         """Cluster key and transport settings, for a process that connects."""
+        self._ensure_ticking()
         return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface,
                 "mac": self._mac}
 
+    async def _root_call(self, method: str, *args):
+        return await getattr(self, method)(*args)
+
+    async def _on_tick(self) -> None:
+        await super()._on_tick()
+        if time.monotonic() - self._last_node_check > NODE_CHECK_PERIOD:
+            self._last_node_check = time.monotonic()
+            self._deploy_hosts()
+
+    # ------------------------------------------------------------------------ the hierarchy
+
+    async def host_scope(self, node_id: str) -> str:
+        """The path of the host scope of a Ray node (deployed now if it is new)."""
+        if node_id not in self._hosts_of:
+            self._deploy_hosts()
+        path = self._hosts_of.get(node_id)
+        if path is None:
+            raise InvalidConfig(f"Ray node {node_id[:12]} is not alive in this cluster")
+        return path
+
+    async def ensure_scope(self, path: str) -> str:
+        """Create the scope `path` and its missing ancestors (user scopes); returns the path."""
+        path = check_scope_path(path)
+        parts = path.split("/") if path else []
+        lans = {p.split("/")[0] for p in self._hosts_of.values()}
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            _deploy(sub, "lan" if sub in lans else "user")
+        return path
+
+    def _deploy_hosts(self) -> None:
+        for node in ray.nodes():
+            if not node.get("Alive") or node["NodeID"] in self._hosts_of:
+                continue
+            labels = node.get("Labels") or {}
+            lan = check_scope_path(str(labels.get(self._lan_label, DEFAULT_LAN))
+                                   if self._lan_label else DEFAULT_LAN)
+            host = f"{lan}/host-{node['NodeID'][:8]}"
+            _deploy(lan, "lan")
+            _deploy(host, "host", NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+            self._hosts_of[node["NodeID"]] = host
+            log.info("host scope %s deployed on node %s", host, node["NodeID"][:12])
+
+    # ------------------------------------------------------------------------ the directory
+
+    async def allocate_member(self, name: str, host: str, port: int, pid: int, node: str,
+                              scope: str, member_id: int = 0) -> int:
+        """A cluster-wide member id (the old one for a member registering again)."""
+        old = self._directory.get(member_id)
+        if not (old and old["name"] == name and old["pid"] == pid):
+            member_id = self._store.next_id("member")
+        entry = {"id": member_id, "name": name, "host": host, "port": port, "pid": pid,
+                 "node": node, "scope": scope}
+        self._directory[member_id] = entry
+        self._store.put_member(member_id, entry)
+        return member_id
+
+    async def release_member(self, member_id: int) -> None:
+        if self._directory.pop(member_id, None) is not None:
+            self._store.delete_member(member_id)
+
+    async def lookup_members(self, ids: list[int]) -> list[list]:
+        """Name and address of the members `ids` (those the directory knows)."""
+        out = []
+        for i in ids[:1024]:
+            m = self._directory.get(i)
+            if m is not None:
+                out.append([m["id"], m["name"], m["host"], m["port"]])
+        return out
+
     # ------------------------------------------------------------------------------- topics
 
-    def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
-                     root: str = "", exist_ok: bool = True, options: dict | None = None) -> TopicInfo:
+    async def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
+                           root: str = "", exist_ok: bool = True,
+                           options: dict | None = None) -> TopicInfo:
         check_topic_name(name)
         _check_protocols(policy, recovery)
-        existing = self._topics.get(name)
+        root = check_scope_path(root)
+        existing = self._topic_named(name)
         if existing is not None:
             if not exist_ok or (existing.policy, existing.recovery) != (policy, recovery):
                 raise TopicExists(f"topic {name!r} exists with policy={existing.policy!r}, "
                                   f"recovery={existing.recovery!r}")
             return existing
         tid = self._store.next_id("topic")
-        group = "%d.%d.%d.%d" % (*self._group_prefix, 1 + (tid - 1) % 254)
         info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, root=root,
-                         session=1, group=group, port=self._port, options=dict(options or {}))
-        self._topics[name] = info
-        self._store.put_topic(name, tid, info.to_dict())
-        for m in self._members.values():
-            if any(is_pattern(n) for n in m.subscriptions | m.client_subscriptions):
-                self._cover(m)
-        self._bump()
-        log.info("topic %s created (id %d, group %s:%d)", name, tid, group, self._port)
+                         session=1, options=dict(options or {}))
+        self._save(info)
+        log.info("topic %s created (id %d, policy %s, root %r)", name, tid, policy, root)
         return info
 
-    def update_topic(self, name: str, policy: str | None = None,
-                     recovery: str | None = None) -> TopicInfo:
+    async def update_topic(self, name: str, policy: str | None = None,
+                           recovery: str | None = None) -> TopicInfo:
         """Change a topic's policy or recovery protocol; this starts a new session (3.2.7):
-        publishers move to it once every member subscriber knows it, ending the old one."""
-        info = self.topic(name)
+        publishers move to it once every member knows it, ending the old one."""
+        info = await self.topic(name)
         policy = policy or info.policy
         recovery = recovery or info.recovery
         _check_protocols(policy, recovery)
         info = replace(info, policy=policy, recovery=recovery, session=info.session + 1)
-        self._topics[name] = info
-        self._store.put_topic(name, info.id, info.to_dict())
-        self._session_began[info.id] = self._version + 1
-        self._bump()
+        self._save(info)
         log.info("topic %s: session %d (policy %s, recovery %s)", name, info.session, policy,
                  recovery)
         return info
 
-    def topic(self, name: str) -> TopicInfo:
-        info = self._topics.get(name)
+    def _save(self, info: TopicInfo) -> None:
+        self.topics[info.id] = info
+        self._store.put_topic(info.name, info.id, info.to_dict())
+        for child in self.children.values():
+            if child.kind == "member":
+                self._resolve(child)
+        self._kick()
+
+    async def topic(self, name: str) -> TopicInfo:
+        info = self._topic_named(name)
         if info is None:
             raise TopicNotFound(name)
         return info
 
-    def topics(self) -> list[TopicInfo]:
-        return sorted(self._topics.values(), key=lambda t: t.id)
+    async def topics_list(self) -> list[TopicInfo]:
+        return sorted(self.topics.values(), key=lambda t: t.id)
 
-    def delete_topic(self, name: str) -> None:
-        info = self.topic(name)
-        del self._topics[name]
+    async def delete_topic(self, name: str) -> None:
+        info = await self.topic(name)
+        del self.topics[info.id]
         self._store.delete_topic(name)
-        for m in self._members.values():
-            if info.id in m.publishes or info.id in m.subscribes:
-                m.publishes.discard(info.id)
-                m.subscriptions.discard(name)
-                m.client_subscriptions.discard(name)
-                self._changed(m)
-        self._bump()
+        self._kick()
 
-    # ------------------------------------------------------------------------------ members
+    async def status(self) -> dict:
+        tree = await super().status()
+        return {"cluster_id": f"{self._cluster_id:012x}",
+                "uptime_s": round(time.time() - self._started, 1),
+                "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
+                "settings": {k: v for k, v in self.settings.items() if k in DEFAULT_SETTINGS},
+                "topics": [t.to_dict() for t in sorted(self.topics.values(), key=lambda t: t.id)],
+                "directory": len(self._directory), "scopes": tree}
 
-    def register_member(self, name: str, host: str, port: int, pid: int, node: str,
-                        role: str = "member") -> int:
-        _check_role(role)
-        mid = self._store.next_id("member")
-        self._members[mid] = MemberRecord(mid, name, host, int(port), int(pid), node, role)
-        self._changed(self._members[mid])
-        log.debug("member %d (%s) registered at %s:%d", mid, name, host, port)
-        return mid
 
-    def unregister_member(self, member_id: int) -> None:
-        if self._members.pop(member_id, None) is not None:
-            self._store.delete_member(member_id)
-            self._bump()
-            log.debug("member %d left", member_id)
+def _deploy(path: str, kind: str, strategy=None) -> None:
+    """Create the scope manager of `path` if it is not there (idempotent) and start it."""
+    opts = {"scheduling_strategy": strategy} if strategy is not None else None
+    handle = declare.get_or_create(ScopeManager, scope_actor_name(path), path, kind,
+                                   scope_actor_name(parent_path(path)), ray_options=opts)
+    handle.start.remote()
 
-    def subscribe(self, member_id: int, names: list[str],
-                  role: str = "member") -> list[TopicInfo]:
-        """Subscribe to topics by name (which must exist) or by pattern (`flights/*`: existing and
-        future topics); returns the topics covered now. As a "client" (3.2.2) the member is a
-        transient subscriber: nobody waits for it."""
-        _check_role(role)
-        member = self._member(member_id)
-        matched: dict[str, TopicInfo] = {}
-        for n in names:
-            if is_pattern(n):
-                matcher = topic_matcher(n)
-                matched.update((t.name, t) for t in self._topics.values() if matcher.match(t.name))
-            else:
-                matched[n] = self.topic(n)
-        (member.subscriptions if role == "member" else member.client_subscriptions).update(names)
-        self._changed(member)
-        return sorted(matched.values(), key=lambda t: t.id)
 
-    def unsubscribe(self, member_id: int, names: list[str], role: str = "member") -> None:
-        member = self._members.get(member_id)
-        if member is None:
-            return
-        (member.subscriptions if role == "member" else member.client_subscriptions
-         ).difference_update(names)
-        self._changed(member)
-
-    def advertise(self, member_id: int, name: str) -> TopicInfo:
-        info = self.topic(name)
-        member = self._member(member_id)
-        member.publishes.add(info.id)
-        self._changed(member)
-        return info
-
-    def unadvertise(self, member_id: int, name: str) -> None:
-        member = self._members.get(member_id)
-        info = self._topics.get(name)
-        if member is not None and info is not None:
-            member.publishes.discard(info.id)
-            self._changed(member)
-
-    def view(self, member_id: int, have_version: int = 0) -> dict | None:
-        """The member's view if it changed since `have_version`, else None (also a heartbeat)."""
-        member = self._member(member_id)
-        member.installed = have_version
-        self._expire_members()
-        if have_version == self._version:
-            return None
-        return {
-            "version": self._version,
-            "members": [(m.id, m.name, m.host, m.port) for m in self._members.values()
-                        if m.confirmed],
-            "topics": {t.id: t.name for t in self._topics.values()},
-            "sessions": {t.id: t.session for t in self._topics.values()},
-            **self._channels(member),
-        }
-
-    def _channels(self, member: MemberRecord) -> dict:
-        """A member's channels: the groups it receives on, the routes it sends along (one
-        multicast group per topic for now) and, per route destination, the receivers it waits for."""
-        by_id = {t.id: t for t in self._topics.values()}
-        routes = []
-        receivers: dict[str, list[int]] = {}
-        for tid in sorted(member.publishes):
-            info = by_id.get(tid)
-            if info is None:
-                continue
-            routes.append({"topic": tid, "src": [member.name], "dst": ["*"], "origin": member.name,
-                           "group": info.group, "port": info.port})
-            receivers[f"{info.group}:{info.port}"] = sorted(
-                m.id for m in self._members.values()
-                if tid in m.waited_for and m.role == "member" and m.id != member.id
-                and m.confirmed)
-        groups = sorted({(by_id[t].group, by_id[t].port) for t in member.subscribes if t in by_id})
-        return {"groups": groups, "routes": routes, "receivers": receivers}
-
-    def receivers_ready(self, name: str) -> bool:
-        """True once every member subscriber of topic `name` has installed a view that shows it
-        in its current session (so it has joined the topic's channel and accepts the session): a
-        publisher waits for this before sending, or before moving to a new session."""
-        info = self.topic(name)
-        began = self._session_began.get(info.id, 0)
-        return all(m.installed >= max(m.covered_at.get(info.id, 0), began)
-                   for m in self._members.values()
-                   if info.id in m.waited_for and m.role == "member" and m.confirmed)
-
-    def status(self) -> dict:
-        return {
-            "cluster_id": f"{self._cluster_id:012x}",
-            "uptime_s": round(time.time() - self._started, 1),
-            "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
-            "version": self._version,
-            "topics": [t.to_dict() for t in self.topics()],
-            "members": [{**m.public(), "channels": self._channels(m)}
-                        for m in self._members.values()],
-        }
-
-    # ------------------------------------------------------------------------------ helpers
-
-    def _member(self, member_id: int) -> MemberRecord:
-        member = self._members.get(member_id)
-        if member is None:
-            raise MemberExpired(f"member {member_id} is not registered (expired after missing "
-                                "heartbeats, or removed)")
-        member.last_seen = time.monotonic()
-        if not member.confirmed:
-            member.confirmed = True
-            self._bump()
-        return member
-
-    def _expire_members(self) -> None:
-        now = time.monotonic()
-        dead = [m for m in self._members.values() if now - m.last_seen > self._member_timeout]
-        for m in dead:
-            log.warning("member %d (%s) silent for %.0fs; removed", m.id, m.name,
-                        self._member_timeout)
-            del self._members[m.id]
-            self._store.delete_member(m.id)
-        if dead:
-            self._bump()
-
-    def _covered(self, names: set[str]) -> set[int]:
-        patterns = [topic_matcher(n) for n in names if is_pattern(n)]
-        return {t.id for t in self._topics.values()
-                if t.name in names or any(p.match(t.name) for p in patterns)}
-
-    def _changed(self, member: MemberRecord) -> None:
-        self._cover(member)
-        self._store.put_member(member.id, member.public())
-        self._bump()
-
-    def _cover(self, member: MemberRecord) -> None:
-        """Recompute the topics a member's subscriptions cover (after its or the topics' change)."""
-        member.waited_for = self._covered(member.subscriptions)
-        member.subscribes = member.waited_for | self._covered(member.client_subscriptions)
-        # the view that first shows a newly covered topic is the next one
-        member.covered_at = {t: member.covered_at.get(t, self._version + 1)
-                             for t in member.subscribes}
-
-    def _bump(self) -> None:
-        self._version += 1
+def _check_settings(settings: dict) -> None:
+    for key, value in settings.items():
+        if key not in DEFAULT_SETTINGS:
+            raise InvalidConfig(f"unknown scope setting {key!r}; known: "
+                                f"{', '.join(DEFAULT_SETTINGS)}")
+        if not isinstance(value, (int, float)) or not 0 < value <= 3600:
+            raise InvalidConfig(f"scope setting {key} must be a number of seconds in (0, 3600]")
+    if settings.get("heartbeat_period", 0.5) * 2 > min(settings.get("scope_timeout", 5.0),
+                                                       settings.get("member_timeout", 10.0)):
+        raise InvalidConfig("heartbeat timeouts must be at least twice the heartbeat period")
 
 
 def _check_protocols(policy: str, recovery: str) -> None:
@@ -341,8 +254,3 @@ def _check_protocols(policy: str, recovery: str) -> None:
     if recovery not in KNOWN_RECOVERY:
         raise InvalidConfig(f"unknown recovery protocol {recovery!r}; built-ins are "
                             f"{', '.join(KNOWN_RECOVERY)}")
-
-
-def _check_role(role: str) -> None:
-    if role not in ("member", "client"):
-        raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")

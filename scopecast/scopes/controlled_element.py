@@ -19,19 +19,26 @@ import ray
 
 from scopecast.actors.errors import MemberExpired, ScopecastError
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
-from scopecast.scopes.channel import MulticastGroup
+from scopecast.policies.filters import ModuloFilter
+from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.scopes.routing import RoutingLabel
 
 log = logging.getLogger(__name__)
 
-VIEW_PERIOD = 0.2
-READY_TIMEOUT = 5.0
+WATCH_PERIOD = 1.0   # a standing watch call returns at least this often (the member's heartbeat)
+POLL = 0.05          # how often the control thread looks for unknown senders meanwhile
+READY_TIMEOUT = 10.0
 
 
 def call(method, *args, timeout: float = 60.0, **kwargs):
     """Call a scope-manager method and re-raise our typed errors as themselves."""
+    return call_ref(method.remote(*args, **kwargs), timeout)
+
+
+def call_ref(ref, timeout: float | None = None):
+    """`ray.get` of a scope-manager call, with our typed errors re-raised as themselves."""
     try:
-        return ray.get(method.remote(*args, **kwargs), timeout=timeout)
+        return ray.get(ref, timeout=timeout)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, ScopecastError):
@@ -40,16 +47,22 @@ def call(method, *args, timeout: float = 60.0, **kwargs):
 
 
 class ControlledElement:
-    """One per member process and cluster: owns the `MemberRuntime` and its control thread."""
+    """One per member process, cluster and scope: owns the `MemberRuntime` and its control
+    thread, which keeps one `watch` call open at the member's scope manager (the scope answers it
+    when the member's tables change) and resolves peers the member has not heard of."""
 
-    def __init__(self, manager, hello: dict, config: RuntimeConfig | None = None,
-                 role: str = "member") -> None:
+    def __init__(self, root, manager, scope: str, hello: dict,
+                 config: RuntimeConfig | None = None, role: str = "member",
+                 name: str | None = None) -> None:
+        self.root = root
         self.manager = manager
+        self.scope = scope
         config = replace(config or RuntimeConfig(), mac=hello["mac"])
         if config.transport.interface is None:
             interface = hello.get("interface") or _node_ip()
             config = replace(config, transport=replace(config.transport, interface=interface))
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.member_id = 0
         self._version = 0
         self._lock = threading.Lock()  # serialises view installs (control thread vs callers)
         self._stop = threading.Event()
@@ -57,23 +70,25 @@ class ControlledElement:
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._topic_names: dict[int, str] = {}
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
+        self._siblings: list[MemberInfo] = []
+        self._peers: dict[int, MemberInfo] = {}  # members of other scopes, from the directory
         self._role = role
         # the runtime's socket is the member's address, so it exists before the registration
         self.runtime = MemberRuntime(0, self.name, hello["key"], config)
         self._register()
-        self.refresh()
+        self._fetch()
         self._thread = threading.Thread(target=self._loop, name="scopecast-control", daemon=True)
         self._thread.start()
 
     def _register(self) -> None:
         rt = self.runtime
         self.member_id = call(self.manager.register_member, self.name, rt.address[0],
-                              rt.address[1], os.getpid(), _node_id(), self._role)
+                              rt.address[1], os.getpid(), _node_id(), self._role, self.member_id)
         rt.member_id = self.member_id
 
     def _rejoin(self) -> None:
-        """The scope forgot this member (it was silent too long): register again, with the same
-        socket, and take back its subscriptions and publications."""
+        """The scope forgot this member (silent too long, or the scope restarted): register
+        again, with the same socket and id, and take back its subscriptions and publications."""
         with self._lock:
             old = self.member_id
             self._register()
@@ -84,36 +99,38 @@ class ControlledElement:
             for name in self._published:
                 call(self.manager.advertise, self.member_id, name)
             self._version = 0
-        log.warning("member %d had been dropped by its scope; rejoined as member %d", old,
-                    self.member_id)
-        self.refresh()
+        log.warning("member %d had been dropped by scope %r; rejoined as member %d", old,
+                    self.scope, self.member_id)
 
     # ------------------------------------------------------------------ requests from the API
 
     def subscribe(self, names: list[str], role: str = "member"):
         """Subscribe this member to `names` (topics or patterns) as a member or a client; returns
-        the TopicInfos covered now, once their groups are joined."""
+        the TopicInfos covered now."""
         infos = call(self.manager.subscribe, self.member_id, names, role)
         for name in names:
             self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
-        self.refresh()
+        self._fetch()
         return infos
 
     def advertise(self, name: str):
-        """Make this member a publisher of `name`; returns its TopicInfo once routes are laid and
-        every member subscribed to the topic has joined its channel (a topic created a moment ago
-        reaches pattern subscribers with their next view)."""
+        """Make this member a publisher of `name`; returns its TopicInfo once every scope has in
+        place the channels laid for it (so subscribers known now miss nothing)."""
         info = call(self.manager.advertise, self.member_id, name)
         self._published[name] = self._published.get(name, 0) + 1
-        self.refresh()
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not call(self.manager.receivers_ready, name):
-            if time.monotonic() > deadline:
-                log.warning("subscribers of %s did not take their view within %.0fs; publishing "
-                            "anyway (they may miss the first messages)", name, READY_TIMEOUT)
-                break
-            time.sleep(0.02)
+        self.wait_ready(name)
         return info
+
+    def wait_ready(self, name: str) -> bool:
+        self._fetch()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not call(self.manager.ready):
+            if time.monotonic() > deadline:
+                log.warning("the scopes did not settle within %.0fs for %s; publishing anyway "
+                            "(subscribers may miss the first messages)", READY_TIMEOUT, name)
+                return False
+            time.sleep(0.02)
+        return True
 
     def release(self, publisher_of: str | None = None,
                 subscriber_of: list[str] | None = None, role: str = "member") -> None:
@@ -123,25 +140,25 @@ class ControlledElement:
         gone = [n for n in subscriber_of or () if _decrement(self._subscribed, (n, role))]
         if gone:
             call(self.manager.unsubscribe, self.member_id, gone, role)
-        self.refresh()
 
     # ------------------------------------------------------------------------- view installs
 
-    def refresh(self) -> None:
-        """Fetch the view if it changed and install it in the runtime (waits for the install)."""
+    def _fetch(self) -> None:
+        """Take the member's current tables now, if they changed."""
+        self._take(call(self.manager.watch, self.member_id, self._version, 0))
+
+    def _take(self, view: dict | None) -> None:
         with self._lock:
-            view = call(self.manager.view, self.member_id, self._version)
-            if view is None:
+            if view is None or view["version"] <= self._version:
                 return
             self.runtime.call_wait(self._install, view)
             self._version = view["version"]
-            # tell the scope at once that this view is in place (publishers may be waiting on it)
-            call(self.manager.view, self.member_id, self._version)
 
     def _install(self, view: dict) -> None:
         """Runs on the I/O thread: swap in the new tables."""
         rt = self.runtime
-        rt.install_members([MemberInfo(*m) for m in view["members"]])
+        self._siblings = [MemberInfo(*m) for m in view["members"]]
+        rt.install_members(self._siblings + list(self._peers.values()))
         sessions = {int(k): v for k, v in view["sessions"].items()}
         self._topic_names = {int(k): v for k, v in view["topics"].items()}
         rt.install_topics(self._topic_names, sessions)
@@ -152,36 +169,55 @@ class ControlledElement:
         routes: dict[int, list[Route]] = {}
         for r in view["routes"]:
             label = RoutingLabel(tuple(r["src"]), tuple(r["dst"]), r["topic"], r["origin"])
-            routes.setdefault(r["topic"], []).append(
-                Route(label, MulticastGroup(r["group"], r["port"])))
+            routes.setdefault(r["topic"], []).append(Route(label, _channel(r)))
         receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
         rt.install_routes(routes, receivers)
 
+    def _resolve_peers(self) -> None:
+        """Look up in the directory the members whose datagrams the runtime is holding."""
+        unknown = self.runtime.call_wait(self.runtime.held_senders)
+        unknown -= set(self._peers)
+        if not unknown:
+            return
+        found = call(self.root.lookup_members, sorted(unknown))
+        with self._lock:
+            self._peers.update((m[0], MemberInfo(*m)) for m in found)
+            members = self._siblings + list(self._peers.values())
+            self.runtime.call_wait(self.runtime.install_members, members)
+
     def _loop(self) -> None:
+        pending = None
         while not self._stop.is_set():
-            self.runtime.unknown_sender.wait(VIEW_PERIOD)
-            self.runtime.unknown_sender.clear()
-            if self._stop.is_set():
-                break
             try:
                 try:
-                    self.refresh()
-                    self._move_sessions()
+                    if pending is None:
+                        pending = self.manager.watch.remote(self.member_id, self._version,
+                                                            WATCH_PERIOD)
+                    done, _ = ray.wait([pending], timeout=POLL)
+                    if self.runtime.unknown_sender.is_set():
+                        self.runtime.unknown_sender.clear()
+                        self._resolve_peers()
+                    if done:
+                        ref, pending = pending, None
+                        self._take(call_ref(ref))
+                        self._move_sessions()
                 except MemberExpired:
+                    pending = None
                     self._rejoin()
             except Exception as exc:  # the control plane may be restarting; keep the data plane
+                pending = None
                 log.warning("view refresh failed: %s", exc)
                 self._stop.wait(1.0)
 
     def _move_sessions(self) -> None:
-        """Let this process's publishers move to a topic's new session once every member that
-        subscribes to it has taken the view announcing it (thesis 3.2.7)."""
-        names = self._topic_names
-        for tid, session in list(self._session_moves.items()):
-            if call(self.manager.receivers_ready, names.get(tid, "")):
+        """Let this process's publishers move to a topic's new session once every member knows
+        it (thesis 3.2.7)."""
+        if self._session_moves and call(self.manager.ready):
+            for tid, session in list(self._session_moves.items()):
                 self.runtime.publish_sessions[tid] = session
                 del self._session_moves[tid]
-                log.info("publishers of %s move to session %d", names.get(tid), session)
+                log.info("publishers of %s move to session %d", self._topic_names.get(tid),
+                         session)
 
     def close(self) -> None:
         if self._stop.is_set():
@@ -194,6 +230,15 @@ class ControlledElement:
         except Exception as exc:
             log.debug("unregister failed: %s", exc)
         self.runtime.close()
+
+
+def _channel(route: dict):
+    ep = route["endpoint"]
+    channel = UnicastEndpoint(ep[1], ep[2], ep[3]) if ep[0] == "u" else MulticastGroup(ep[1], ep[2])
+    flt = route.get("filter")
+    if flt:
+        return FilteredChannel(((ModuloFilter(flt[1], flt[2]), channel),))
+    return channel
 
 
 def _decrement(counts: dict, name) -> bool:

@@ -45,8 +45,6 @@ class TopicInfo:
     recovery: str = "token_ring"
     root: str = ""
     session: int = 1
-    group: str = ""
-    port: int = 0
     schema: dict | None = None
     options: dict = field(default_factory=dict)
 

@@ -1,0 +1,135 @@
+"""The forwarding-policy API (thesis 3.2.3): what a policy sees and what it may ask for.
+
+A forwarding policy is an object hosted by a scope, one instance per (scope, topic). The scope's
+policy container feeds it the standard events — a member (a child scope or a member process) became
+interested in the topic or left it, a *source* appeared in the scope (a member that publishes, or
+the member through which the topic's traffic enters the scope) or went away — and the policy answers
+each event with operations on its channels:
+
+    Connect(src, dst, origin, filter=None, replicas=1)   lay a channel src -> dst for messages whose
+                                                         origin in this scope is `origin`
+    Disconnect(src, dst, origin)                         remove it
+
+`dst` may be `MULTICAST` where the scope allows IP multicast (`context.multicast`): one group
+reaches every member of the scope. `replicas=n` asks the container to replicate the channel modulo
+n over n members of the source sub-scope (3.2.4). The policy also picks, among the scope's members,
+the *entry* member at which traffic from outside enters the scope and the *exit* members to which a
+channel leaving the scope is delegated.
+
+Policies are plain Python with no access to the scope manager: everything they know comes through
+`PolicyContext` and the events, and everything they do is the operations they return, which the
+container validates (an operation naming a non-member is ignored and counted). Built-in policies use
+this same API; plug-ins (the Plug-ins issue) subclass `ForwardingPolicy` too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+API_VERSION = 1
+MULTICAST = "*"  # the destination of a channel to the scope's multicast group
+
+
+@dataclass(slots=True, frozen=True)
+class Connect:
+    src: str
+    dst: str
+    origin: str
+    filter: tuple | None = None   # ("modulo", n, k) or None
+    replicas: int = 1
+
+
+@dataclass(slots=True, frozen=True)
+class Disconnect:
+    src: str
+    dst: str
+    origin: str
+
+
+Operation = Connect | Disconnect
+
+
+@dataclass(slots=True, frozen=True)
+class PolicyContext:
+    """What a policy instance may inspect: where it runs and for which topic."""
+
+    scope: str              # the scope's path ("" is the cluster scope)
+    topic: str
+    topic_id: int
+    multicast: bool         # whether this scope may use one IP multicast group for its members
+    options: dict = field(default_factory=dict)  # the topic's options (e.g. {"fanout": 3})
+
+
+class ForwardingPolicy:
+    """Base class of forwarding policies; the default handlers do nothing and choose the first
+    member by name as entry and exit."""
+
+    api_version = API_VERSION
+    name = "base"
+
+    def __init__(self, context: PolicyContext) -> None:
+        self.context = context
+
+    def member_added(self, member: str) -> list[Operation]:
+        return []
+
+    def member_removed(self, member: str) -> list[Operation]:
+        return []
+
+    def source_added(self, member: str) -> list[Operation]:
+        return []
+
+    def source_removed(self, member: str) -> list[Operation]:
+        return []
+
+    def entry(self, members: list[str]) -> str:
+        """The member that traffic entering the scope is sent to (`members` sorted by name)."""
+        return members[0]
+
+    def exits(self, members: list[str], replicas: int) -> list[str]:
+        """The members a channel leaving the scope is delegated to (`replicas` of them)."""
+        return members[:replicas]
+
+
+class LayoutPolicy(ForwardingPolicy):
+    """A policy defined by the channels it wants for its current members and sources: each event
+    updates those sets and returns the difference between the old and new layout as operations."""
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        self.members: set[str] = set()
+        self.sources: set[str] = set()
+        self._laid: dict[tuple[str, str, str], Connect] = {}
+
+    def layout(self, members: list[str], sources: list[str]) -> list[Connect]:
+        """The channels wanted (members and sources sorted by name)."""
+        raise NotImplementedError
+
+    def member_added(self, member: str) -> list[Operation]:
+        self.members.add(member)
+        return self._relay()
+
+    def member_removed(self, member: str) -> list[Operation]:
+        self.members.discard(member)
+        return self._relay()
+
+    def source_added(self, member: str) -> list[Operation]:
+        self.sources.add(member)
+        return self._relay()
+
+    def source_removed(self, member: str) -> list[Operation]:
+        self.sources.discard(member)
+        return self._relay()
+
+    def _relay(self) -> list[Operation]:
+        wanted = {(c.src, c.dst, c.origin): c
+                  for c in self.layout(sorted(self.members), sorted(self.sources))}
+        ops: list[Operation] = [Disconnect(*k) for k in self._laid if k not in wanted]
+        ops += [c for k, c in wanted.items() if self._laid.get(k) != c]
+        self._laid = wanted
+        return ops
+
+
+def audience(origin: str, members: list[str]) -> list[str]:
+    """The members a message from `origin` must reach, in name order, origin first."""
+    return [origin] + [m for m in members if m != origin]

@@ -1,0 +1,181 @@
+"""The policy container of one scope (thesis 3.2.3).
+
+Per topic it keeps what the topic's policy instance was last told (interested members, sources),
+turns changes into the standard events, sends them to the policy actor, and applies the operations
+that come back to the topic's channel set after checking them: an operation naming a non-member or
+a non-source, or a malformed one, is ignored, logged and counted — a policy cannot make the scope
+lay a channel to someone who is not there. The channel sets of all topics are what the scope
+manager superimposes and delegates; the container itself never calls Ray (`PolicyCalls` does).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from scopecast.policies.api import MULTICAST
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Channel:
+    src: str
+    dst: str
+    origin: str
+    filter: tuple | None = None
+    replicas: int = 1
+
+
+@dataclass(slots=True)
+class TopicLayout:
+    policy: str
+    context: dict
+    members: set[str] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)
+    channels: dict[tuple[str, str, str], Channel] = field(default_factory=dict)
+    entry: str | None = None
+    exits: dict[int, list[str]] = field(default_factory=dict)  # replicas -> members
+    choices_for: tuple | None = None
+    error: str | None = None
+    fresh: bool = True  # the policy actor has no instance yet (or lost it)
+
+
+class PolicyContainer:
+    def __init__(self, scope: str, multicast: bool) -> None:
+        self.scope = scope
+        self.multicast = multicast
+        self.topics: dict[int, TopicLayout] = {}
+        self.rejected: Counter[str] = Counter()
+
+    # ---------------------------------------------------------------------------- requests
+
+    def requests(self, wanted: dict[int, dict], phase: str) -> dict[str, list[dict]]:
+        """Batch items per policy module for the topics' wanted state (`wanted[topic]`: policy,
+        context, members, sources, candidates, replicas). Phase "choices" asks for the entry and
+        exit members where the candidates changed; phase "events" sends the events."""
+        batches: dict[str, list[dict]] = {}
+        if phase == "choices":
+            for topic in [t for t in self.topics if t not in wanted]:
+                old = self.topics.pop(topic)
+                batches.setdefault(old.policy, []).append({"topic": topic, "drop": True})
+        for topic, w in wanted.items():
+            layout = self.topics.get(topic)
+            if layout is None or layout.policy != w["policy"]:
+                if layout is not None:
+                    batches.setdefault(layout.policy, []).append({"topic": topic, "drop": True})
+                layout = self.topics[topic] = TopicLayout(w["policy"], w["context"])
+            item = self._choices(topic, layout, w) if phase == "choices" else \
+                self._events(topic, layout, w)
+            if item is not None:
+                batches.setdefault(layout.policy, []).append(item)
+        return batches
+
+    def _choices(self, topic: int, layout: TopicLayout, w: dict) -> dict | None:
+        choices = (tuple(w["candidates"]), tuple(sorted(w["replicas"])))
+        if choices == layout.choices_for or not w["candidates"]:
+            return None
+        return {"topic": topic, "context": layout.context, "members": list(choices[0]),
+                "replicas": list(choices[1]), "_choices": choices}
+
+    def _events(self, topic: int, layout: TopicLayout, w: dict) -> dict | None:
+        item: dict = {"topic": topic, "context": layout.context}
+        if layout.fresh:
+            item["reset"] = True
+            layout.members, layout.sources, layout.channels = set(), set(), {}
+        events = ([("member_removed", m) for m in sorted(layout.members - w["members"])]
+                  + [("source_removed", s) for s in sorted(layout.sources - w["sources"])]
+                  + [("member_added", m) for m in sorted(w["members"] - layout.members)]
+                  + [("source_added", s) for s in sorted(w["sources"] - layout.sources)])
+        if not events and not layout.fresh:
+            return None
+        item["events"] = events
+        item["_members"], item["_sources"] = set(w["members"]), set(w["sources"])
+        return item
+
+    # ----------------------------------------------------------------------------- results
+
+    def apply(self, item: dict, result: dict | None) -> None:
+        """Apply a policy actor's answer to the batch item it was given (None: no answer)."""
+        layout = self.topics.get(item["topic"])
+        if layout is None or item.get("drop"):
+            return
+        if result is None or result.get("error"):
+            layout.error = (result or {}).get("error") or "policy actor did not answer"
+            layout.fresh = True  # send the whole state again next time
+            return
+        layout.error = None
+        if "_choices" in item:
+            self._apply_choices(layout, item, result)
+            return
+        layout.fresh = False
+        layout.members, layout.sources = item["_members"], item["_sources"]
+        for op in result.get("ops", ()):
+            self._op(layout, op)
+        # channels whose ends are no longer there go, whatever the policy said
+        known = layout.members | layout.sources | {MULTICAST}
+        for key in [k for k in layout.channels if k[0] not in known or k[1] not in known
+                    or k[2] not in layout.sources]:
+            del layout.channels[key]
+
+    def _apply_choices(self, layout: TopicLayout, item: dict, result: dict) -> None:
+        layout.choices_for = item["_choices"]
+        candidates = set(item["members"])
+        entry = result.get("entry")
+        layout.entry = entry if entry in candidates else self._reject("entry", entry)
+        layout.exits = {}
+        for n, chosen in zip(item["replicas"], result.get("exits", ()), strict=False):
+            good = [m for m in chosen if m in candidates] if isinstance(chosen, list) else []
+            if not isinstance(chosen, list) or len(good) != len(chosen):
+                self._reject("exit", chosen)
+            layout.exits[n] = good[:n]
+
+    def _op(self, layout: TopicLayout, op) -> None:
+        try:
+            kind, src, dst, origin = op[0], op[1], op[2], op[3]
+        except (TypeError, IndexError, KeyError):
+            self._reject("malformed", op)
+            return
+        ends = layout.members | layout.sources
+        if kind == "disconnect":
+            layout.channels.pop((src, dst, origin), None)
+            return
+        if kind != "connect" or len(op) != 6:
+            self._reject("malformed", op)
+            return
+        flt, replicas = op[4], op[5]
+        if (src not in ends or origin not in layout.sources or src == dst
+                or not (dst in ends or (dst == MULTICAST and self.multicast))):
+            self._reject("non-member", op)
+            return
+        if not isinstance(replicas, int) or not 1 <= replicas <= 64 or not _good_filter(flt):
+            self._reject("malformed", op)
+            return
+        layout.channels[(src, dst, origin)] = Channel(src, dst, origin, flt, replicas)
+
+    def _reject(self, why: str, what) -> None:
+        self.rejected[why] += 1
+        log.warning("scope %r: policy operation ignored (%s): %.200r", self.scope, why, what)
+        return None
+
+    def covered(self, topic: int) -> bool:
+        """Whether this scope reaches its members of `topic` through its multicast group."""
+        layout = self.topics.get(topic)
+        return layout is not None and any(c.dst == MULTICAST for c in layout.channels.values())
+
+    def describe(self) -> dict:
+        return {str(t): {"policy": lay.policy, "members": sorted(lay.members),
+                         "sources": sorted(lay.sources), "entry": lay.entry,
+                         "channels": [f"{c.src}->{c.dst} (origin {c.origin})"
+                                      + (f" x{c.replicas}" if c.replicas > 1 else "")
+                                      for c in lay.channels.values()],
+                         **({"error": lay.error} if lay.error else {})}
+                for t, lay in self.topics.items()}
+
+
+def _good_filter(flt) -> bool:
+    if flt is None:
+        return True
+    return (isinstance(flt, (list, tuple)) and len(flt) == 3 and flt[0] == "modulo"
+            and isinstance(flt[1], int) and isinstance(flt[2], int) and 0 <= flt[2] < flt[1] <= 64)

@@ -1,0 +1,717 @@
+"""A scope manager (thesis 3.2.2-3.2.6, 3.2.10): one Ray actor per scope — host, LAN, a user's
+scope such as `X/Q`, or the cluster (root, `cluster_manager`).
+
+It knows its parent and its *members*: child scopes and member processes, never anything two levels
+down. Upward, it reports what its subtree subscribes to and publishes (cascading subscription: the
+first subscriber in a scope makes the scope subscribe in its parent, the last one leaving withdraws
+it) and *offers* for each topic the endpoint at which traffic enters it. Downward, it receives from
+its parent the topic table, sessions and the channels delegated to it, and pushes to each member its
+own delegation — to a child scope through `install`, to a member process as the answer to the
+member's standing `watch` call (a Ray actor cannot call into a user's process, so each member keeps
+one call open and the scope answers it the moment the member's tables change).
+
+Per topic, the policy container (`container`) runs the topic's forwarding policy in a policy actor
+and keeps the channels it lays; `_relayout` superimposes them with the channels delegated from above
+and hands each to the member it concerns. Everything is state-based and idempotent: reports double
+as heartbeats, a child silent for `scope_timeout` (a member for `member_timeout`) is removed and the
+channels are laid again around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import ray
+
+from scopecast.actors import declare
+from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicNotFound
+from scopecast.policies.api import MULTICAST
+from scopecast.policies.host import PolicyHost
+from scopecast.scopes.container import Channel, PolicyContainer
+from scopecast.scopes.layout import Offer, multicast_path, pad, sending_path
+from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0}
+POLICY_TIMEOUT = 10.0
+WATCH_TIMEOUT = 1.0
+MULTICAST_KINDS = ("lan", "host", "user")
+
+
+@dataclass(slots=True)
+class Child:
+    """A member of this scope: a member process or a child scope."""
+
+    name: str
+    kind: str                      # "member" or "scope"
+    id: int = 0                    # member processes: cluster-wide member id
+    host: str = ""
+    port: int = 0
+    pid: int = 0
+    node: str = ""
+    role: str = "member"
+    subscriptions: set[str] = field(default_factory=set)         # names and patterns
+    client_subscriptions: set[str] = field(default_factory=set)
+    subs: dict[int, str] = field(default_factory=dict)           # topic -> "member" | "client"
+    pubs: set[int] = field(default_factory=set)
+    handle: object = None          # child scopes: their actor
+    depth: int = 1
+    regular: bool = True           # has forwarding duty (not only client subscriptions)
+    offers: dict[int, Offer] = field(default_factory=dict)
+    joined: dict[str, list[int]] = field(default_factory=dict)
+    incarnation: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+    sent_version: int = 0          # version of the last delegation or view sent
+    sent: object = None            # its content, to send only changes
+    acked: int = 0                 # version the child says it has in place
+    wake: asyncio.Event | None = None
+
+    def record(self) -> dict:
+        if self.kind == "member":
+            return {"name": self.name, "id": self.id, "address": f"{self.host}:{self.port}",
+                    "pid": self.pid, "node": self.node, "role": "member" if self.regular
+                    else "client", "subscriptions": sorted(self.subscriptions),
+                    "client_subscriptions": sorted(self.client_subscriptions),
+                    "subscribes": sorted(self.subs), "publishes": sorted(self.pubs),
+                    "view": self.sent_version, "installed": self.acked, **_channels(self.sent)}
+        return {"name": self.name, "depth": self.depth, "subscribes": sorted(self.subs),
+                "publishes": sorted(self.pubs), "delegated": self.sent_version,
+                "installed": self.acked}
+
+
+class ScopeManager:
+    """A scope of the hierarchy; see the module docstring. Async Ray actor."""
+
+    def __init__(self, path: str, kind: str, parent: str | None) -> None:
+        logging.basicConfig(level=logging.INFO)
+        self.path = path
+        self.kind = kind
+        self.name = path.rsplit("/", 1)[-1] if path else ""
+        self._parent_name = parent
+        self._parent = None
+        self.incarnation = random.getrandbits(48)
+        self.settings = dict(DEFAULT_SETTINGS)
+        self.topics: dict[int, TopicInfo] = {}
+        self.children: dict[str, Child] = {}
+        self._by_id: dict[int, str] = {}
+        self.multicast = kind in MULTICAST_KINDS
+        self.container = PolicyContainer(path, self.multicast)
+        self.delegation: dict = {"exits": [], "covered": {}}
+        self._version = time.time_ns()   # grows across restarts too
+        self.applied = 0                 # version of the parent's delegation in place
+        self._pending_version = 0        # version of the parent's delegation last received
+        self._reported = None
+        self._hosts: dict[str, object] = {}
+        self._dirty = False
+        self._task: asyncio.Task | None = None
+        self._ticker: asyncio.Task | None = None
+        self._started = time.time()
+
+    # ----------------------------------------------------------------------------- running
+
+    async def start(self) -> bool:
+        self._ensure_ticking()
+        return True
+
+    def _ensure_ticking(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            try:
+                await self._on_tick()
+            except Exception:
+                log.exception("scope %r: periodic work failed", self.path)
+            await asyncio.sleep(self.settings["heartbeat_period"])
+
+    async def _on_tick(self) -> None:
+        self._expire()
+        self._report(force=True)
+
+    def _kick(self) -> None:
+        """Lay channels again soon (coalesced: one re-layout runs at a time)."""
+        self._ensure_ticking()
+        self._dirty = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._relayout_loop())
+
+    async def _relayout_loop(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            try:
+                await self._relayout()
+            except Exception:
+                log.exception("scope %r: re-layout failed", self.path)
+
+    async def _settle(self) -> None:
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    # ------------------------------------------------------------------- member processes
+
+    async def register_member(self, name: str, host: str, port: int, pid: int, node: str,
+                              role: str = "member", member_id: int = 0) -> int:
+        _check_role(role)
+        old = self.children.get(name)
+        if old is not None and (old.kind != "member" or old.id != member_id):
+            raise InvalidConfig(f"member name {name!r} is taken in scope {self.path!r}")
+        mid = await self._allocate(name, host, int(port), int(pid), node, member_id)
+        self.children[name] = Child(name, "member", mid, host, int(port), int(pid), node, role,
+                                    regular=role == "member", wake=asyncio.Event())
+        self._by_id[mid] = name
+        self._kick()
+        log.info("scope %r: member %s (%d) joined at %s:%d", self.path, name, mid, host, port)
+        return mid
+
+    async def unregister_member(self, member_id: int) -> None:
+        child = self.children.get(self._by_id.get(member_id, ""))
+        if child is not None:
+            self._remove(child, "left")
+
+    async def subscribe(self, member_id: int, names: list[str],
+                        role: str = "member") -> list[TopicInfo]:
+        """Subscribe a member to topics by name (which must exist) or pattern (existing and
+        future topics); returns the topics covered now."""
+        _check_role(role)
+        member = self._member(member_id)
+        matched: dict[str, TopicInfo] = {}
+        for n in names:
+            if is_pattern(n):
+                matcher = topic_matcher(n)
+                matched.update((t.name, t) for t in self.topics.values() if matcher.match(t.name))
+            else:
+                info = await self._topic(n)
+                self._check_inside(info)
+                matched[n] = info
+        (member.subscriptions if role == "member" else member.client_subscriptions).update(names)
+        self._resolve(member)
+        self._kick()
+        await self._settle()
+        return sorted(matched.values(), key=lambda t: t.id)
+
+    async def unsubscribe(self, member_id: int, names: list[str], role: str = "member") -> None:
+        member = self._member(member_id, missing_ok=True)
+        if member is not None:
+            (member.subscriptions if role == "member" else member.client_subscriptions
+             ).difference_update(names)
+            self._resolve(member)
+            self._kick()
+
+    async def advertise(self, member_id: int, name: str) -> TopicInfo:
+        info = await self._topic(name)
+        self._check_inside(info)
+        member = self._member(member_id)
+        member.pubs.add(info.id)
+        member.regular = True
+        self._kick()
+        await self._settle()
+        return info
+
+    async def unadvertise(self, member_id: int, name: str) -> None:
+        member = self._member(member_id, missing_ok=True)
+        info = self._topic_named(name)
+        if member is not None and info is not None:
+            member.pubs.discard(info.id)
+            self._kick()
+
+    async def watch(self, member_id: int, have_version: int = 0,
+                    timeout: float = WATCH_TIMEOUT) -> dict | None:
+        """The member's tables once they differ from `have_version` (at most `timeout` later;
+        None if they did not change). Also the member's heartbeat and its acknowledgement that
+        `have_version` is in place."""
+        member = self._member(member_id)
+        member.acked = have_version
+        if have_version == member.sent_version and timeout > 0:
+            member.wake.clear()
+            try:
+                await asyncio.wait_for(member.wake.wait(), min(timeout, WATCH_TIMEOUT * 5))
+            except asyncio.TimeoutError:
+                pass
+            member = self._member(member_id, missing_ok=True)  # it may have left meanwhile
+        if member is None or member.sent_version == have_version or member.sent is None:
+            return None
+        return {"version": member.sent_version, **member.sent}
+
+    async def ready(self) -> bool:
+        """True once the whole hierarchy has in place the channels laid for everything this
+        scope knows now (a publisher waits for this before its first message)."""
+        await self._settle()
+        if self._parent_name is None:
+            return await self.check()
+        self._report(force=True)
+        return await self._parent_handle().ready.remote()
+
+    # ------------------------------------------------------------------------ child scopes
+
+    async def report(self, name: str, body: dict, handle) -> None:
+        """A child scope's state (cascading subscription), also its heartbeat."""
+        self._ensure_ticking()
+        child = self.children.get(name)
+        if child is not None and child.kind != "scope":
+            log.warning("scope %r: report from %r, which is a member process here", self.path, name)
+            return
+        if child is None or child.incarnation != body["incarnation"]:
+            if child is None:
+                log.info("scope %r: child scope %r joined", self.path, name)
+            child = self.children[name] = Child(name, "scope", handle=handle,
+                                                incarnation=body["incarnation"])
+        child.last_seen = time.monotonic()
+        child.acked = body["acked"]
+        state = (body["depth"], {int(k): v for k, v in body["subs"].items()}, set(body["pubs"]),
+                 {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
+                 body["joined"], body["regular"])
+        if state != (child.depth, child.subs, child.pubs, child.offers, child.joined,
+                     child.regular):
+            (child.depth, child.subs, child.pubs, child.offers, child.joined,
+             child.regular) = state
+            self._kick()
+
+    async def install(self, version: int, delegation: dict) -> None:
+        """The parent's delegation: settings, topics, sessions, channels delegated here."""
+        self._ensure_ticking()
+        self.settings.update(delegation["settings"])
+        self.topics = {int(k): TopicInfo(**v) for k, v in delegation["topics"].items()}
+        self.delegation = delegation
+        self._pending_version = version
+        for child in self.children.values():
+            if child.kind == "member":
+                self._resolve(child)
+        self._kick()
+
+    async def check(self, version: int | None = None) -> bool:
+        """Whether this subtree has in place what was last sent to it (`version`: the parent's)."""
+        await self._settle()
+        if version is not None and self.applied != version:
+            return False
+        for child in self.children.values():
+            if child.kind == "member" and child.acked != child.sent_version:
+                return False
+        scopes = [c for c in self.children.values() if c.kind == "scope"]
+        results = await asyncio.gather(*(c.handle.check.remote(c.sent_version) for c in scopes),
+                                       return_exceptions=True)
+        return all(r is True for r in results)
+
+    async def status(self) -> dict:
+        scopes = [c for c in self.children.values() if c.kind == "scope"]
+        below = await asyncio.gather(*(c.handle.status.remote() for c in scopes),
+                                     return_exceptions=True)
+        sub = {c.name: (b if isinstance(b, dict) else {"path": f"{self.path}/{c.name}",
+                                                       "error": str(b)})
+               for c, b in zip(scopes, below, strict=True)}
+        return {"path": self.path or "/", "kind": self.kind, "pid": os.getpid(),
+                "node": _node_id(), "incarnation": f"{self.incarnation:012x}",
+                "delegation_version": self.applied, "depth": self._depth(),
+                "multicast": self._group() if self.multicast else None,
+                "members": [c.record() for c in self.children.values() if c.kind == "member"],
+                "topics": self.container.describe(),
+                "delegated_here": self.delegation.get("exits", []),
+                "covered_here": self.delegation.get("covered", {}),
+                "policy_rejections": dict(self.container.rejected),
+                "scopes": [{**c.record(), **sub[c.name]} for c in scopes]}
+
+    # ----------------------------------------------------------------------------- layout
+
+    async def _relayout(self) -> None:
+        version = self._pending_version
+        wanted = self._wanted()
+        for phase in ("choices", "events"):
+            if phase == "events":
+                wanted = self._wanted()  # entry members and exits chosen: sources and members
+            await self._run_policies(self.container.requests(wanted, phase))
+        length = self._length()
+        deleg = self._delegate(length)
+        for child in list(self.children.values()):
+            body = deleg.get(child.name, {"exits": [], "covered": {}})
+            if child.kind == "member":
+                self._send_view(child, body, length)
+            else:
+                self._send_install(child, body)
+        self.applied = version
+        self._report()
+
+    def _relevant(self, info: TopicInfo) -> bool:
+        root = info.root
+        return root == "" or self.path == root or self.path.startswith(root + "/")
+
+    def _interest(self) -> tuple[dict[int, set[str]], dict[int, set[str]], dict[int, set[str]]]:
+        """Per topic: interested children (subscribers), publishing children, and children
+        to which channels delegated from above were handed (exits)."""
+        subs: dict[int, set[str]] = {}
+        pubs: dict[int, set[str]] = {}
+        for c in self.children.values():
+            for t in c.subs:
+                subs.setdefault(t, set()).add(c.name)
+            for t in c.pubs:
+                pubs.setdefault(t, set()).add(c.name)
+        exits: dict[int, set[str]] = {}
+        for x in self.delegation.get("exits", ()):
+            layout = self.container.topics.get(x["topic"])
+            chosen = (layout.exits.get(x["replicas"]) if layout is not None else None) \
+                or self._forwarders()[:1]
+            exits.setdefault(x["topic"], set()).update(chosen)
+        return subs, pubs, exits
+
+    def _forwarders(self) -> list[str]:
+        names = sorted(c.name for c in self.children.values() if c.regular)
+        return names or sorted(self.children)
+
+    def _wanted(self) -> dict[int, dict]:
+        subs, pubs, exits = self._interest()
+        covered = {int(k) for k in self.delegation.get("covered", {})}
+        forwarders = self._forwarders()
+        replicas: dict[int, set[int]] = {}
+        for x in self.delegation.get("exits", ()):
+            replicas.setdefault(x["topic"], set()).add(x["replicas"])
+        wanted = {}
+        for tid, info in self.topics.items():
+            if tid in covered or not self._relevant(info):
+                continue
+            members = {m for m in subs.get(tid, ()) if self.children[m].regular} | exits.get(tid,
+                                                                                           set())
+            sources = set(pubs.get(tid, ()))
+            up = self._parent_name is not None and self.path != info.root
+            if up and (tid in subs or tid in exits):
+                layout = self.container.topics.get(tid)
+                if layout is not None and layout.entry in self.children:
+                    sources.add(layout.entry)
+                    members.add(layout.entry)
+            if not members and not sources and tid not in subs:
+                continue
+            wanted[tid] = {"policy": info.policy,
+                           "context": {"scope": self.path, "topic": info.name, "topic_id": tid,
+                                       "multicast": self.multicast, "options": info.options},
+                           "members": members, "sources": sources,
+                           "candidates": forwarders, "replicas": replicas.get(tid, {1})}
+        return wanted
+
+    async def _run_policies(self, batches: dict[str, list[dict]]) -> None:
+        async def one(policy: str, items: list[dict]) -> None:
+            public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
+            try:
+                results = await asyncio.wait_for(self._policy_host(policy).apply.remote(public),
+                                                 POLICY_TIMEOUT)
+            except Exception as exc:
+                log.warning("scope %r: policy actor %s failed: %s", self.path, policy, exc)
+                self._hosts.pop(policy, None)
+                results = [None] * len(items)
+            for item, result in zip(items, results, strict=True):
+                self.container.apply(item, result)
+
+        await asyncio.gather(*(one(p, items) for p, items in batches.items() if items))
+
+    def _policy_host(self, policy: str):
+        handle = self._hosts.get(policy)
+        if handle is None:
+            handle = self._hosts[policy] = declare.get_or_create(
+                PolicyHost, f"scopecast:policy:{self.path}:{policy}", self.path, policy)
+        return handle
+
+    def _length(self) -> int:
+        """L: the length of the labels of channels laid in this scope."""
+        return max((c.depth for c in self.children.values()), default=1)
+
+    def _depth(self) -> int:
+        return 1 + self._length()
+
+    def _group(self) -> list:
+        prefix = self.settings.get("group_prefix", (239, 192, 0))
+        h = zlib.crc32(self.path.encode())
+        return ["239.%d.%d.%d" % (prefix[1], (prefix[2] + (h >> 8)) & 0xFF, 1 + h % 254),
+                self.settings.get("port", 40000)]
+
+    def _delegate(self, length: int) -> dict[str, dict]:
+        """Hand every channel to the member it concerns: own channels to their source member,
+        channels delegated from above to the chosen exit members, multicast coverage to all."""
+        out: dict[str, dict] = {}
+
+        def give(name: str, key: str, item) -> None:
+            body = out.setdefault(name, {"exits": [], "covered": {}})
+            if key == "exits":
+                body["exits"].append(item)
+            else:
+                body["covered"][str(item[0])] = item[1]
+
+        subs, pubs, exits = self._interest()
+        group = self._group()
+        # coverage from above: every member interested in or publishing the topic joins / sends
+        for tid, cov in self.delegation.get("covered", {}).items():
+            tid = int(tid)
+            for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
+                give(name, "covered", (tid, {**cov, "wraps": cov["wraps"] + [[name, length]]}))
+        for tid, layout in self.container.topics.items():
+            channels = list(layout.channels.values())
+            clients = {m for m in subs.get(tid, ()) if not self.children[m].regular}
+            channels += [Channel(o, c, o) for o in layout.sources for c in clients if c != o]
+            if self.container.covered(tid):
+                cov = {"topic": tid, "dst": multicast_path(length), "endpoint": ["g", *group],
+                       "receivers": self._joined(group), "scope": self.path}
+                for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
+                    give(name, "covered", (tid, {**cov, "origin": name,
+                                                 "wraps": [[name, length]]}))
+                channels = [c for c in channels if c.dst != MULTICAST]
+            for ch in channels:
+                ob = self._obligation(tid, ch, length)
+                if ob is not None and ch.src in self.children:
+                    give(ch.src, "exits", {**ob, "wraps": [[ch.src, length]]})
+        for x in self.delegation.get("exits", ()):
+            layout = self.container.topics.get(x["topic"])
+            chosen = (layout.exits.get(x["replicas"]) if layout is not None else None) \
+                or self._forwarders()[:1]
+            n = len(chosen)
+            for k, name in enumerate(chosen):
+                give(name, "exits", {**x, "wraps": x["wraps"] + [[name, length]], "replicas": 1,
+                                     "filter": ["modulo", n, k] if n > 1 else x["filter"]})
+        return out
+
+    def _obligation(self, tid: int, ch: Channel, length: int) -> dict | None:
+        """The delegated form of one channel laid here: where it goes, and who waits for it."""
+        dst = self.children.get(ch.dst)
+        if dst is None:
+            return None
+        if dst.kind == "member":
+            offer = Offer((dst.name,), ("u", dst.host, dst.port, dst.id),
+                          (dst.id,) if dst.regular else ())
+        else:
+            offer = dst.offers.get(tid)
+            if offer is None:
+                return None  # its entry is not known yet; laid when its report comes
+        return {"topic": tid, "origin": ch.origin, "dst": offer.into(dst.name, length)
+                if dst.kind == "scope" else pad([dst.name], length),
+                "endpoint": list(offer.endpoint), "receivers": list(offer.receivers),
+                "filter": list(ch.filter) if ch.filter else None, "replicas": ch.replicas,
+                "scope": self.path}
+
+    def _joined(self, group: list) -> list[int]:
+        """Regular members of this subtree that join `group`."""
+        key = "%s:%d" % tuple(group)
+        ids: set[int] = set()
+        for c in self.children.values():
+            ids.update(c.joined.get(key, ()))
+        return sorted(ids)
+
+    # ----------------------------------------------------------------------- sending down
+
+    def _send_install(self, child: Child, body: dict) -> None:
+        content = {"settings": self.settings,
+                   "topics": {str(t): i.to_dict() for t, i in self.topics.items()},
+                   "exits": body["exits"], "covered": body["covered"]}
+        if content == child.sent:
+            return
+        self._version += 1
+        child.sent, child.sent_version = content, self._version
+        child.handle.install.remote(self._version, content)
+
+    def _send_view(self, child: Child, body: dict, length: int) -> None:
+        view = self._member_view(child, body, length)
+        if view == child.sent:
+            return
+        self._version += 1
+        child.sent, child.sent_version = view, self._version
+        child.joined = {"%s:%d" % tuple(g): [child.id] for g in view["groups"]} \
+            if child.regular else {}
+        child.wake.set()
+
+    def _member_view(self, member: Child, body: dict, length: int) -> dict:
+        routes = []
+        groups = set()
+        for ob in body["exits"]:
+            routes.append(_route(ob, ob["origin"]))
+        for tid, cov in body["covered"].items():
+            tid = int(tid)
+            if tid in member.pubs:
+                routes.append(_route(cov, cov["origin"]))
+            if tid in member.subs or any(ob["topic"] == tid for ob in body["exits"]) or (
+                    cov.get("scope") == self.path and tid in self.container.topics
+                    and member.name in self.container.topics[tid].members):
+                groups.add(tuple(cov["endpoint"][1:]))
+        receivers: dict[str, list[int]] = {}
+        for r in routes:
+            ep = r["endpoint"]
+            key = "%s:%d" % (ep[1], ep[2])
+            receivers[key] = sorted(set(receivers.get(key, [])) | set(r.pop("receivers")))
+        return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
+                                  if c.kind == "member"),
+                "topics": {t: i.name for t, i in self.topics.items()},
+                "sessions": {t: i.session for t, i in self.topics.items()},
+                "groups": sorted(list(g) for g in groups), "routes": routes,
+                "receivers": receivers}
+
+    # ------------------------------------------------------------------------- sending up
+
+    def _report(self, force: bool = False) -> None:
+        if self._parent_name is None:
+            return
+        body = self._report_body()
+        if body == self._reported and not force:
+            return
+        self._reported = body
+        try:
+            self._parent_handle().report.remote(self.name, body,
+                                                ray.get_runtime_context().current_actor)
+        except Exception as exc:
+            log.warning("scope %r: cannot report to %r: %s", self.path, self._parent_name, exc)
+            self._parent = None
+
+    def _report_body(self) -> dict:
+        subs: dict[int, str] = {}
+        pubs: set[int] = set()
+        for c in self.children.values():
+            for t, role in c.subs.items():
+                if subs.get(t) != "member":
+                    subs[t] = role
+            pubs |= c.pubs
+        subs = {t: r for t, r in subs.items() if t in self.topics
+                and self._relevant(self.topics[t]) and self.topics[t].root != self.path}
+        pubs = {t for t in pubs if t in self.topics and self.topics[t].root != self.path}
+        joined: dict[str, set[int]] = {}
+        for c in self.children.values():
+            for key, ids in c.joined.items():
+                joined.setdefault(key, set()).update(ids)
+        return {"incarnation": self.incarnation, "depth": self._depth(), "acked": self.applied,
+                "subs": {str(t): r for t, r in subs.items()}, "pubs": sorted(pubs),
+                "offers": {str(t): o.to_wire() for t, o in self._offers(subs).items()},
+                "joined": {k: sorted(v) for k, v in joined.items()},
+                "regular": any(c.regular for c in self.children.values())}
+
+    def _offers(self, subs: dict[int, str]) -> dict[int, Offer]:
+        """For each topic this scope receives from its parent: where that traffic enters."""
+        length = self._length()
+        wanted = set(subs) | {x["topic"] for x in self.delegation.get("exits", ())}
+        out = {}
+        for tid in wanted:
+            if str(tid) in self.delegation.get("covered", {}):
+                continue
+            if self.container.covered(tid):
+                group = self._group()
+                out[tid] = Offer(tuple(multicast_path(length)), ("g", *group),
+                                 tuple(self._joined(group)))
+                continue
+            layout = self.container.topics.get(tid)
+            entry = self.children.get(layout.entry) if layout and layout.entry else None
+            if entry is None:
+                continue
+            if entry.kind == "member":
+                out[tid] = Offer(tuple(pad([entry.name], length)),
+                                 ("u", entry.host, entry.port, entry.id),
+                                 (entry.id,) if entry.regular else ())
+            elif tid in entry.offers:
+                below = entry.offers[tid]
+                out[tid] = Offer(tuple(below.into(entry.name, length)), below.endpoint,
+                                 below.receivers)
+        return out
+
+    def _parent_handle(self):
+        if self._parent is None:
+            self._parent = ray.get_actor(self._parent_name, namespace=declare.NAMESPACE)
+        return self._parent
+
+    # ---------------------------------------------------------------------------- helpers
+
+    def _member(self, member_id: int, missing_ok: bool = False) -> Child | None:
+        child = self.children.get(self._by_id.get(member_id, ""))
+        if child is None:
+            if missing_ok:
+                return None
+            raise MemberExpired(f"member {member_id} is not registered in scope {self.path!r} "
+                                "(expired after missing heartbeats, or the scope restarted)")
+        child.last_seen = time.monotonic()
+        return child
+
+    def _resolve(self, member: Child) -> None:
+        """Topics a member's subscriptions cover (after its or the topics' change)."""
+        def covered(names: set[str]) -> set[int]:
+            patterns = [topic_matcher(n) for n in names if is_pattern(n)]
+            return {t.id for t in self.topics.values()
+                    if t.name in names or any(p.match(t.name) for p in patterns)}
+        member.subs = {t: "client" for t in covered(member.client_subscriptions)}
+        member.subs.update((t, "member") for t in covered(member.subscriptions))
+        member.pubs &= set(self.topics)
+        member.regular = bool(member.role == "member" and (member.subscriptions or member.pubs
+                                                           or not member.client_subscriptions))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for c in list(self.children.values()):
+            limit = self.settings["member_timeout" if c.kind == "member" else "scope_timeout"]
+            if now - c.last_seen > limit:
+                self._remove(c, f"silent for {limit:.0f}s")
+
+    def _remove(self, child: Child, why: str) -> None:
+        del self.children[child.name]
+        if child.kind == "member":
+            self._by_id.pop(child.id, None)
+            self._release(child.id)
+            if child.wake is not None:
+                child.wake.set()
+        log.warning("scope %r: %s %s removed (%s)", self.path, child.kind, child.name, why)
+        self._kick()
+
+    async def _topic(self, name: str) -> TopicInfo:
+        info = self._topic_named(name)
+        if info is None:
+            info = await self._root_call("topic", name)
+            self.topics[info.id] = info
+        return info
+
+    def _topic_named(self, name: str) -> TopicInfo | None:
+        return next((t for t in self.topics.values() if t.name == name), None)
+
+    def _check_inside(self, info: TopicInfo) -> None:
+        if not self._relevant(info):
+            raise InvalidConfig(f"topic {info.name!r} is rooted at scope {info.root!r}; a member "
+                                f"of scope {self.path!r} cannot use it")
+
+    async def _allocate(self, name, host, port, pid, node, member_id) -> int:
+        return await self._root_call("allocate_member", name, host, port, pid, node, self.path,
+                                     member_id)
+
+    def _release(self, member_id: int) -> None:
+        asyncio.get_running_loop().create_task(self._root_call("release_member", member_id))
+
+    async def _root_call(self, method: str, *args):
+        root = ray.get_actor(declare.CLUSTER_SCOPE_MANAGER, namespace=declare.NAMESPACE)
+        try:
+            return await getattr(root, method).remote(*args)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, (TopicNotFound, InvalidConfig)):
+                raise cause from None
+            raise
+
+
+def _channels(view: dict | None) -> dict:
+    """A member's channels as status shows them: labels "P:B-Q:C, T:P" with their endpoints."""
+    if not view:
+        return {"channels": [], "groups": [], "receivers": {}}
+    return {"channels": [{"label": f"{':'.join(r['src'])}-{':'.join(r['dst'])}, "
+                                   f"{r['topic']}:{r['origin']}",
+                          "endpoint": r["endpoint"], "laid_in": r["scope"]}
+                         for r in view["routes"]],
+            "groups": view["groups"], "receivers": view["receivers"]}
+
+
+def _route(ob: dict, origin: str) -> dict:
+    return {"topic": ob["topic"], "src": sending_path(ob["wraps"]), "dst": ob["dst"],
+            "origin": origin, "endpoint": ob["endpoint"], "filter": ob.get("filter"),
+            "receivers": ob.get("receivers", []), "scope": ob.get("scope", "")}
+
+
+def _check_role(role: str) -> None:
+    if role not in ("member", "client"):
+        raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")
+
+
+def _node_id() -> str:
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return ""
+
