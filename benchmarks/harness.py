@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mac", default=None, metavar="NAME",
                    help="packet authenticator of the cluster the harness deploys, passed to "
                         "scopecast.connect(mac=...) (default: scopecast's default)")
+    p.add_argument("--policy", default="lan_multicast", metavar="NAME",
+                   help="forwarding policy of the benchmark topics (default lan_multicast: one "
+                        "IP multicast group per LAN scope, what the raw-UDP baseline does; "
+                        "'tree' makes members forward to each other)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -193,7 +197,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
             if system == "scopecast":
                 topic = f"bench/{stamp}/{size}B-1to{n}"
                 try:
-                    cluster.create_topic(topic)
+                    cluster.create_topic(topic, policy=args.policy)
                 except Exception as exc:  # the control plane is in trouble: report, go on
                     result = failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
                     cases.append(result)
@@ -216,7 +220,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "timestamp": stamp,
         "config": {"sizes": args.sizes, "subscribers": args.subscribers, "seconds": args.seconds,
                    "warmup": args.warmup, "systems": args.systems, "quick": args.quick,
-                   "case_timeout": args.case_timeout, "mac": args.mac},
+                   "case_timeout": args.case_timeout, "mac": args.mac, "policy": args.policy},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "

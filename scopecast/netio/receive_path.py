@@ -135,6 +135,13 @@ class ReceivePath:
         count = len(lengths)
         key = (topic, source, session)
         expected = self._next_seq.get(key)
+        # a run ahead of its predecessors (or the first seen of a source, not starting at 1)
+        # waits a little for them: replicated channels and re-layouts reorder
+        if first > (1 if expected is None else expected):
+            if self._hold_early(key, first, (data, routes, topic, source, session, first, stream,
+                                             first_sseq, ctype, ridx, lengths, off)):
+                return
+            expected = self._next_seq.get(key)  # the held runs went ahead of this one
         if expected is not None and first != expected:
             if first < expected:
                 skip = min(expected - first, count)
@@ -150,8 +157,14 @@ class ReceivePath:
         self._next_seq[key] = first + len(lengths)
         subs = self._subs.get(topic)
         forwards = topic in self._routes
-        if not subs and not forwards:
-            return
+        if subs or forwards:
+            self._pass_on(data, routes, topic, source, session, first, stream, first_sseq, ctype,
+                          ridx, lengths, off, subs, forwards)
+        if self._early and key in self._early and not self._releasing:
+            self._release_early(key)
+
+    def _pass_on(self, data, routes, topic, source, session, first, stream, first_sseq, ctype,
+                 ridx, lengths, off, subs, forwards) -> None:
         payloads = []
         append = payloads.append
         for n in lengths:
@@ -169,6 +182,51 @@ class ReceivePath:
         if forwards:
             self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
                               payloads)
+
+    # ------------------------------------------------------------ runs that arrive early
+
+    def _hold_early(self, key: tuple, first: int, run: tuple) -> bool:
+        """Keep a run that arrived ahead of its predecessors (channels replicated modulo n, or a
+        path changed by a re-layout) until they come, within a byte budget; False when full."""
+        size = sum(run[10])
+        if self._early_bytes + size > self.config.reorder_bytes:
+            if key in self._early:  # out of room: what is held goes first, with its gaps
+                self._release_early(key, give_up=True)
+            return False
+        held = self._early.setdefault(key, [])
+        held.append((first, time.monotonic(), run))
+        held.sort(key=lambda h: h[0])
+        self._early_bytes += size
+        self.stats["held_early"] += 1
+        return True
+
+    def _release_early(self, key: tuple, give_up: bool = False) -> None:
+        """Take the held runs of `key` that are now next in order (all of them if `give_up`:
+        the runs missing before them are not coming, which is counted as a gap)."""
+        self._releasing = True
+        try:
+            while held := self._early.get(key):
+                first, _t, run = held[0]
+                expected = self._next_seq.get(key)
+                if expected is None or first > expected:
+                    if not give_up:
+                        return
+                    if expected is not None:  # else it is where this member joined the stream
+                        self.stats["gaps"] += 1
+                    self._next_seq[key] = first
+                held.pop(0)
+                if not held:
+                    del self._early[key]
+                self._early_bytes -= sum(run[10])
+                self._take_run(*run)
+        finally:
+            self._releasing = False
+
+    def _expire_early(self, now: float) -> None:
+        for key in [k for k, held in self._early.items()
+                    if now - min(h[1] for h in held) > self.config.reorder_timeout]:
+            self._release_early(key, give_up=True)
+        self._deliver()
 
     def _offer(self, subs: tuple[Subscription, ...], msgs: list[Message], nbytes: int) -> None:
         """Put messages in the inboxes of `subs`; `_deliver` hands the inboxes over."""

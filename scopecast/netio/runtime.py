@@ -58,6 +58,8 @@ class RuntimeConfig:
     ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
     unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
     held_datagrams: int = 512
+    reorder_bytes: int = 8 << 20         # runs that arrived ahead of a gap, held until it fills
+    reorder_timeout: float = 0.2         # ... or until this long, then delivered with the gap
     mac: str = "gmac"                    # packet authenticator, see `auth` (set by the cluster)
     # Move every object alive when the member starts (Ray's and the application's start-up heap)
     # out of the cyclic garbage collector's reach (gc.freeze): otherwise each full collection walks
@@ -67,13 +69,14 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         for name in ("window_bytes", "queue_bytes", "max_backlog_bytes", "max_message_bytes",
-                     "reassembly_budget_bytes", "held_datagrams"):
+                     "reassembly_budget_bytes", "held_datagrams", "reorder_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"RuntimeConfig.{name} must be positive")
         if self.max_message_bytes > MAX_MESSAGE:
             raise InvalidConfig(f"RuntimeConfig.max_message_bytes is at most {MAX_MESSAGE} (the "
                                 "wire format's 32-bit lengths)")
-        if min(self.ack_period, self.ack_timeout, self.reassembly_timeout) <= 0:
+        if min(self.ack_period, self.ack_timeout, self.reassembly_timeout,
+               self.reorder_timeout) <= 0:
             raise InvalidConfig("RuntimeConfig periods and timeouts must be positive")
 
 
@@ -152,6 +155,9 @@ class MemberRuntime(ReceivePath, SendPath):
         self._next_seq: dict[tuple[int, int, int], int] = {}
         self._recv_pos: dict[tuple[int, int], list] = {}  # (sender, channel) -> [dseq, acked, t]
         self._held: deque[tuple[float, int, bytes]] = deque()
+        self._early: dict[tuple, list] = {}  # (topic, source, session) -> runs held, in order
+        self._early_bytes = 0
+        self._releasing = False
         self._last_ack = 0.0
         self._last_housekeeping = 0.0
         # hand-over from application threads
@@ -437,6 +443,8 @@ class MemberRuntime(ReceivePath, SendPath):
             self.drops["reassembly_timeout"] += expired
         if self._held and now - self._held[0][0] > self.config.unknown_sender_grace:
             self._release_held()
+        if self._early:
+            self._expire_early(now)
         for feed in self._feeds.values():
             for member in feed.expire(now, self.config.ack_timeout):
                 self.stats["receiver_timeouts"] += 1

@@ -693,7 +693,8 @@ def _channels(view: dict | None) -> dict:
         return {"channels": [], "groups": [], "receivers": {}}
     return {"channels": [{"label": f"{':'.join(r['src'])}-{':'.join(r['dst'])}, "
                                    f"{r['topic']}:{r['origin']}",
-                          "endpoint": r["endpoint"], "laid_in": r["scope"]}
+                          "endpoint": r["endpoint"], "laid_in": r["scope"],
+                          **({"filter": r["filter"]} if r["filter"] else {})}
                          for r in view["routes"]],
             "groups": view["groups"], "receivers": view["receivers"]}
 

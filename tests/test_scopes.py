@@ -1,0 +1,171 @@
+"""The scope hierarchy for real (thesis 3.2.1-3.2.5, 3.2.10): the campus example of Figures
+3.14-3.17 with five member processes in scopes X/P, X/Q and X/R under policy `chain`; a member
+killed mid-stream; many members in many scopes subscribing at once; every built-in policy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
+from scopecast.scopes.status import members, scope
+
+pytestmark = pytest.mark.ray
+
+Consumer = ray.remote(num_cpus=0)(TopicConsumer)
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, period: float = 0.2):
+    """Poll `predicate` until it returns something truthy (a liveness bound, not a timing)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f}s"
+        time.sleep(period)
+    return value
+
+
+def labels(status: dict, root: str) -> dict[str, list[str]]:
+    """Each member under scope `root`: the labels of the channels it sends along."""
+    return {m["name"]: sorted(c["label"] for c in m["channels"])
+            for m in members(scope(status, root))}
+
+
+@pytest.fixture(scope="module")
+def campus(cluster):
+    """A publishes in X/P; B in X/P, C and D in X/Q, E in X/R subscribe (Ray actors)."""
+    import scopecast
+
+    info = cluster.create_topic("campus/T", policy="chain")
+    a = scopecast.connect(name="A")
+    actors = {name: Consumer.remote(info.name, scope=path, name=name)
+              for name, path in (("B", "X/P"), ("C", "X/Q"), ("D", "X/Q"), ("E", "X/R"))}
+    ray.get([actor.ready.remote() for actor in actors.values()])
+    pub = a.publisher(info.name, scope="X/P")
+    yield info, pub, actors
+    pub.close()
+    a.shutdown()
+    for actor in actors.values():
+        try:
+            ray.get(actor.close.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            pass
+
+
+def test_campus_channels_are_exactly_those_of_the_text(cluster, campus):
+    info, pub, actors = campus
+    t = info.id
+    expected = {"A": [f"A-B, {t}:A"], "B": [f"P:B-Q:C, {t}:P"], "C": [f"C-D, {t}:C"],
+                "D": [f"Q:D-R:E, {t}:P"], "E": []}
+    got = wait_for(lambda: (lambda ls: ls if ls == expected else None)(
+        labels(cluster.status(), "X")), f"channels {expected}")
+    assert got == expected
+    status = cluster.status()
+    x = scope(status, "X")
+    assert x["topics"][str(t)]["channels"] == ["P->Q (origin P)", "Q->R (origin P)"]
+    # X names its member scopes, never the processes below them
+    assert x["members"] == [] and {s["name"] for s in x["scopes"]} == {"P", "Q", "R"}
+    assert {m["name"] for m in members(scope(status, "X/Q"))} == {"C", "D"}
+    # the delegation records: X's channels were handed to B and D through P and Q
+    assert [(d["scope"], d["dst"]) for d in scope(status, "X/P")["delegated_here"]] == \
+        [("X", ["Q", "C"])]
+    assert [(d["scope"], d["dst"]) for d in scope(status, "X/Q")["delegated_here"]] == \
+        [("X", ["R", "E"])]
+
+    n = 5_000
+    pending = {name: actor.consume.remote(n, 120.0) for name, actor in actors.items()}
+    for i in range(n):
+        pub.publish(b"lecture %d" % i)
+    pub.flush(timeout=60)
+    for name, ref in pending.items():
+        got = ray.get(ref, timeout=180)
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0), name
+
+
+def test_campus_member_killed_mid_stream_is_routed_around(cluster, campus):
+    """D forwards Q's traffic to R. Killed, it is removed; Q's channel to R is delegated to C and
+    everyone left receives what is published after the re-layout."""
+    info, pub, actors = campus
+    t = info.id
+    d_pid = next(m["pid"] for m in members(cluster.status()) if m["name"] == "D")
+    first = {name: actor.consume.remote(10**9, 120.0, 3.0) for name, actor in actors.items()
+             if name != "D"}
+    for i in range(3_000):
+        pub.publish(b"before %d" % i)
+        if i == 1_000:
+            os.kill(d_pid, signal.SIGKILL)
+    pub.flush(timeout=60)
+    wait_for(lambda: "D" not in labels(cluster.status(), "X"), "D removed",
+             timeout=3 * DEFAULT_SETTINGS["member_timeout"] + 20)
+    expected = {"A": [f"A-B, {t}:A"], "B": [f"P:B-Q:C, {t}:P"], "C": [f"Q:C-R:E, {t}:P"],
+                "E": []}
+    wait_for(lambda: labels(cluster.status(), "X") == expected, f"re-layout to {expected}")
+    ray.get(list(first.values()), timeout=240)  # what got through while D died
+    wait_for(lambda: all(m["installed"] == m["view"] for m in members(scope(cluster.status(),
+                                                                           "X"))),
+             "every member has its new tables in place")
+    n = 2_000
+    pending = {name: actors[name].consume.remote(n, 120.0) for name in first}
+    for i in range(n):
+        pub.publish(b"after %d" % i)
+    pub.flush(timeout=60)
+    for name, ref in pending.items():
+        got = ray.get(ref, timeout=180)
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0), name
+
+
+def test_many_members_in_many_scopes_subscribe_at_once_and_converge(cluster):
+    """32 member actors in 8 scopes subscribe together; the views converge (every member has its
+    latest tables in place) and all of them receive everything."""
+    info = cluster.create_topic("many/T")
+    actors = [Consumer.remote(info.name, scope=f"many/s{i % 8}") for i in range(32)]
+    ray.get([a.ready.remote() for a in actors], timeout=600)
+    with cluster.publisher(info.name, scope="many/s0") as pub:
+        status = cluster.status()
+        many = members(scope(status, "many"))
+        assert len([m for m in many if info.id in m["subscribes"]]) == 32
+        assert all(m["installed"] == m["view"] for m in many)
+        assert len(scope(status, "many")["scopes"]) == 8
+        n = 2_000
+        pending = [a.consume.remote(n, 240.0) for a in actors]
+        for i in range(n):
+            pub.publish({"i": i})
+        pub.flush(timeout=120)
+    for got in ray.get(pending, timeout=400):
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0)
+    ray.get([a.close.remote() for a in actors], timeout=120)
+
+
+@pytest.mark.parametrize("policy", ["tree", "star", "chain", "lan_multicast", "replicated"])
+def test_each_builtin_policy_delivers_across_scopes(cluster, policy):
+    info = cluster.create_topic(f"policies/{policy}", policy=policy)
+    actors = [Consumer.remote(info.name, scope=f"pol-{policy}/{s}") for s in "abab"]
+    ray.get([a.ready.remote() for a in actors])
+    n = 3_000
+    with cluster.publisher(info.name, scope=f"pol-{policy}/a") as pub:
+        pending = [a.consume.remote(n, 120.0) for a in actors]
+        for i in range(n):
+            pub.publish(b"%d" % i)
+        pub.flush(timeout=60)
+        status = cluster.status()
+    for got in ray.get(pending, timeout=240):
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0)
+    top = scope(status, f"pol-{policy}")
+    inside = members(top)
+    if policy == "lan_multicast":  # one group for the whole scope, no member forwards
+        group = top["multicast"]
+        assert all(group in m["groups"] for m in inside if info.id in m["subscribes"])
+        assert all(c["endpoint"][0] == "g" for m in inside for c in m["channels"])
+    elif policy == "replicated":  # a's channel to b is split modulo 2 over two of a's members
+        assert top["topics"][str(info.id)]["channels"] == ["a->b (origin a) x2"]
+        filters = [c.get("filter") for m in inside for c in m["channels"]
+                   if c["laid_in"] == top["path"]]
+        assert sorted(filters) == [["modulo", 2, 0], ["modulo", 2, 1]]
+    else:
+        assert all(c["endpoint"][0] == "u" for m in inside for c in m["channels"])
+        assert top["topics"][str(info.id)]["channels"] == ["a->b (origin a)"]
+    ray.get([a.close.remote() for a in actors])
