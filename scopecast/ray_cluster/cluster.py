@@ -40,22 +40,23 @@ def embedded_ray_options() -> dict:
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             start: bool = True, mac: str = "gmac", interface: str | None = None,
             name: str | None = None, settings: dict | None = None,
-            lan_label: str | None = None) -> Cluster:
+            levels: list[str] | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet
     authenticator of a cluster deployed now, "gmac" or "hmac-sha256"; `interface` the address its
     members use for multicast, default loopback for an embedded Ray and each node's own address
-    otherwise). `settings` (heartbeat_period, scope_timeout, member_timeout, in seconds) and
-    `lan_label` (the Ray node label that groups hosts into LANs) configure a cluster deployed
-    now. `name` names this process's member in its scopes (default host:pid). With
-    `start=False`, raise `NotConnected` instead of starting an embedded Ray or deploying."""
+    otherwise). `settings` (heartbeat_period, scope_timeout, member_timeout, in seconds) sets
+    the failure detection of a cluster deployed now, and `levels` the Ray node labels that group
+    its hosts, top first, the last one the LAN (default: one LAN). `name` names this process's
+    member in its scopes (default host:pid). With `start=False`, raise `NotConnected` instead of
+    starting an embedded Ray or deploying."""
     owns_ray = attach_ray(address, start)
     if start:
         manager = declare.get_or_create(
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
             interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
-            settings=settings, lan_label=lan_label)
+            settings=settings, levels=levels)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:

@@ -8,9 +8,10 @@ address of each member process, which members consult to recognise datagrams fro
 scopes. The directory is an address book, not scope state: the root's views and channels name only
 its own members. Child scopes re-report within a heartbeat after a restart.
 
-It also deploys the default hierarchy: one LAN scope per value of the Ray node label `lan_label`
-(one LAN, "lan0", when unset) and one host scope per alive Ray node, pinned to it; nodes that join
-later get theirs within a few heartbeats.
+It also deploys the default hierarchy from configuration: `levels` names the Ray node labels
+that group hosts, top first, the last one being the LAN (e.g. ["datacenter", "lan"]: scopes
+`<datacenter>/<lan>/host-<node>`); by default every host is in one LAN, "lan0". Each alive Ray node
+gets a host scope pinned to it; nodes that join later get theirs within a few heartbeats.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class ClusterScopeManager(ScopeManager):
 
     def __init__(self, interface: str | None = None, mac: str = "gmac",
                  state: str | None = None, settings: dict | None = None,
-                 lan_label: str | None = None) -> None:
+                 levels: list[str] | None = None) -> None:
         super().__init__("", "cluster", None)
         self._store = ScopeStore(Path(state) if state else None)
         cluster = self._store.get("cluster")
@@ -68,7 +69,7 @@ class ClusterScopeManager(ScopeManager):
         self._key = bytes.fromhex(cluster["key"])
         self._mac = cluster["mac"]
         self._interface = interface
-        self._lan_label = lan_label
+        self._levels = list(levels or [])
         self.settings = {**DEFAULT_SETTINGS, **cluster.get("settings", {}),
                          "group_prefix": cluster["group_prefix"], "port": cluster["port"]}
         fields = set(TopicInfo.__dataclass_fields__)
@@ -113,10 +114,10 @@ class ClusterScopeManager(ScopeManager):
         """Create the scope `path` and its missing ancestors (user scopes); returns the path."""
         path = check_scope_path(path)
         parts = path.split("/") if path else []
-        lans = {p.split("/")[0] for p in self._hosts_of.values()}
         for i in range(1, len(parts) + 1):
             sub = "/".join(parts[:i])
-            _deploy(sub, "lan" if sub in lans else "user")
+            if not any(h == sub or h.startswith(sub + "/") for h in self._hosts_of.values()):
+                _deploy(sub, "user")  # (the default hierarchy's scopes are deployed as such)
         return path
 
     def _deploy_hosts(self) -> None:
@@ -124,10 +125,11 @@ class ClusterScopeManager(ScopeManager):
             if not node.get("Alive") or node["NodeID"] in self._hosts_of:
                 continue
             labels = node.get("Labels") or {}
-            lan = check_scope_path(str(labels.get(self._lan_label, DEFAULT_LAN))
-                                   if self._lan_label else DEFAULT_LAN)
-            host = f"{lan}/host-{node['NodeID'][:8]}"
-            _deploy(lan, "lan")
+            parts = [check_scope_path(str(labels.get(key) or f"{key}0")) for key in self._levels]
+            parts = parts or [DEFAULT_LAN]
+            for i in range(1, len(parts) + 1):
+                _deploy("/".join(parts[:i]), "lan" if i == len(parts) else "region")
+            host = "/".join(parts + [f"host-{node['NodeID'][:8]}"])
             _deploy(host, "host", NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
             self._hosts_of[node["NodeID"]] = host
             log.info("host scope %s deployed on node %s", host, node["NodeID"][:12])
