@@ -100,8 +100,10 @@ def _status_text(status: dict) -> str:
 def cmd_topic(args) -> int:
     with _connect(args) as cluster:
         if args.action == "create":
-            info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery)
-            print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery}")
+            info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery,
+                                        root=args.root)
+            print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery}"
+                  + (f" root={info.root}" if info.root else ""))
         elif args.action == "delete":
             cluster.delete_topic(args.name)
             print(f"deleted {args.name}")
@@ -115,7 +117,7 @@ def cmd_publish(args) -> int:
     with _connect(args) as cluster:
         source = open(args.file, "rb") if args.file else sys.stdin.buffer
         count = 0
-        with source, cluster.publisher(args.topic) as pub:
+        with source, cluster.publisher(args.topic, scope=args.scope) as pub:
             for line in source:
                 pub.publish(line.rstrip(b"\n"))
                 count += 1
@@ -126,7 +128,7 @@ def cmd_publish(args) -> int:
 
 def cmd_subscribe(args) -> int:
     with _connect(args) as cluster:
-        with cluster.subscriber(args.topic) as sub:
+        with cluster.subscriber(args.topic, scope=args.scope) as sub:
             got = 0
             while args.count is None or got < args.count:
                 msg = sub.receive(timeout=args.timeout)
@@ -137,6 +139,9 @@ def cmd_subscribe(args) -> int:
                     else json.dumps(msg.value, default=str)
                 print(f"{msg.topic}\t{msg.source}\t{msg.seq}\t{text}", flush=True)
         return 0
+
+
+SCOPE_HELP = "the member's parent scope, e.g. X/Q, created on first use (default: its host's)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = attach(sub.add_parser("topic", help="create, list or delete topics"))
     t.add_argument("action", choices=["create", "list", "delete"])
     t.add_argument("name", nargs="?", help="topic name (create, delete)")
-    t.add_argument("--policy", default="tree", help="forwarding policy (tree)")
+    t.add_argument("--policy", default="tree",
+                   help="forwarding policy: tree (default), chain, star, lan_multicast, replicated")
+    t.add_argument("--root", default="", metavar="SCOPE",
+                   help="the scope the topic is rooted at (default: the cluster scope)")
     t.add_argument("--recovery", default="token_ring", help="recovery protocol (token_ring)")
     t.set_defaults(func=cmd_topic)
 
@@ -191,11 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("topic")
     pub.add_argument("--file", help="read lines from this file instead of stdin")
     pub.add_argument("--timeout", type=float, default=30.0, help="flush timeout in seconds")
+    pub.add_argument("--scope", metavar="PATH", help=SCOPE_HELP)
     pub.set_defaults(func=cmd_publish)
 
     sb = attach(sub.add_parser("subscribe", help="print messages of a topic as they arrive"))
     sb.add_argument("topic", nargs="+")
     sb.add_argument("--count", type=int, help="stop after this many messages")
+    sb.add_argument("--scope", metavar="PATH", help=SCOPE_HELP)
     sb.add_argument("--timeout", type=float, default=None,
                     help="stop after this many idle seconds (default: wait forever)")
     sb.set_defaults(func=cmd_subscribe)

@@ -258,16 +258,22 @@ class ScopeManager:
         if child is not None and child.kind != "scope":
             log.warning("scope %r: report from %r, which is a member process here", self.path, name)
             return
-        if child is None or child.incarnation != body["incarnation"]:
+        try:
+            incarnation, acked = int(body["incarnation"]), int(body["acked"])
+            state = (int(body["depth"]), {int(k): str(v) for k, v in body["subs"].items()},
+                     {int(t) for t in body["pubs"]},
+                     {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
+                     dict(body["joined"]), bool(body["regular"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("scope %r: malformed report from %r ignored: %s", self.path, name, exc)
+            return
+        if child is None or child.incarnation != incarnation:
             if child is None:
                 log.info("scope %r: child scope %r joined", self.path, name)
             child = self.children[name] = Child(name, "scope", handle=handle,
-                                                incarnation=body["incarnation"])
+                                                incarnation=incarnation)
         child.last_seen = time.monotonic()
-        child.acked = body["acked"]
-        state = (body["depth"], {int(k): v for k, v in body["subs"].items()}, set(body["pubs"]),
-                 {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
-                 body["joined"], body["regular"])
+        child.acked = acked
         if state != (child.depth, child.subs, child.pubs, child.offers, child.joined,
                      child.regular):
             (child.depth, child.subs, child.pubs, child.offers, child.joined,

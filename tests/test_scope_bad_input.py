@@ -1,0 +1,75 @@
+"""Bad input to the scope managers: typed errors or ignored with a log line; no scope manager
+crashes and no existing channel is lost."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from scopecast.actors import declare
+from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicNotFound
+from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.paths import scope_actor_name
+from scopecast.scopes.status import members, scope
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def listener(cluster):
+    """A subscriber in scope bad/ok whose channel must survive everything below."""
+    info = cluster.create_topic("bad/kept", policy="chain")
+    actor = ray.remote(num_cpus=0)(TopicConsumer).remote(info.name, scope="bad/ok", name="L")
+    ray.get(actor.ready.remote())
+    yield info, actor
+    ray.get(actor.close.remote())
+
+
+def still_delivers(cluster, listener) -> None:
+    info, actor = listener
+    pending = actor.consume.remote(500, 60.0)
+    with cluster.publisher(info.name, scope="bad/other") as pub:
+        for i in range(500):
+            pub.publish(b"%d" % i)
+        pub.flush(timeout=30)
+    got = ray.get(pending, timeout=120)
+    assert (got["count"], got["gaps"]) == (500, 0)
+
+
+@pytest.mark.parametrize("path", ["bad/../x", "bad//x", "bad/x/bad", "bad/x y",
+                                  "/".join("abcdefghi")])
+def test_malformed_or_cyclic_scope_paths_are_typed_errors(cluster, listener, path):
+    with pytest.raises(InvalidConfig):
+        cluster.subscriber(listener[0].name, scope=path)
+
+
+def test_unknown_topic_in_a_scope_is_a_typed_error(cluster, listener):
+    with pytest.raises(TopicNotFound):
+        cluster.subscriber("bad/no-such-topic", scope="bad/ok")
+    with pytest.raises(TopicNotFound):
+        cluster.publisher("bad/no-such-topic", scope="bad/other")
+
+
+def test_a_topic_rooted_elsewhere_is_refused(cluster, listener):
+    info = cluster.create_topic("bad/rooted", root="bad/ok")
+    with pytest.raises(InvalidConfig, match="rooted at"):
+        cluster.subscriber(info.name, scope="bad/other")
+
+
+def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
+    manager = declare.lookup(scope_actor_name("bad/ok"))
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(manager.watch.remote(987654321, 5, 0))
+    assert isinstance(err.value.cause, MemberExpired)
+    member = next(m for m in members(scope(cluster.status(), "bad/ok")) if m["name"] == "L")
+    # a member re-registering with a stale view, or someone else's name, is refused
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(manager.register_member.remote("L", "127.0.0.1", 1, 1, "", "member", 0))
+    assert isinstance(err.value.cause, InvalidConfig)
+    view = ray.get(manager.watch.remote(member["id"], 1, 0))  # a stale version: the current view
+    assert view is not None and view["version"] == member["view"]
+    # reports that are not from a child scope, or malformed, are ignored (logged)
+    assert ray.get(manager.report.remote("L", {"incarnation": 1}, None)) is None
+    assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is None
+    assert "zz" not in {s["name"] for s in scope(cluster.status(), "bad/ok")["scopes"]}
+    still_delivers(cluster, listener)
