@@ -301,14 +301,19 @@ class ScopeManager:
             if child.kind == "member" and child.acked != child.sent_version:
                 return False
         scopes = [c for c in self.children.values() if c.kind == "scope"]
-        results = await asyncio.gather(*(c.handle.check.remote(c.sent_version) for c in scopes),
-                                       return_exceptions=True)
+        results = await self._ask(scopes, lambda c: c.handle.check.remote(c.sent_version))
         return all(r is True for r in results)
+
+    async def _ask(self, children: list[Child], call) -> list:
+        """Call every child scope at once; a child that does not answer within the scope timeout
+        (dead, or restarting) answers its exception."""
+        timeout = self.settings["scope_timeout"]
+        return await asyncio.gather(*(asyncio.wait_for(call(c), timeout) for c in children),
+                                    return_exceptions=True)
 
     async def status(self) -> dict:
         scopes = [c for c in self.children.values() if c.kind == "scope"]
-        below = await asyncio.gather(*(c.handle.status.remote() for c in scopes),
-                                     return_exceptions=True)
+        below = await self._ask(scopes, lambda c: c.handle.status.remote())
         sub = {c.name: (b if isinstance(b, dict) else {"path": f"{self.path}/{c.name}",
                                                        "error": str(b)})
                for c, b in zip(scopes, below, strict=True)}
@@ -657,7 +662,8 @@ class ScopeManager:
             self._release(child.id)
             if child.wake is not None:
                 child.wake.set()
-        log.warning("scope %r: %s %s removed (%s)", self.path, child.kind, child.name, why)
+        log.log(logging.INFO if why == "left" else logging.WARNING, "scope %r: %s %s removed (%s)",
+                self.path, child.kind, child.name, why)
         self._kick()
 
     async def _topic(self, name: str) -> TopicInfo:
