@@ -29,6 +29,17 @@ def wait_for(predicate, what: str, timeout: float = 60.0, period: float = 0.2):
     return value
 
 
+def everyone_gets(pub, actors: dict, n: int, tag: bytes = b"m", timeout: float = 120.0) -> None:
+    """Publish n messages; each of `actors` (name -> consumer) receives all, in order."""
+    pending = {name: actor.consume.remote(n, timeout) for name, actor in actors.items()}
+    for i in range(n):
+        pub.publish(b"%s %d" % (tag, i))
+    pub.flush(timeout=timeout)
+    for name, ref in pending.items():
+        got = ray.get(ref, timeout=2 * timeout)
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0), name
+
+
 def labels(status: dict, root: str) -> dict[str, list[str]]:
     """Each member under scope `root`: the labels of the channels it sends along."""
     return {m["name"]: sorted(c["label"] for c in m["channels"])
@@ -76,14 +87,7 @@ def test_campus_channels_are_exactly_those_of_the_text(cluster, campus):
     assert [(d["scope"], d["dst"]) for d in scope(status, "X/Q")["delegated_here"]] == \
         [("X", ["R", "E"])]
 
-    n = 5_000
-    pending = {name: actor.consume.remote(n, 120.0) for name, actor in actors.items()}
-    for i in range(n):
-        pub.publish(b"lecture %d" % i)
-    pub.flush(timeout=60)
-    for name, ref in pending.items():
-        got = ray.get(ref, timeout=180)
-        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0), name
+    everyone_gets(pub, actors, 5_000, b"lecture")
 
 
 def test_campus_member_killed_mid_stream_is_routed_around(cluster, campus):
@@ -109,14 +113,7 @@ def test_campus_member_killed_mid_stream_is_routed_around(cluster, campus):
     wait_for(lambda: all(m["installed"] == m["view"] for m in members(scope(cluster.status(),
                                                                            "X"))),
              "every member has its new tables in place")
-    n = 2_000
-    pending = {name: actors[name].consume.remote(n, 120.0) for name in first}
-    for i in range(n):
-        pub.publish(b"after %d" % i)
-    pub.flush(timeout=60)
-    for name, ref in pending.items():
-        got = ray.get(ref, timeout=180)
-        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0), name
+    everyone_gets(pub, {name: actors[name] for name in first}, 2_000, b"after")
 
 
 def test_campus_scope_manager_killed_is_restarted_and_its_members_rejoin(cluster, campus):
@@ -135,14 +132,7 @@ def test_campus_scope_manager_killed_is_restarted_and_its_members_rejoin(cluster
                 and any(c["label"].startswith("Q:") for m in members(scope(status, "X/Q"))
                         for c in m["channels"]))
     wait_for(rejoined, "X/R restarted and E back in it", timeout=90)
-    n = 2_000
-    pending = {name: actors[name].consume.remote(n, 120.0) for name in ("B", "C", "E")}
-    for i in range(n):
-        pub.publish(b"again %d" % i)
-    pub.flush(timeout=60)
-    for name, ref in pending.items():
-        got = ray.get(ref, timeout=180)
-        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0), name
+    everyone_gets(pub, {name: actors[name] for name in "BCE"}, 2_000, b"again")
 
 
 def test_many_members_in_many_scopes_subscribe_at_once_and_converge(cluster):
@@ -157,13 +147,7 @@ def test_many_members_in_many_scopes_subscribe_at_once_and_converge(cluster):
         assert len([m for m in many if info.id in m["subscribes"]]) == 32
         assert all(m["installed"] == m["view"] for m in many)
         assert len(scope(status, "many")["scopes"]) == 8
-        n = 2_000
-        pending = [a.consume.remote(n, 240.0) for a in actors]
-        for i in range(n):
-            pub.publish({"i": i})
-        pub.flush(timeout=120)
-    for got in ray.get(pending, timeout=400):
-        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0)
+        everyone_gets(pub, dict(enumerate(actors)), 2_000, timeout=240.0)
     ray.get([a.close.remote() for a in actors], timeout=120)
 
 
@@ -172,15 +156,9 @@ def test_each_builtin_policy_delivers_across_scopes(cluster, policy):
     info = cluster.create_topic(f"policies/{policy}", policy=policy)
     actors = [Consumer.remote(info.name, scope=f"pol-{policy}/{s}") for s in "abab"]
     ray.get([a.ready.remote() for a in actors])
-    n = 3_000
     with cluster.publisher(info.name, scope=f"pol-{policy}/a") as pub:
-        pending = [a.consume.remote(n, 120.0) for a in actors]
-        for i in range(n):
-            pub.publish(b"%d" % i)
-        pub.flush(timeout=60)
+        everyone_gets(pub, dict(enumerate(actors)), 3_000)
         status = cluster.status()
-    for got in ray.get(pending, timeout=240):
-        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0)
     top = scope(status, f"pol-{policy}")
     inside = members(top)
     if policy == "lan_multicast":  # one group for the whole scope, no member forwards
