@@ -64,7 +64,7 @@ def test_hierarchy_from_node_labels_late_nodes_and_dead_host_scopes(tmp_path):
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                          timeout=400, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     head, late = got["head"], got["late"]
     host_a, host_b = f"east/a/host-{head[:8]}", f"east/b/host-{late[:8]}"
     assert got["kinds"]["/"] == "cluster" and got["kinds"]["east"] == "region"

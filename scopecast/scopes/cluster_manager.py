@@ -102,12 +102,14 @@ class ClusterScopeManager(ScopeManager):
     # ------------------------------------------------------------------------ the hierarchy
 
     async def host_scope(self, node_id: str) -> str:
-        """The path of the host scope of a Ray node (deployed now if it is new)."""
+        """The path of the host scope of a Ray node (deployed now if it is new), once its scope
+        manager is up."""
         if node_id not in self._hosts_of:
             self._deploy_hosts()
         path = self._hosts_of.get(node_id)
         if path is None:
             raise InvalidConfig(f"Ray node {node_id[:12]} is not alive in this cluster")
+        await _started(path)
         return path
 
     async def ensure_scope(self, path: str) -> str:
@@ -118,6 +120,7 @@ class ClusterScopeManager(ScopeManager):
             sub = "/".join(parts[:i])
             if not any(h == sub or h.startswith(sub + "/") for h in self._hosts_of.values()):
                 _deploy(sub, "user")  # (the default hierarchy's scopes are deployed as such)
+        await _started(path)
         return path
 
     def _deploy_hosts(self) -> None:
@@ -235,6 +238,12 @@ def _deploy(path: str, kind: str, strategy=None) -> None:
     handle = declare.get_or_create(ScopeManager, scope_actor_name(path), path, kind,
                                    scope_actor_name(parent_path(path)), ray_options=opts)
     handle.start.remote()
+
+
+async def _started(path: str) -> None:
+    """Wait until the scope manager of `path` runs (a handle a caller gets from `ray.get_actor`
+    before then may not know the actor's methods yet)."""
+    await ray.get_actor(scope_actor_name(path), namespace=declare.NAMESPACE).start.remote()
 
 
 def _check_settings(settings: dict) -> None:

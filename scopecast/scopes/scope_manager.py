@@ -342,7 +342,7 @@ class ScopeManager:
         for child in list(self.children.values()):
             body = deleg.get(child.name, {"exits": [], "covered": {}})
             if child.kind == "member":
-                self._send_view(child, body, length)
+                self._send_view(child, body)
             else:
                 self._send_install(child, body)
         self.applied = version
@@ -364,11 +364,15 @@ class ScopeManager:
                 pubs.setdefault(t, set()).add(c.name)
         exits: dict[int, set[str]] = {}
         for x in self.delegation.get("exits", ()):
-            layout = self.container.topics.get(x["topic"])
-            chosen = (layout.exits.get(x["replicas"]) if layout is not None else None) \
-                or self._forwarders()[:1]
-            exits.setdefault(x["topic"], set()).update(chosen)
+            exits.setdefault(x["topic"], set()).update(self._exit_members(x))
         return subs, pubs, exits
+
+    def _exit_members(self, exit_: dict) -> list[str]:
+        """The members a channel delegated from above goes to: the policy's choice, or the first
+        forwarder where no policy runs for the topic here (a topic covered by a multicast group)."""
+        layout = self.container.topics.get(exit_["topic"])
+        chosen = layout.exits.get(exit_["replicas"]) if layout is not None else None
+        return chosen or self._forwarders()[:1]
 
     def _forwarders(self) -> list[str]:
         names = sorted(c.name for c in self.children.values() if c.regular)
@@ -473,9 +477,7 @@ class ScopeManager:
                 if ob is not None and ch.src in self.children:
                     give(ch.src, "exits", {**ob, "wraps": [[ch.src, length]]})
         for x in self.delegation.get("exits", ()):
-            layout = self.container.topics.get(x["topic"])
-            chosen = (layout.exits.get(x["replicas"]) if layout is not None else None) \
-                or self._forwarders()[:1]
+            chosen = self._exit_members(x)
             n = len(chosen)
             for k, name in enumerate(chosen):
                 give(name, "exits", {**x, "wraps": x["wraps"] + [[name, length]], "replicas": 1,
@@ -520,8 +522,8 @@ class ScopeManager:
         child.sent, child.sent_version = content, self._version
         child.handle.install.remote(self._version, content)
 
-    def _send_view(self, child: Child, body: dict, length: int) -> None:
-        view = self._member_view(child, body, length)
+    def _send_view(self, child: Child, body: dict) -> None:
+        view = self._member_view(child, body)
         if view == child.sent:
             return
         self._version += 1
@@ -530,18 +532,17 @@ class ScopeManager:
             if child.regular else {}
         child.wake.set()
 
-    def _member_view(self, member: Child, body: dict, length: int) -> dict:
-        routes = []
+    def _member_view(self, member: Child, body: dict) -> dict:
+        """A member process's tables: the channels it sends along, the groups it receives on
+        (where a multicast group covers a topic it subscribes to or forwards), its siblings."""
+        routes = [_route(ob) for ob in body["exits"]]
+        forwards = {ob["topic"] for ob in body["exits"]}
         groups = set()
-        for ob in body["exits"]:
-            routes.append(_route(ob, ob["origin"]))
         for tid, cov in body["covered"].items():
             tid = int(tid)
             if tid in member.pubs:
-                routes.append(_route(cov, cov["origin"]))
-            if tid in member.subs or any(ob["topic"] == tid for ob in body["exits"]) or (
-                    cov.get("scope") == self.path and tid in self.container.topics
-                    and member.name in self.container.topics[tid].members):
+                routes.append(_route(cov))
+            if tid in member.subs or tid in forwards:
                 groups.add(tuple(cov["endpoint"][1:]))
         receivers: dict[str, list[int]] = {}
         for r in routes:
@@ -711,9 +712,10 @@ def _channels(view: dict | None) -> dict:
             "groups": view["groups"], "receivers": view["receivers"]}
 
 
-def _route(ob: dict, origin: str) -> dict:
+def _route(ob: dict) -> dict:
+    """A channel delegated down to a member process, as the member installs it."""
     return {"topic": ob["topic"], "src": sending_path(ob["wraps"]), "dst": ob["dst"],
-            "origin": origin, "endpoint": ob["endpoint"], "filter": ob.get("filter"),
+            "origin": ob["origin"], "endpoint": ob["endpoint"], "filter": ob.get("filter"),
             "receivers": ob.get("receivers", []), "scope": ob.get("scope", "")}
 
 
