@@ -174,3 +174,19 @@ def test_each_builtin_policy_delivers_across_scopes(cluster, policy):
         assert all(c["endpoint"][0] == "u" for m in inside for c in m["channels"])
         assert top["topics"][str(info.id)]["channels"] == ["a->b (origin a)"]
     ray.get([a.close.remote() for a in actors])
+
+
+def test_a_multicast_sender_waits_for_every_member_on_its_group(cluster):
+    """With one subscriber next to the publisher, the scope's group still carries the topic and
+    the publisher's window waits for that subscriber (else a fast sender overruns it)."""
+    info = cluster.create_topic("policies/solo", policy="lan_multicast")
+    actor = Consumer.remote(info.name, scope="solo")
+    ray.get(actor.ready.remote())
+    with cluster.publisher(info.name, scope="solo") as pub:
+        inside = members(scope(cluster.status(), "solo"))
+        me = next(m for m in inside if m["pid"] == os.getpid())
+        other = next(m for m in inside if m["pid"] != os.getpid())
+        assert [c["endpoint"][0] for c in me["channels"]] == ["g"]
+        assert {i for ids in me["receivers"].values() for i in ids} == {other["id"]}
+        everyone_gets(pub, {"sub": actor}, 20_000)
+    ray.get(actor.close.remote())

@@ -528,8 +528,10 @@ class ScopeManager:
             return
         self._version += 1
         child.sent, child.sent_version = view, self._version
-        child.joined = {"%s:%d" % tuple(g): [child.id] for g in view["groups"]} \
-            if child.regular else {}
+        joined = {"%s:%d" % tuple(g): [child.id] for g in view["groups"]} if child.regular else {}
+        if joined != child.joined:  # senders to those groups wait for it: lay again
+            child.joined = joined
+            self._dirty = True
         child.wake.set()
 
     def _member_view(self, member: Child, body: dict) -> dict:
