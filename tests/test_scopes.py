@@ -190,3 +190,24 @@ def test_a_multicast_sender_waits_for_every_member_on_its_group(cluster):
         assert {i for ids in me["receivers"].values() for i in ids} == {other["id"]}
         everyone_gets(pub, {"sub": actor}, 20_000)
     ray.get(actor.close.remote())
+
+
+def test_subscription_cascades_up_and_the_last_close_withdraws_it(cluster):
+    """The first subscriber in casc/a makes casc/a subscribe in casc and casc in the cluster
+    scope; when the last one closes, the subscription is withdrawn all the way up."""
+    info = cluster.create_topic("casc/T")
+
+    def subscribed() -> tuple[bool, bool]:
+        status = cluster.status()
+        in_casc = next((s for s in scope(status, "casc")["scopes"] if s["name"] == "a"), None)
+        at_root = next(s for s in scope(status, "/")["scopes"] if s["name"] == "casc")
+        return (in_casc is not None and info.id in in_casc["subscribes"],
+                info.id in at_root["subscribes"])
+
+    first = cluster.subscriber(info.name, scope="casc/a")
+    second = cluster.subscriber(info.name, scope="casc/a")
+    wait_for(lambda: subscribed() == (True, True), "the subscription cascaded up")
+    first.close()
+    assert subscribed() == (True, True)  # one subscriber is left
+    second.close()
+    wait_for(lambda: subscribed() == (False, False), "the subscription withdrawn up")
