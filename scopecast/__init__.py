@@ -25,14 +25,16 @@ from scopecast.netio.message import Message
 from scopecast.netio.pubsub import Publisher, Subscriber
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.transport import TransportConfig
+from scopecast.policies.api import Connect, Disconnect, ForwardingPolicy, PolicyContext
+from scopecast.policies.registry import PluginRef
 from scopecast.ray_cluster.cluster import Cluster, connect
 from scopecast.scopes.topics import TopicInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "FlushTimeout", "InvalidConfig", "MemberExpired", "Message", "MessageTooLarge",
-    "NotConnected",
-    "PluginRejected", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
+    "Cluster", "Connect", "Disconnect", "FlushTimeout", "ForwardingPolicy", "InvalidConfig",
+    "MemberExpired", "Message", "MessageTooLarge", "NotConnected", "PluginRef",
+    "PluginRejected", "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
     "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "connect",
 ]

@@ -113,6 +113,23 @@ def cmd_topic(args) -> int:
         return 0
 
 
+def cmd_plugin(args) -> int:
+    with _connect(args) as cluster:
+        if args.action == "submit":
+            ref = cluster.submit_plugin(args.target)
+            print(f"{ref.kind} {ref.name}@{ref.version} sha256:{ref.sha256}")
+        elif args.action == "list":
+            for p in cluster.plugins():
+                print(f"{p['kind']:<9}{p['name']}@{p['version']:<12} sha256:{p['sha256']}  "
+                      f"{p['bytes']} bytes")
+        elif args.action == "show":
+            print(json.dumps(cluster.plugin(args.target), indent=2, default=str))
+        else:
+            ref = cluster.remove_plugin(args.target)
+            print(f"removed {ref.name}@{ref.version}")
+        return 0
+
+
 def cmd_publish(args) -> int:
     with _connect(args) as cluster:
         source = open(args.file, "rb") if args.file else sys.stdin.buffer
@@ -195,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--recovery", default="token_ring", help="recovery protocol (token_ring)")
     t.set_defaults(func=cmd_topic)
 
+    pl = attach(sub.add_parser("plugin", help="submit, list, show or remove plug-in modules"))
+    pl.add_argument("action", choices=["submit", "list", "show", "remove"])
+    pl.add_argument("target", nargs="?",
+                    help="submit: a .py file or package directory; show/remove: name@version or "
+                         "sha256:<hex>")
+    pl.set_defaults(func=cmd_plugin)
+
     pub = attach(sub.add_parser("publish", help="publish lines from stdin or --file"))
     pub.add_argument("topic")
     pub.add_argument("--file", help="read lines from this file instead of stdin")
@@ -218,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "topic" and args.action != "list" and not args.name:
         print("scopecast topic create/delete needs a topic name", file=sys.stderr)
+        return 2
+    if args.command == "plugin" and args.action != "list" and not args.target:
+        print(f"scopecast plugin {args.action} needs a target", file=sys.stderr)
         return 2
     try:
         return args.func(args)

@@ -8,6 +8,7 @@ gets the whole current state again (`reset=True`) and rebuilds it from the event
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 from scopecast.policies.api import Connect, Disconnect, ForwardingPolicy, PolicyContext
@@ -20,9 +21,13 @@ EVENTS = ("member_added", "member_removed", "source_added", "source_removed")
 class PolicyHost:
     """One Ray actor per (scope, policy module)."""
 
-    def __init__(self, scope: str, policy: str) -> None:
-        from scopecast.policies.builtin import BUILTIN_POLICIES
-        self._cls: type[ForwardingPolicy] = BUILTIN_POLICIES[policy]
+    def __init__(self, scope: str, policy: str, module: str | None = None,
+                 cls: str | None = None) -> None:
+        if module is None:
+            from scopecast.policies.builtin import BUILTIN_POLICIES
+            self._cls: type[ForwardingPolicy] = BUILTIN_POLICIES[policy]
+        else:  # a plug-in: its package came with this actor's runtime_env (py_modules)
+            self._cls = getattr(importlib.import_module(module), cls)
         self._scope = scope
         self._instances: dict[int, ForwardingPolicy] = {}
 

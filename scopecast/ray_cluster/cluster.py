@@ -15,6 +15,7 @@ from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber
 from scopecast.netio.runtime import RuntimeConfig
+from scopecast.policies.registry import PluginRef, collect
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
 from scopecast.scopes.paths import scope_actor_name
@@ -199,6 +200,26 @@ class Cluster:
         """Switch a topic's forwarding policy or recovery protocol; starts a new session: publishers
         end the old one and continue in the new one (seq from 1) once every member knows it."""
         return call(self._manager.update_topic, name, policy, recovery)
+
+    # ---------------------------------------------------------------------------- plug-ins
+
+    def submit_plugin(self, path: str) -> PluginRef:
+        """Submit a plug-in (a `.py` file or a package directory with a `__scopecast_plugin__`
+        manifest): the cluster validates it in a process of its own and keeps it by digest;
+        topics then name it as `policy="name@version"` or `"sha256:<hex>"`."""
+        return call(self._manager.submit_plugin, collect(path), timeout=180.0)
+
+    def plugins(self) -> list[dict]:
+        """The plug-ins in the cluster's library (manifest, digest, size, submission time)."""
+        return call(self._manager.plugins)
+
+    def plugin(self, ref: str) -> dict:
+        """One plug-in's record, with the topics that use it."""
+        return call(self._manager.plugin, ref)
+
+    def remove_plugin(self, ref: str) -> PluginRef:
+        """Remove a plug-in from the library (refused while a topic uses it)."""
+        return call(self._manager.remove_plugin, ref)
 
     def topics(self) -> list[TopicInfo]:
         return call(self._manager.topics_list)

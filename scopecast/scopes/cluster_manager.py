@@ -29,6 +29,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.netio.auth import new_cluster_key
+from scopecast.policies.builtin import BUILTIN_POLICIES
+from scopecast.policies.library import PluginLibrary, ref_of
+from scopecast.policies.registry import PluginRef
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, ScopeManager
 from scopecast.scopes.state import ScopeStore
@@ -36,7 +39,6 @@ from scopecast.scopes.topics import TopicInfo, check_topic_name
 
 log = logging.getLogger(__name__)
 
-KNOWN_POLICIES = ("tree", "chain", "star", "lan_multicast", "replicated")
 KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
 DEFAULT_LAN = "lan0"
 NODE_CHECK_PERIOD = 2.0
@@ -76,6 +78,7 @@ class ClusterScopeManager(ScopeManager):
         self.topics = {t["id"]: TopicInfo(**{k: v for k, v in t.items() if k in fields})
                        for t in self._store.topics()}
         self._directory = {m["id"]: m for m in self._store.members()}
+        self._library = PluginLibrary(self._store)
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
         self._last_node_check = 0.0
         log.info("cluster scope manager up: cluster %x, state %s, %d topics, %d members in the "
@@ -170,7 +173,8 @@ class ClusterScopeManager(ScopeManager):
                            root: str = "", exist_ok: bool = True,
                            options: dict | None = None) -> TopicInfo:
         check_topic_name(name)
-        _check_protocols(policy, recovery)
+        plugin = self._policy_plugin(policy)
+        _check_recovery(recovery)
         root = check_scope_path(root)
         existing = self._topic_named(name)
         if existing is not None:
@@ -180,7 +184,7 @@ class ClusterScopeManager(ScopeManager):
             return existing
         tid = self._store.next_id("topic")
         info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, root=root,
-                         session=1, options=dict(options or {}))
+                         session=1, plugin=plugin, options=dict(options or {}))
         self._save(info)
         log.info("topic %s created (id %d, policy %s, root %r)", name, tid, policy, root)
         return info
@@ -192,8 +196,10 @@ class ClusterScopeManager(ScopeManager):
         info = await self.topic(name)
         policy = policy or info.policy
         recovery = recovery or info.recovery
-        _check_protocols(policy, recovery)
-        info = replace(info, policy=policy, recovery=recovery, session=info.session + 1)
+        plugin = self._policy_plugin(policy)
+        _check_recovery(recovery)
+        info = replace(info, policy=policy, recovery=recovery, plugin=plugin,
+                       session=info.session + 1)
         self._save(info)
         log.info("topic %s: session %d (policy %s, recovery %s)", name, info.session, policy,
                  recovery)
@@ -222,6 +228,45 @@ class ClusterScopeManager(ScopeManager):
         self._store.delete_topic(name)
         self._kick()
 
+    # ----------------------------------------------------------------------------- plug-ins
+
+    def _policy_plugin(self, policy: str) -> str:
+        """"" for a built-in policy, else the digest of the plug-in `policy` names."""
+        if policy in BUILTIN_POLICIES:
+            return ""
+        if not isinstance(policy, str) or ("@" not in policy and not policy.startswith("sha256:")):
+            raise InvalidConfig(f"unknown forwarding policy {policy!r}: built-ins are "
+                                f"{', '.join(BUILTIN_POLICIES)}; a plug-in is named name@version "
+                                "or sha256:<hex>")
+        record = self._library.find(policy)
+        if record["kind"] != "policy":
+            raise InvalidConfig(f"{policy} is a {record['kind']} plug-in, not a forwarding policy")
+        return record["sha256"]
+
+    async def submit_plugin(self, files: dict[str, bytes]) -> PluginRef:
+        """Validate a plug-in in a process of its own and keep it in the library."""
+        ref = await self._library.submit(files)
+        log.info("plug-in %s stored", ref)
+        return ref
+
+    async def plugins(self) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "module"} for r in self._library.records()]
+
+    async def plugin(self, ref: str) -> dict:
+        record = self._library.find(ref)
+        used = [t.name for t in self.topics.values() if t.plugin == record["sha256"]]
+        return {**record, "used_by": used}
+
+    async def plugin_files(self, sha: str) -> tuple[str, str, dict[str, bytes]]:
+        """(module name, policy class, files) of the plug-in `sha`, for the scopes that run it."""
+        record = self._library.find(f"sha256:{sha}")
+        return record["module"], record["manifest"]["classes"][0], self._library.files(sha)
+
+    async def remove_plugin(self, ref: str) -> PluginRef:
+        record = self._library.find(ref)
+        used = [t.name for t in self.topics.values() if t.plugin == record["sha256"]]
+        return self._library.remove(ref, used)
+
     async def status(self) -> dict:
         tree = await super().status()
         return {"cluster_id": f"{self._cluster_id:012x}",
@@ -229,7 +274,8 @@ class ClusterScopeManager(ScopeManager):
                 "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
                 "settings": {k: v for k, v in self.settings.items() if k in DEFAULT_SETTINGS},
                 "topics": [t.to_dict() for t in sorted(self.topics.values(), key=lambda t: t.id)],
-                "directory": len(self._directory), "scopes": tree}
+                "directory": len(self._directory),
+                "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 
 
 def _deploy(path: str, kind: str, strategy=None) -> None:
@@ -258,10 +304,7 @@ def _check_settings(settings: dict) -> None:
         raise InvalidConfig("heartbeat timeouts must be at least twice the heartbeat period")
 
 
-def _check_protocols(policy: str, recovery: str) -> None:
-    if policy not in KNOWN_POLICIES:
-        raise InvalidConfig(f"unknown forwarding policy {policy!r}; built-ins are "
-                            f"{', '.join(KNOWN_POLICIES)}")
+def _check_recovery(recovery: str) -> None:
     if recovery not in KNOWN_RECOVERY:
         raise InvalidConfig(f"unknown recovery protocol {recovery!r}; built-ins are "
                             f"{', '.join(KNOWN_RECOVERY)}")

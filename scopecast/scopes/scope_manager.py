@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import ray
 
 from scopecast.actors import declare
-from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicNotFound
+from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, TopicNotFound
 from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
+from scopecast.policies.library import materialize, plugin_cache, shipped
+from scopecast.policies.registry import digest
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, pad, sending_path
 from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0}
 POLICY_TIMEOUT = 10.0
+DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
 WATCH_TIMEOUT = 1.0
 MULTICAST_KINDS = ("lan", "host", "user")
 
@@ -109,6 +112,7 @@ class ScopeManager:
         self._pending_version = 0        # version of the parent's delegation last received
         self._reported = None
         self._hosts: dict[str, object] = {}
+        self._failed: dict[str, str] = {}  # plug-in policy -> why it no longer runs here
         self._dirty = False
         self._task: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
@@ -326,6 +330,7 @@ class ScopeManager:
                 "delegated_here": self.delegation.get("exits", []),
                 "covered_here": self.delegation.get("covered", {}),
                 "policy_rejections": dict(self.container.rejected),
+                "failed_policies": dict(self._failed),
                 "scopes": [{**c.record(), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
@@ -400,33 +405,57 @@ class ScopeManager:
                     members.add(layout.entry)
             if not members and not sources and tid not in subs:
                 continue
-            wanted[tid] = {"policy": info.policy,
+            wanted[tid] = {"policy": self._policy_key(info),
                            "context": {"scope": self.path, "topic": info.name, "topic_id": tid,
                                        "multicast": self.multicast, "options": info.options},
                            "members": members, "sources": sources,
                            "candidates": forwarders, "replicas": replicas.get(tid, {1})}
         return wanted
 
+    def _policy_key(self, info: TopicInfo) -> str:
+        """Which policy actor hosts the topic here: a built-in's name or a plug-in's digest; a
+        plug-in that failed in this scope is replaced by the default policy (status says why)."""
+        key = f"sha256:{info.plugin}" if info.plugin else info.policy
+        return DEFAULT_POLICY if key in self._failed else key
+
     async def _run_policies(self, batches: dict[str, list[dict]]) -> None:
         async def one(policy: str, items: list[dict]) -> None:
             public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
             try:
-                results = await asyncio.wait_for(self._policy_host(policy).apply.remote(public),
-                                                 POLICY_TIMEOUT)
+                host = await self._policy_host(policy)
+                results = await asyncio.wait_for(host.apply.remote(public), POLICY_TIMEOUT)
             except Exception as exc:
                 log.warning("scope %r: policy actor %s failed: %s", self.path, policy, exc)
                 self._hosts.pop(policy, None)
-                results = [None] * len(items)
+                results = [{"topic": it["topic"], "ops": [], "error": f"policy actor: {exc}"}
+                           for it in items]
             for item, result in zip(items, results, strict=True):
                 self.container.apply(item, result)
+                if result.get("error") and policy != DEFAULT_POLICY:
+                    self._failed[policy] = result["error"]
+                    self._dirty = True  # lay the topic again with the default policy
 
         await asyncio.gather(*(one(p, items) for p, items in batches.items() if items))
 
-    def _policy_host(self, policy: str):
+    async def _policy_host(self, policy: str):
+        """The policy actor of this scope for a built-in policy or a plug-in (made on first use;
+        a plug-in's module is fetched from the root's library, checked against its digest and
+        shipped to the actor in its runtime_env)."""
         handle = self._hosts.get(policy)
-        if handle is None:
-            handle = self._hosts[policy] = declare.get_or_create(
-                PolicyHost, f"scopecast:policy:{self.path}:{policy}", self.path, policy)
+        if handle is not None:
+            return handle
+        name = f"scopecast:policy:{self.path}:{policy[:23]}"
+        if not policy.startswith("sha256:"):
+            handle = declare.get_or_create(PolicyHost, name, self.path, policy)
+        else:
+            sha = policy[len("sha256:"):]
+            module, cls, files = await self._root_call("plugin_files", sha)
+            if digest(files) != sha:
+                raise PluginRejected(f"plug-in {sha[:12]} does not match its digest")
+            package = materialize(files, plugin_cache() / sha, module)
+            handle = declare.get_or_create(PolicyHost, name, self.path, policy, module, cls,
+                                           ray_options={"runtime_env": shipped(package)})
+        self._hosts[policy] = handle
         return handle
 
     def _length(self) -> int:

@@ -2,7 +2,8 @@
 `~/.scopecast/state.db`) on the node that hosts the cluster scope manager.
 
 It holds what must survive the scope manager's process: the cluster's identity, key and multicast
-settings, topics with their session numbers, the member id counter and the member records. One state
+settings, topics with their session numbers, the member id counter and the member directory, and
+the plug-in library (each plug-in's manifest and files, by digest). One state
 directory serves one cluster at a time: two clusters running at once on one machine need distinct
 `SCOPECAST_HOME`s (the tests and the benchmark harness use their own).
 """
@@ -19,6 +20,8 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, id INTEGER UNIQUE NOT NULL,
                                    body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS plugins (sha256 TEXT PRIMARY KEY, name TEXT NOT NULL,
+                                    version TEXT NOT NULL, body TEXT NOT NULL, files BLOB NOT NULL);
 """
 SCHEMA_VERSION = "1"
 
@@ -91,6 +94,23 @@ class ScopeStore:
 
     def clear_members(self) -> None:
         self._db.execute("DELETE FROM members")
+
+    # ---------------------------------------------------------------------------- plug-ins
+
+    def plugins(self) -> list[dict]:
+        return [json.loads(b) for (b,) in
+                self._db.execute("SELECT body FROM plugins ORDER BY name, version")]
+
+    def put_plugin(self, sha256: str, name: str, version: str, body: dict, files: bytes) -> None:
+        self._db.execute("INSERT OR REPLACE INTO plugins (sha256, name, version, body, files) "
+                         "VALUES (?, ?, ?, ?, ?)", (sha256, name, version, json.dumps(body), files))
+
+    def plugin_files(self, sha256: str) -> bytes | None:
+        row = self._db.execute("SELECT files FROM plugins WHERE sha256 = ?", (sha256,)).fetchone()
+        return None if row is None else row[0]
+
+    def delete_plugin(self, sha256: str) -> None:
+        self._db.execute("DELETE FROM plugins WHERE sha256 = ?", (sha256,))
 
     def close(self) -> None:
         self._db.close()

@@ -45,6 +45,7 @@ class TopicInfo:
     recovery: str = "token_ring"
     root: str = ""
     session: int = 1
+    plugin: str = ""            # sha256 of the plug-in module `policy` names ("" for built-ins)
     schema: dict | None = None
     options: dict = field(default_factory=dict)
 

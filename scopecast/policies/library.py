@@ -1,0 +1,132 @@
+"""The plug-in library the cluster scope manager keeps (SQLite, by digest): submission with
+validation in a separate, resource-limited process, lookup by `name@version` or `sha256:<hex>`,
+and the files for scope managers that run a plug-in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+
+from scopecast.actors.errors import PluginRejected
+from scopecast.policies.registry import PluginRef, check_files, digest, parse_ref
+
+VALIDATE_TIMEOUT = 30.0
+VALIDATE_MEMORY = 2 << 30
+VALIDATE_CPU_SECONDS = 30
+
+
+class PluginLibrary:
+    def __init__(self, store) -> None:
+        self._store = store
+        self._by_sha = {p["sha256"]: p for p in store.plugins()}
+
+    async def submit(self, files: dict[str, bytes]) -> PluginRef:
+        module = check_files(files)
+        sha = digest(files)
+        manifest = await _validate(files, module)
+        record = {"sha256": sha, "module": module, "manifest": manifest,
+                  "kind": manifest["kind"], "name": manifest["name"],
+                  "version": manifest["version"], "submitted": time.time(),
+                  "bytes": sum(len(b) for b in files.values())}
+        same = self.find(f"{manifest['name']}@{manifest['version']}", missing_ok=True)
+        if same is not None and same["sha256"] != sha:
+            raise PluginRejected(f"{manifest['name']}@{manifest['version']} exists with other "
+                                 "content; give the new code a new version")
+        self._store.put_plugin(sha, manifest["name"], manifest["version"], record,
+                               msgpack.packb(files, use_bin_type=True))
+        self._by_sha[sha] = record
+        return ref_of(record)
+
+    def find(self, ref: str, missing_ok: bool = False) -> dict | None:
+        kind, value = parse_ref(ref)
+        if kind == "sha256":
+            record = self._by_sha.get(value)
+        else:
+            record = next((p for p in self._by_sha.values()
+                           if f"{p['name']}@{p['version']}" == value), None)
+        if record is None and not missing_ok:
+            raise PluginRejected(f"no plug-in {ref} in this cluster's library; submit it with "
+                                 "cluster.submit_plugin(path) or `scopecast plugin submit PATH`")
+        return record
+
+    def files(self, sha: str) -> dict[str, bytes]:
+        blob = self._store.plugin_files(sha)
+        if blob is None:
+            raise PluginRejected(f"no plug-in sha256:{sha} in the library")
+        return msgpack.unpackb(blob, raw=False)
+
+    def remove(self, ref: str, used_by: list[str]) -> PluginRef:
+        record = self.find(ref)
+        if used_by:
+            raise PluginRejected(f"plug-in {ref} is used by topics {', '.join(used_by[:10])}; "
+                                 "switch them to another policy first (update_topic)")
+        self._store.delete_plugin(record["sha256"])
+        del self._by_sha[record["sha256"]]
+        return ref_of(record)
+
+    def records(self) -> list[dict]:
+        return sorted(self._by_sha.values(), key=lambda p: (p["name"], p["version"]))
+
+
+def ref_of(record: dict) -> PluginRef:
+    return PluginRef(record["kind"], record["name"], record["version"], record["sha256"])
+
+
+def materialize(files: dict[str, bytes], root: Path, module: str) -> Path:
+    """Write a plug-in's files under `root` as a package named `module` (a single-file plug-in
+    becomes `module/__init__.py`); returns the package directory."""
+    for rel, body in files.items():
+        target = root / (f"{module}/__init__.py" if rel == f"{module}.py" else rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(body)
+    return root / module
+
+
+def plugin_cache() -> Path:
+    """Where a node keeps the plug-ins its scope managers run (by digest)."""
+    return Path(tempfile.gettempdir()) / "scopecast-plugins"
+
+
+def shipped(package: Path) -> dict:
+    """A runtime_env whose py_modules carries `package` to whichever node runs the actor: the
+    package is uploaded to Ray's GCS under a content-addressed URI, as `ray.init` does for
+    job-level py_modules (an actor's own runtime_env accepts URIs only)."""
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+    return upload_py_modules_if_needed({"py_modules": [str(package)]}, include_gitignore=False,
+                                       scratch_dir=str(package.parent))
+
+
+def _limits() -> None:  # runs in the validator's process before it starts
+    resource.setrlimit(resource.RLIMIT_DATA, (VALIDATE_MEMORY, VALIDATE_MEMORY))
+    resource.setrlimit(resource.RLIMIT_CPU, (VALIDATE_CPU_SECONDS, VALIDATE_CPU_SECONDS))
+
+
+async def _validate(files: dict[str, bytes], module: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="scopecast-validate-") as tmp:
+        materialize(files, Path(tmp), module)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scopecast.policies.validate", tmp, module,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, preexec_fn=_limits)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), VALIDATE_TIMEOUT)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise PluginRejected(f"validation did not finish within {VALIDATE_TIMEOUT:.0f}s "
+                                 "(does importing it, or its self-check, never return?)") from None
+    lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("{")]
+    if not lines:
+        raise PluginRejected(f"the validator died (exit {proc.returncode}): "
+                             f"{err.decode(errors='replace')[-500:]}")
+    result = json.loads(lines[-1])
+    if not result["ok"]:
+        raise PluginRejected(f"plug-in rejected: {result['error']}")
+    return result["manifest"]

@@ -1,0 +1,131 @@
+"""Plug-in policies (thesis 3.2.3): submitted to a running cluster, validated in a process of their
+own, stored by digest, downloaded by the scopes that need them and run in policy actors; bad ones
+are refused at submission or, failing at run time, replaced by the scope's default policy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import ray
+
+from scopecast.actors.errors import InvalidConfig, PluginRejected
+from scopecast.policies.registry import collect, digest
+from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.status import members, scope
+
+pytestmark = pytest.mark.ray
+
+RING = Path(__file__).parent.parent / "examples" / "ring_policy.py"
+Consumer = ray.remote(num_cpus=0)(TopicConsumer)
+
+
+def stream(cluster, topic: str, path: str, n: int = 2_000) -> dict:
+    """Three subscribers and a publisher in scope `path`; returns the scope's status after."""
+    actors = [Consumer.remote(topic, scope=path, name=f"s{i}") for i in range(3)]
+    ray.get([a.ready.remote() for a in actors])
+    with cluster.publisher(topic, scope=path) as pub:
+        pending = [a.consume.remote(n, 120.0) for a in actors]
+        for i in range(n):
+            pub.publish(b"%d" % i)
+        pub.flush(timeout=60)
+        status = scope(cluster.status(), path)
+    for got in ray.get(pending, timeout=240):
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (n, 0, 0)
+    ray.get([a.close.remote() for a in actors])
+    return status
+
+
+def test_ring_plugin_is_submitted_downloaded_and_lays_a_ring(cluster):
+    ref = cluster.submit_plugin(str(RING))
+    assert (ref.kind, ref.name, ref.version) == ("policy", "ring", "1.0")
+    assert ref.sha256 == digest(collect(RING))
+    assert cluster.submit_plugin(str(RING)) == ref  # same content, same digest: idempotent
+    info = cluster.create_topic("plugins/ring", policy="ring@1.0")
+    assert info.plugin == ref.sha256
+    status = stream(cluster, info.name, "ringscope")
+    me = next(m["name"] for m in members(status) if m["pid"] == os.getpid())
+    ring = sorted(["s0", "s1", "s2", me])
+    start = ring.index(me)
+    order = ring[start:] + ring[:start]
+    mine = [c for c in status["topics"][str(info.id)]["channels"] if c.endswith(f"(origin {me})")]
+    assert sorted(mine) == sorted(
+        f"{a}->{b} (origin {me})" for a, b in zip(order, order[1:], strict=False))
+    assert any(p["sha256"] == ref.sha256 for p in cluster.plugins())
+    assert cluster.plugin("ring@1.0")["used_by"] == [info.name]
+    with pytest.raises(PluginRejected, match="used by"):
+        cluster.remove_plugin("ring@1.0")
+    cluster.update_topic(info.name, policy="tree")
+    assert cluster.remove_plugin(f"sha256:{ref.sha256}") == ref
+
+
+def write(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+MANIFEST = '''
+from scopecast.policies.api import API_VERSION, Connect, LayoutPolicy
+__scopecast_plugin__ = {"kind": "policy", "name": "NAME", "version": "1.0",
+                        "api_version": API_VERSION, "classes": ["P"]}
+'''
+
+
+@pytest.mark.parametrize("body, why", [
+    ("import no_such_module_anywhere\n", "ModuleNotFoundError"),
+    ("x = 1\n", "manifest"),
+    (MANIFEST.replace('"api_version": API_VERSION', '"api_version": 99')
+     + "class P(LayoutPolicy):\n    def layout(self, m, s): return []\n", "API version"),
+    (MANIFEST + "class Q(LayoutPolicy):\n    def layout(self, m, s): return []\n", "defines"),
+    (MANIFEST + "class P(LayoutPolicy):\n    def layout(self, m, s): return [Connect('a', 'zz', 'a')]\n",
+     "non-member"),
+    (MANIFEST + "import time\nclass P(LayoutPolicy):\n    def layout(self, m, s):\n"
+     "        while True: pass\n", "validation did not finish|CPU|died"),
+])
+def test_bad_plugins_are_rejected_at_submission(cluster, tmp_path, body, why):
+    path = write(tmp_path, "bad_plugin", body.replace("NAME", "bad"))
+    with pytest.raises(PluginRejected, match=why):
+        cluster.submit_plugin(path)
+
+
+def test_unknown_plugin_reference_is_a_typed_error(cluster):
+    with pytest.raises(PluginRejected, match="submit it"):
+        cluster.create_topic("plugins/nope", policy="nope@9")
+    with pytest.raises(InvalidConfig):
+        cluster.create_topic("plugins/nope", policy="no_such_policy")
+
+
+def test_a_plugin_that_raises_falls_back_to_the_default_policy(cluster, tmp_path):
+    """Passes its self-check, then raises on the members of a real scope: the scope reports it and
+    lays the topic with its default policy; delivery goes on."""
+    path = write(tmp_path, "fragile", MANIFEST.replace("NAME", "fragile") + '''
+class P(LayoutPolicy):
+    def layout(self, members, sources):
+        if any(m.startswith("s") for m in members):
+            raise RuntimeError("I do not like members named s...")
+        return [Connect(s, m, s) for s in sources for m in members if m != s]
+''')
+    ref = cluster.submit_plugin(path)
+    info = cluster.create_topic("plugins/fragile", policy=f"sha256:{ref.sha256}")
+    status = stream(cluster, info.name, "fragilescope")
+    failed = status["failed_policies"]
+    assert "I do not like" in failed[f"sha256:{ref.sha256}"]
+    assert status["topics"][str(info.id)]["policy"] == "tree"
+
+
+def test_cli_plugin_commands(ray_address):
+    env = {**os.environ, "RAY_ADDRESS": ray_address}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "scopecast.cli", "plugin", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+    out = cli("submit", str(RING))
+    assert out.returncode == 0, out.stderr
+    assert f"sha256:{digest(collect(RING))}" in out.stdout
+    assert "ring@1.0" in cli("list").stdout
+    assert '"used_by"' in cli("show", "ring@1.0").stdout
