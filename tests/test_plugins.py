@@ -70,7 +70,7 @@ def write(tmp_path: Path, name: str, body: str) -> str:
 
 
 MANIFEST = '''
-from scopecast.policies.api import API_VERSION, Connect, LayoutPolicy
+from scopecast.policies.api import API_VERSION, Connect, LayoutPolicy  # noqa: F401
 __scopecast_plugin__ = {"kind": "policy", "name": "NAME", "version": "1.0",
                         "api_version": API_VERSION, "classes": ["P"]}
 '''
@@ -100,22 +100,40 @@ def test_unknown_plugin_reference_is_a_typed_error(cluster):
         cluster.create_topic("plugins/nope", policy="no_such_policy")
 
 
-def test_a_plugin_that_raises_falls_back_to_the_default_policy(cluster, tmp_path):
-    """Passes its self-check, then raises on the members of a real scope: the scope reports it and
-    lays the topic with its default policy; delivery goes on."""
-    path = write(tmp_path, "fragile", MANIFEST.replace("NAME", "fragile") + '''
-class P(LayoutPolicy):
-    def layout(self, members, sources):
-        if any(m.startswith("s") for m in members):
-            raise RuntimeError("I do not like members named s...")
-        return [Connect(s, m, s) for s in sources for m in members if m != s]
-''')
+BAD_AT_RUN_TIME = {
+    "raises": "raise RuntimeError('I do not like members named s...')",
+    "malformed": "return [Connect('zz', member, 'zz'), ('not', 'an', 'operation')]",
+    "never_returns": "time.sleep(3600)",
+    "allocates": "hoard = []\n        while True: hoard.append(bytearray(50 << 20))",
+    "kills_itself": "os._exit(3)",
+}
+
+
+@pytest.mark.parametrize("misdeed", sorted(BAD_AT_RUN_TIME))
+def test_a_plugin_that_misbehaves_falls_back_to_the_default_policy(cluster, tmp_path, misdeed):
+    """Passes its self-check (members a, b, c), then misbehaves on the members of a real scope:
+    the scope reports why and lays the topic with its default policy; delivery goes on and no
+    scope manager dies."""
+    path = write(tmp_path, f"bad_{misdeed}", MANIFEST.replace("NAME", f"bad_{misdeed}") + f'''
+import os, time
+from scopecast.policies.api import ForwardingPolicy
+
+class P(ForwardingPolicy):
+    def member_added(self, member):
+        if not member.startswith("s"):
+            return []
+        {BAD_AT_RUN_TIME[misdeed]}
+''').replace("LayoutPolicy", "ForwardingPolicy", 1)
     ref = cluster.submit_plugin(path)
-    info = cluster.create_topic("plugins/fragile", policy=f"sha256:{ref.sha256}")
-    status = stream(cluster, info.name, "fragilescope")
-    failed = status["failed_policies"]
-    assert "I do not like" in failed[f"sha256:{ref.sha256}"]
+    info = cluster.create_topic(f"plugins/{misdeed}", policy=f"sha256:{ref.sha256}")
+    status = stream(cluster, info.name, f"bad-{misdeed.replace('_', '-')}")
+    why = status["failed_policies"][f"sha256:{ref.sha256} topic {info.id}"]
+    assert why, status["failed_policies"]
     assert status["topics"][str(info.id)]["policy"] == "tree"
+    if misdeed == "malformed":
+        assert "malformed" in why
+    elif misdeed == "never_returns":
+        assert "did not answer" in why
 
 
 def test_cli_plugin_commands(ray_address):

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import resource
+import threading
+import time
+
+import psutil
 
 from scopecast.policies.api import Connect, Disconnect, ForwardingPolicy, PolicyContext
 
 log = logging.getLogger(__name__)
 
 EVENTS = ("member_added", "member_removed", "source_added", "source_removed")
+PLUGIN_MEMORY = 1 << 30  # what a plug-in's actor may allocate beyond its start-up size
 
 
 class PolicyHost:
@@ -27,6 +34,7 @@ class PolicyHost:
             from scopecast.policies.builtin import BUILTIN_POLICIES
             self._cls: type[ForwardingPolicy] = BUILTIN_POLICIES[policy]
         else:  # a plug-in: its package came with this actor's runtime_env (py_modules)
+            _confine(PLUGIN_MEMORY)
             self._cls = getattr(importlib.import_module(module), cls)
         self._scope = scope
         self._instances: dict[int, ForwardingPolicy] = {}
@@ -60,6 +68,27 @@ class PolicyHost:
 
     def ping(self) -> bool:
         return True
+
+
+def _confine(limit: int) -> None:
+    """Bound a plug-in's memory: RLIMIT_DATA (allocations beyond it fail with MemoryError) and a
+    watchdog that ends the process if its resident size still grows past the bound (the scope
+    then lays the plug-in's topics with its default policy)."""
+    proc = psutil.Process()
+    start = proc.memory_info()
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    want = start.vms + limit
+    if hard == resource.RLIM_INFINITY or want <= hard:
+        resource.setrlimit(resource.RLIMIT_DATA, (want, hard))
+
+    def watch() -> None:
+        while True:
+            if proc.memory_info().rss > start.rss + limit:
+                log.error("policy plug-in exceeded %d MiB; ending its process", limit >> 20)
+                os._exit(70)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="scopecast-plugin-watchdog", daemon=True).start()
 
 
 def _encode(op) -> tuple:

@@ -96,68 +96,73 @@ class PolicyContainer:
 
     # ----------------------------------------------------------------------------- results
 
-    def apply(self, item: dict, result: dict | None) -> None:
-        """Apply a policy actor's answer to the batch item it was given (None: no answer)."""
+    def apply(self, item: dict, result: dict | None) -> list[str]:
+        """Apply a policy actor's answer to the batch item it was given (None: no answer);
+        returns why operations were refused, if any were."""
         layout = self.topics.get(item["topic"])
         if layout is None or item.get("drop"):
-            return
+            return []
         if result is None or result.get("error"):
             layout.error = (result or {}).get("error") or "policy actor did not answer"
             layout.fresh = True  # send the whole state again next time
-            return
+            return []
         layout.error = None
         if "_choices" in item:
-            self._apply_choices(layout, item, result)
-            return
+            return self._apply_choices(layout, item, result)
         layout.fresh = False
         layout.members, layout.sources = item["_members"], item["_sources"]
-        for op in result.get("ops", ()):
-            self._op(layout, op)
+        ops = result.get("ops", ())
+        rejected = [why for why in (self._op(layout, op) for op in
+                                    (ops if isinstance(ops, list) else ["not a list"]))
+                    if why]
         # channels whose ends are no longer there go, whatever the policy said
         known = layout.members | layout.sources | {MULTICAST}
         for key in [k for k in layout.channels if k[0] not in known or k[1] not in known
                     or k[2] not in layout.sources]:
             del layout.channels[key]
+        return rejected
 
-    def _apply_choices(self, layout: TopicLayout, item: dict, result: dict) -> None:
+    def _apply_choices(self, layout: TopicLayout, item: dict, result: dict) -> list[str]:
         layout.choices_for = item["_choices"]
         candidates = set(item["members"])
+        rejected = []
         entry = result.get("entry")
-        layout.entry = entry if entry in candidates else self._reject("entry", entry)
+        layout.entry = entry if entry in candidates else None
+        if layout.entry is None:
+            rejected.append(self._reject("entry", entry))
         layout.exits = {}
         for n, chosen in zip(item["replicas"], result.get("exits", ()), strict=False):
             good = [m for m in chosen if m in candidates] if isinstance(chosen, list) else []
             if not isinstance(chosen, list) or len(good) != len(chosen):
-                self._reject("exit", chosen)
+                rejected.append(self._reject("exit", chosen))
             layout.exits[n] = good[:n]
+        return rejected
 
-    def _op(self, layout: TopicLayout, op) -> None:
+    def _op(self, layout: TopicLayout, op) -> str | None:
+        """Apply one operation; returns why it was refused, or None."""
         try:
             kind, src, dst, origin = op[0], op[1], op[2], op[3]
         except (TypeError, IndexError, KeyError):
-            self._reject("malformed", op)
-            return
+            return self._reject("malformed", op)
         ends = layout.members | layout.sources
         if kind == "disconnect":
             layout.channels.pop((src, dst, origin), None)
-            return
+            return None
         if kind != "connect" or len(op) != 6:
-            self._reject("malformed", op)
-            return
+            return self._reject("malformed", op)
         flt, replicas = op[4], op[5]
         if (src not in ends or origin not in layout.sources or src == dst
                 or not (dst in ends or (dst == MULTICAST and self.multicast))):
-            self._reject("non-member", op)
-            return
+            return self._reject("non-member", op)
         if not isinstance(replicas, int) or not 1 <= replicas <= 64 or not _good_filter(flt):
-            self._reject("malformed", op)
-            return
+            return self._reject("malformed", op)
         layout.channels[(src, dst, origin)] = Channel(src, dst, origin, flt, replicas)
+        return None
 
-    def _reject(self, why: str, what) -> None:
+    def _reject(self, why: str, what) -> str:
         self.rejected[why] += 1
         log.warning("scope %r: policy operation ignored (%s): %.200r", self.scope, why, what)
-        return None
+        return why
 
     def covered(self, topic: int) -> bool:
         """Whether this scope reaches its members of `topic` through its multicast group."""

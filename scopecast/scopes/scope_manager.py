@@ -112,7 +112,8 @@ class ScopeManager:
         self._pending_version = 0        # version of the parent's delegation last received
         self._reported = None
         self._hosts: dict[str, object] = {}
-        self._failed: dict[str, str] = {}  # plug-in policy -> why it no longer runs here
+        # (plug-in policy, topic) -> why the plug-in no longer lays that topic here
+        self._failed: dict[tuple[str, int], str] = {}
         self._dirty = False
         self._task: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
@@ -330,7 +331,7 @@ class ScopeManager:
                 "delegated_here": self.delegation.get("exits", []),
                 "covered_here": self.delegation.get("covered", {}),
                 "policy_rejections": dict(self.container.rejected),
-                "failed_policies": dict(self._failed),
+                "failed_policies": {f"{p} topic {t}": why for (p, t), why in self._failed.items()},
                 "scopes": [{**c.record(), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
@@ -416,23 +417,30 @@ class ScopeManager:
         """Which policy actor hosts the topic here: a built-in's name or a plug-in's digest; a
         plug-in that failed in this scope is replaced by the default policy (status says why)."""
         key = f"sha256:{info.plugin}" if info.plugin else info.policy
-        return DEFAULT_POLICY if key in self._failed else key
+        return DEFAULT_POLICY if (key, info.id) in self._failed else key
 
     async def _run_policies(self, batches: dict[str, list[dict]]) -> None:
         async def one(policy: str, items: list[dict]) -> None:
             public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
+            host = None
             try:
                 host = await self._policy_host(policy)
                 results = await asyncio.wait_for(host.apply.remote(public), POLICY_TIMEOUT)
-            except Exception as exc:
-                log.warning("scope %r: policy actor %s failed: %s", self.path, policy, exc)
+            except Exception as exc:  # hung, died, or never came up: its topics here fall back
+                why = ("did not answer within %.0fs" % POLICY_TIMEOUT
+                       if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}")
+                log.warning("scope %r: policy actor %s failed: %s", self.path, policy, why)
                 self._hosts.pop(policy, None)
-                results = [{"topic": it["topic"], "ops": [], "error": f"policy actor: {exc}"}
+                if host is not None:  # a fresh actor hosts the plug-in's other topics
+                    ray.kill(host, no_restart=True)
+                results = [{"topic": it["topic"], "ops": [], "error": f"policy actor {why}"}
                            for it in items]
             for item, result in zip(items, results, strict=True):
-                self.container.apply(item, result)
-                if result.get("error") and policy != DEFAULT_POLICY:
-                    self._failed[policy] = result["error"]
+                rejected = self.container.apply(item, result)
+                why = result.get("error") or (
+                    f"returned malformed operations ({', '.join(rejected)})" if rejected else None)
+                if why and policy != DEFAULT_POLICY:
+                    self._failed[(policy, item["topic"])] = why[:500]
                     self._dirty = True  # lay the topic again with the default policy
 
         await asyncio.gather(*(one(p, items) for p, items in batches.items() if items))
