@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from scopecast.actors.errors import ScopecastError
+from scopecast.policies import trust
 from scopecast.scopes.status import walk
 
 
@@ -40,7 +41,8 @@ def cmd_bench(args) -> int:
 def cmd_up(args) -> int:
     from scopecast.ray_cluster import launch
 
-    info = launch.up(address=args.address, port=args.port, mac=args.mac)
+    info = launch.up(address=args.address, port=args.port, mac=args.mac,
+                     trusted_keys=args.trusted_key)
     how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
     print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
           f"state {info['state']})")
@@ -114,9 +116,14 @@ def cmd_topic(args) -> int:
 
 
 def cmd_plugin(args) -> int:
+    if args.action == "keygen":  # local only: no cluster needed
+        private, public = trust.keygen(args.target)
+        print(f"private key {private} (keep it secret), public key {public} (give it to "
+              f"`scopecast up --trusted-key`)")
+        return 0
     with _connect(args) as cluster:
         if args.action == "submit":
-            ref = cluster.submit_plugin(args.target)
+            ref = cluster.submit_plugin(args.target, sign=args.sign)
             print(f"{ref.kind} {ref.name}@{ref.version} sha256:{ref.sha256}")
         elif args.action == "list":
             for p in cluster.plugins():
@@ -178,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "the scope managers), or deploy onto --address")
     u.add_argument("--address", help="deploy onto this existing Ray cluster instead")
     u.add_argument("--port", type=int, default=6390, help="port of the local Ray head (6390)")
+    u.add_argument("--trusted-key", action="append", metavar="FILE",
+                   help="accept only plug-ins signed by this Ed25519 public key (repeatable)")
     u.add_argument("--mac", default="gmac", choices=["gmac", "hmac-sha256"],
                    help="packet authenticator of a newly deployed cluster (gmac)")
     u.set_defaults(func=cmd_up)
@@ -212,11 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--recovery", default="token_ring", help="recovery protocol (token_ring)")
     t.set_defaults(func=cmd_topic)
 
-    pl = attach(sub.add_parser("plugin", help="submit, list, show or remove plug-in modules"))
-    pl.add_argument("action", choices=["submit", "list", "show", "remove"])
+    pl = attach(sub.add_parser("plugin", help="submit, list, show or remove plug-in modules; "
+                                              "make a signing key"))
+    pl.add_argument("action", choices=["submit", "list", "show", "remove", "keygen"])
     pl.add_argument("target", nargs="?",
                     help="submit: a .py file or package directory; show/remove: name@version or "
-                         "sha256:<hex>")
+                         "sha256:<hex>; keygen: where to write the private key (and KEY.pub)")
+    pl.add_argument("--sign", metavar="KEY", help="submit: sign with this Ed25519 private key")
     pl.set_defaults(func=cmd_plugin)
 
     pub = attach(sub.add_parser("publish", help="publish lines from stdin or --file"))

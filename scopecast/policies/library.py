@@ -15,6 +15,7 @@ from pathlib import Path
 import msgpack
 
 from scopecast.actors.errors import PluginRejected
+from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, check_files, digest, parse_ref
 
 VALIDATE_TIMEOUT = 30.0
@@ -23,17 +24,23 @@ VALIDATE_CPU_SECONDS = 30
 
 
 class PluginLibrary:
-    def __init__(self, store) -> None:
+    def __init__(self, store, trusted_keys: list[str] | None = None) -> None:
         self._store = store
+        self._trusted = [trust.public_key(k) for k in trusted_keys or ()]
         self._by_sha = {p["sha256"]: p for p in store.plugins()}
 
-    async def submit(self, files: dict[str, bytes]) -> PluginRef:
+    @property
+    def trusted(self) -> list[str]:
+        return [trust.fingerprint(k) for k in self._trusted]
+
+    async def submit(self, files: dict[str, bytes], signature: bytes | None = None) -> PluginRef:
         module = check_files(files)
         sha = digest(files)
+        signer = trust.check(sha, signature, self._trusted)  # before running any of its code
         manifest = await _validate(files, module)
         record = {"sha256": sha, "module": module, "manifest": manifest,
                   "kind": manifest["kind"], "name": manifest["name"],
-                  "version": manifest["version"], "submitted": time.time(),
+                  "version": manifest["version"], "submitted": time.time(), "signer": signer,
                   "bytes": sum(len(b) for b in files.values())}
         same = self.find(f"{manifest['name']}@{manifest['version']}", missing_ok=True)
         if same is not None and same["sha256"] != sha:

@@ -15,7 +15,8 @@ from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber
 from scopecast.netio.runtime import RuntimeConfig
-from scopecast.policies.registry import PluginRef, collect
+from scopecast.policies import trust
+from scopecast.policies.registry import PluginRef, collect, digest
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
 from scopecast.scopes.paths import scope_actor_name
@@ -41,7 +42,7 @@ def embedded_ray_options() -> dict:
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             start: bool = True, mac: str = "gmac", interface: str | None = None,
             name: str | None = None, settings: dict | None = None,
-            levels: list[str] | None = None) -> Cluster:
+            levels: list[str] | None = None, trusted_keys: list[str] | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet
@@ -50,14 +51,16 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     otherwise). `settings` (heartbeat_period, scope_timeout, member_timeout, in seconds) sets
     the failure detection of a cluster deployed now, and `levels` the Ray node labels that group
     its hosts, top first, the last one the LAN (default: one LAN). `name` names this process's
-    member in its scopes (default host:pid). With `start=False`, raise `NotConnected` instead of
-    starting an embedded Ray or deploying."""
+    member in its scopes (default host:pid). `trusted_keys` (Ed25519 public keys, PEM text or
+    file paths) make a cluster deployed now accept only plug-ins signed by one of them. With
+    `start=False`, raise `NotConnected` instead of starting an embedded Ray or deploying."""
     owns_ray = attach_ray(address, start)
     if start:
         manager = declare.get_or_create(
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
             interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
-            settings=settings, levels=levels)
+            settings=settings, levels=levels,
+            trusted_keys=[_pem(k) for k in trusted_keys or ()])
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:
@@ -65,6 +68,11 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
     return Cluster(manager, hello, owns_ray, config, name)
+
+
+def _pem(key: str) -> str:
+    """PEM text of a public key given as text or as a file path."""
+    return key if key.lstrip().startswith("-----") else Path(key).read_text()
 
 
 def attach_ray(address: str | None = None, start: bool = True) -> bool:
@@ -203,11 +211,14 @@ class Cluster:
 
     # ---------------------------------------------------------------------------- plug-ins
 
-    def submit_plugin(self, path: str) -> PluginRef:
+    def submit_plugin(self, path: str, sign: str | None = None) -> PluginRef:
         """Submit a plug-in (a `.py` file or a package directory with a `__scopecast_plugin__`
-        manifest): the cluster validates it in a process of its own and keeps it by digest;
-        topics then name it as `policy="name@version"` or `"sha256:<hex>"`."""
-        return call(self._manager.submit_plugin, collect(path), timeout=180.0)
+        manifest), signed with the Ed25519 private key file `sign` if given: the cluster checks
+        the signature (if it trusts keys), validates the plug-in in a process of its own and keeps
+        it by digest; topics then name it as `policy="name@version"` or `"sha256:<hex>"`."""
+        files = collect(path)
+        signature = trust.sign(digest(files), sign) if sign else None
+        return call(self._manager.submit_plugin, files, signature, timeout=180.0)
 
     def plugins(self) -> list[dict]:
         """The plug-ins in the cluster's library (manifest, digest, size, submission time)."""

@@ -36,9 +36,11 @@ def _record_path() -> Path:
     return state_path().parent / "up.json"
 
 
-def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac") -> dict:
+def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
+       trusted_keys: list[str] | None = None) -> dict:
     """Deploy scopecast onto the Ray cluster at `address`, or start a local Ray head on `port`
-    (loopback only) and deploy onto it. Idempotent: an existing deployment is reused."""
+    (loopback only) and deploy onto it. Idempotent: an existing deployment is reused.
+    `trusted_keys` (public key files) make it accept only plug-ins signed by one of them."""
     started_ray = False
     interface = None  # on a real cluster every member uses its own node's address
     if address is None:
@@ -47,7 +49,8 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac") 
         if not reachable(address):
             _start_head(port)
             started_ray = True
-    cluster = connect(address=address, start=True, mac=mac, interface=interface)
+    cluster = connect(address=address, start=True, mac=mac, interface=interface,
+                      trusted_keys=trusted_keys)
     try:
         status = cluster.status()
         info = {"address": cluster.address, "started_ray": started_ray,

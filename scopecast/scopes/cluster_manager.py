@@ -49,7 +49,7 @@ class ClusterScopeManager(ScopeManager):
 
     def __init__(self, interface: str | None = None, mac: str = "gmac",
                  state: str | None = None, settings: dict | None = None,
-                 levels: list[str] | None = None) -> None:
+                 levels: list[str] | None = None, trusted_keys: list[str] | None = None) -> None:
         super().__init__("", "cluster", None)
         self._store = ScopeStore(Path(state) if state else None)
         cluster = self._store.get("cluster")
@@ -67,6 +67,10 @@ class ClusterScopeManager(ScopeManager):
             _check_settings(settings)
             cluster["settings"] = {**cluster.get("settings", {}), **settings}
             self._store.put("cluster", cluster)
+        if trusted_keys:  # kept: a restarted root trusts the same keys
+            cluster["trusted_keys"] = sorted(set(cluster.get("trusted_keys", [])) |
+                                             set(trusted_keys))
+            self._store.put("cluster", cluster)
         self._cluster_id = cluster["id"]
         self._key = bytes.fromhex(cluster["key"])
         self._mac = cluster["mac"]
@@ -78,7 +82,7 @@ class ClusterScopeManager(ScopeManager):
         self.topics = {t["id"]: TopicInfo(**{k: v for k, v in t.items() if k in fields})
                        for t in self._store.topics()}
         self._directory = {m["id"]: m for m in self._store.members()}
-        self._library = PluginLibrary(self._store)
+        self._library = PluginLibrary(self._store, cluster.get("trusted_keys"))
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
         self._last_node_check = 0.0
         log.info("cluster scope manager up: cluster %x, state %s, %d topics, %d members in the "
@@ -243,9 +247,11 @@ class ClusterScopeManager(ScopeManager):
             raise InvalidConfig(f"{policy} is a {record['kind']} plug-in, not a forwarding policy")
         return record["sha256"]
 
-    async def submit_plugin(self, files: dict[str, bytes]) -> PluginRef:
-        """Validate a plug-in in a process of its own and keep it in the library."""
-        ref = await self._library.submit(files)
+    async def submit_plugin(self, files: dict[str, bytes],
+                            signature: bytes | None = None) -> PluginRef:
+        """Check the plug-in's signature (when this cluster trusts keys), validate it in a
+        process of its own and keep it in the library."""
+        ref = await self._library.submit(files, signature)
         log.info("plug-in %s stored", ref)
         return ref
 
@@ -274,7 +280,7 @@ class ClusterScopeManager(ScopeManager):
                 "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
                 "settings": {k: v for k, v in self.settings.items() if k in DEFAULT_SETTINGS},
                 "topics": [t.to_dict() for t in sorted(self.topics.values(), key=lambda t: t.id)],
-                "directory": len(self._directory),
+                "directory": len(self._directory), "trusted_keys": self._library.trusted,
                 "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 
 
