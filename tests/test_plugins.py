@@ -147,3 +147,52 @@ def test_cli_plugin_commands(ray_address):
     assert f"sha256:{digest(collect(RING))}" in out.stdout
     assert "ring@1.0" in cli("list").stdout
     assert '"used_by"' in cli("show", "ring@1.0").stdout
+
+
+def test_a_package_plugin_is_digested_without_its_bytecode(cluster, tmp_path):
+    pkg = tmp_path / "star_pkg"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(MANIFEST.replace("NAME", "star_pkg")
+                                     + "from star_pkg.layouts import P\n")
+    (pkg / "layouts.py").write_text(
+        "from scopecast.policies.api import Connect, LayoutPolicy\n"
+        "class P(LayoutPolicy):\n"
+        "    def layout(self, members, sources):\n"
+        "        return [Connect(s, m, s) for s in sources for m in members if m != s]\n")
+    (pkg / "__pycache__" / "layouts.cpython-311.pyc").write_bytes(b"stale")
+    files = collect(pkg)
+    assert sorted(files) == ["star_pkg/__init__.py", "star_pkg/layouts.py"]
+    ref = cluster.submit_plugin(str(pkg))
+    (pkg / "__pycache__" / "layouts.cpython-311.pyc").write_bytes(b"other")
+    assert digest(collect(pkg)) == ref.sha256
+    info = cluster.create_topic("plugins/star_pkg", policy="star_pkg@1.0")
+    status = stream(cluster, info.name, "pkgscope")
+    assert status["failed_policies"] == {}
+    me = next(m["name"] for m in members(status) if m["pid"] == os.getpid())
+    mine = {c for c in status["topics"][str(info.id)]["channels"] if c.endswith(f"(origin {me})")}
+    assert mine == {f"{me}->s{i} (origin {me})" for i in range(3)}
+
+
+def test_a_hung_topic_is_cut_off_and_the_plugins_other_topics_are_rehosted(cluster, tmp_path):
+    """One plug-in actor hosts two topics of a scope; one topic's handler never returns: the actor
+    is killed, that topic falls back, and the other topic goes on under the plug-in in a new
+    actor."""
+    path = write(tmp_path, "moody", MANIFEST.replace("NAME", "moody") + '''
+import time
+
+class P(LayoutPolicy):
+    def layout(self, members, sources):
+        if self.context.topic.endswith("hang") and any(m.startswith("s") for m in members):
+            time.sleep(3600)
+        return [Connect(s, m, s) for s in sources for m in members if m != s]
+''')
+    ref = cluster.submit_plugin(path)
+    key = f"sha256:{ref.sha256}"
+    calm = cluster.create_topic("plugins/moody-calm", policy=key)
+    stream(cluster, calm.name, "moodyscope")
+    hung = cluster.create_topic("plugins/moody-hang", policy=key)
+    status = stream(cluster, hung.name, "moodyscope")
+    assert "did not answer" in status["failed_policies"][f"{key} topic {hung.id}"]
+    status = stream(cluster, calm.name, "moodyscope")   # re-hosted in a fresh actor
+    assert f"{key} topic {calm.id}" not in status["failed_policies"]
+    assert status["topics"][str(calm.id)]["policy"] == key
