@@ -79,8 +79,8 @@ class ClusterScopeManager(ScopeManager):
         self.settings = {**DEFAULT_SETTINGS, **cluster.get("settings", {}),
                          "group_prefix": cluster["group_prefix"], "port": cluster["port"]}
         fields = set(TopicInfo.__dataclass_fields__)
-        self.topics = {t["id"]: TopicInfo(**{k: v for k, v in t.items() if k in fields})
-                       for t in self._store.topics()}
+        self._set_topics({str(t["id"]): {k: v for k, v in t.items() if k in fields}
+                          for t in self._store.topics()})
         self._directory = {m["id"]: m for m in self._store.members()}
         self._library = PluginLibrary(self._store, cluster.get("trusted_keys"))
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
@@ -210,8 +210,9 @@ class ClusterScopeManager(ScopeManager):
         return info
 
     def _save(self, info: TopicInfo) -> None:
-        self.topics[info.id] = info
-        self._store.put_topic(info.name, info.id, info.to_dict())
+        body = info.to_dict()
+        self._store.put_topic(info.name, info.id, body)
+        self._set_topics({**self._topic_table, str(info.id): body})
         for child in self.children.values():
             if child.kind == "member":
                 self._resolve(child)
@@ -228,8 +229,8 @@ class ClusterScopeManager(ScopeManager):
 
     async def delete_topic(self, name: str) -> None:
         info = await self.topic(name)
-        del self.topics[info.id]
         self._store.delete_topic(name)
+        self._set_topics({k: v for k, v in self._topic_table.items() if k != str(info.id)})
         self._kick()
 
     # ----------------------------------------------------------------------------- plug-ins

@@ -102,6 +102,10 @@ class ScopeManager:
         self.incarnation = random.getrandbits(48)
         self.settings = dict(DEFAULT_SETTINGS)
         self.topics: dict[int, TopicInfo] = {}
+        self._topic_table: dict[str, dict] = {}   # the topics as sent down (see _set_topics)
+        self._topic_ref = None                    # ... in Ray's object store, put once
+        self._names: dict[int, str] = {}
+        self._sessions: dict[int, int] = {}
         self.children: dict[str, Child] = {}
         self._by_id: dict[int, str] = {}
         self.multicast = kind in MULTICAST_KINDS
@@ -288,8 +292,14 @@ class ScopeManager:
     async def install(self, version: int, delegation: dict) -> None:
         """The parent's delegation: settings, topics, sessions, channels delegated here."""
         self._ensure_ticking()
+        if version < self._pending_version:
+            return  # overtaken by a newer one
+        if delegation["topics"] != self._topic_ref:
+            table = await delegation["topics"]
+            if version < self._pending_version:
+                return  # a newer one arrived while the table was fetched
+            self._set_topics(table, delegation["topics"])
         self.settings.update(delegation["settings"])
-        self.topics = {int(k): TopicInfo(**v) for k, v in delegation["topics"].items()}
         self.delegation = delegation
         self._pending_version = version
         for child in self.children.values():
@@ -353,6 +363,19 @@ class ScopeManager:
                 self._send_install(child, body)
         self.applied = version
         self._report()
+
+    def _set_topics(self, table: dict[str, dict], ref=None) -> None:
+        """Take a new topic table (wire form; `ref`: the same in the object store, where the root
+        puts it once for all scopes to pass down). Entries that did not change keep their objects,
+        and the tables members get are built once per change, not once per member and relayout:
+        with thousands of topics, these copies were most of a scope manager's work."""
+        old, old_topics = self._topic_table, self.topics
+        self._topic_table = table
+        self._topic_ref = ref if ref is not None else ray.put(table)
+        self.topics = {int(k): old_topics[int(k)] if old.get(k) == v and int(k) in old_topics
+                       else TopicInfo(**v) for k, v in table.items()}
+        self._names = {t: i.name for t, i in self.topics.items()}
+        self._sessions = {t: i.session for t, i in self.topics.items()}
 
     def _relevant(self, info: TopicInfo) -> bool:
         root = info.root
@@ -551,7 +574,7 @@ class ScopeManager:
 
     def _send_install(self, child: Child, body: dict) -> None:
         content = {"settings": self.settings,
-                   "topics": {str(t): i.to_dict() for t, i in self.topics.items()},
+                   "topics": self._topic_ref,
                    "exits": body["exits"], "covered": body["covered"]}
         if content == child.sent:
             return
@@ -590,8 +613,7 @@ class ScopeManager:
             receivers[key] = sorted(set(receivers.get(key, [])) | set(r.pop("receivers")))
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
-                "topics": {t: i.name for t, i in self.topics.items()},
-                "sessions": {t: i.session for t, i in self.topics.items()},
+                "topics": self._names, "sessions": self._sessions,
                 "groups": sorted(list(g) for g in groups), "routes": routes,
                 "receivers": receivers}
 
@@ -710,7 +732,9 @@ class ScopeManager:
         info = self._topic_named(name)
         if info is None:
             info = await self._root_call("topic", name)
-            self.topics[info.id] = info
+            self.topics[info.id] = info  # until the parent's table brings it
+            self._names = {**self._names, info.id: info.name}  # new objects: views sent keep
+            self._sessions = {**self._sessions, info.id: info.session}  # the old ones
         return info
 
     def _topic_named(self, name: str) -> TopicInfo | None:
