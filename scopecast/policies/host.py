@@ -66,9 +66,6 @@ class PolicyHost:
                           self._scope)
             return {"topic": topic, "ops": [], "error": f"{type(exc).__name__}: {exc}"}
 
-    def ping(self) -> bool:
-        return True
-
 
 def _confine(limit: int) -> None:
     """Bound a plug-in's memory: RLIMIT_DATA (allocations beyond it fail with MemoryError) and a
@@ -76,7 +73,7 @@ def _confine(limit: int) -> None:
     then lays the plug-in's topics with its default policy)."""
     proc = psutil.Process()
     start = proc.memory_info()
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     want = start.vms + limit
     if hard == resource.RLIM_INFINITY or want <= hard:
         resource.setrlimit(resource.RLIMIT_DATA, (want, hard))

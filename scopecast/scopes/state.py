@@ -92,9 +92,6 @@ class ScopeStore:
     def delete_member(self, member_id: int) -> None:
         self._db.execute("DELETE FROM members WHERE id = ?", (member_id,))
 
-    def clear_members(self) -> None:
-        self._db.execute("DELETE FROM members")
-
     # ---------------------------------------------------------------------------- plug-ins
 
     def plugins(self) -> list[dict]:
