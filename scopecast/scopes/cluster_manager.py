@@ -79,8 +79,9 @@ class ClusterScopeManager(ScopeManager):
         self.settings = {**DEFAULT_SETTINGS, **cluster.get("settings", {}),
                          "group_prefix": cluster["group_prefix"], "port": cluster["port"]}
         fields = set(TopicInfo.__dataclass_fields__)
-        self._set_topics({str(t["id"]): {k: v for k, v in t.items() if k in fields}
-                          for t in self._store.topics()})
+        self.table.load({str(t["id"]): {k: v for k, v in t.items() if k in fields}
+                         for t in self._store.topics()})
+        self._topics_changed()
         self._directory = {m["id"]: m for m in self._store.members()}
         self._library = PluginLibrary(self._store, cluster.get("trusted_keys"))
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
@@ -212,7 +213,8 @@ class ClusterScopeManager(ScopeManager):
     def _save(self, info: TopicInfo) -> None:
         body = info.to_dict()
         self._store.put_topic(info.name, info.id, body)
-        self._set_topics({**self._topic_table, str(info.id): body})
+        self.table.change(str(info.id), body)
+        self._topics_changed()
         for child in self.children.values():
             if child.kind == "member":
                 self._resolve(child)
@@ -230,7 +232,8 @@ class ClusterScopeManager(ScopeManager):
     async def delete_topic(self, name: str) -> None:
         info = await self.topic(name)
         self._store.delete_topic(name)
-        self._set_topics({k: v for k, v in self._topic_table.items() if k != str(info.id)})
+        self.table.change(str(info.id), None)
+        self._topics_changed()
         self._kick()
 
     # ----------------------------------------------------------------------------- plug-ins

@@ -22,6 +22,7 @@ from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeCon
 from scopecast.policies.filters import ModuloFilter
 from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.scopes.routing import RoutingLabel
+from scopecast.scopes.topic_table import TopicTable
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class ControlledElement:
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._topic_names: dict[int, str] = {}
+        self._table = TopicTable()
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         self._siblings: list[MemberInfo] = []
         self._peers: dict[int, MemberInfo] = {}  # members of other scopes, from the directory
@@ -151,6 +153,9 @@ class ControlledElement:
         with self._lock:
             if view is None or view["version"] <= self._version:
                 return
+            if view["topics"] is not None:  # the scope's topic table (fetched here: no Ray
+                ref = tuple(view["topics"])   # call on the I/O thread)
+                self._table.take(ref, ray.get(ref[0]) if self._table.needs_base(ref) else None)
             self.runtime.call_wait(self._install, view)
             self._version = view["version"]
 
@@ -159,8 +164,9 @@ class ControlledElement:
         rt = self.runtime
         self._siblings = [MemberInfo(*m) for m in view["members"]]
         rt.install_members(self._siblings + list(self._peers.values()))
-        sessions = {int(k): v for k, v in view["sessions"].items()}
-        self._topic_names = {int(k): v for k, v in view["topics"].items()}
+        entries = self._table.entries
+        sessions = {int(k): v["session"] for k, v in entries.items()}
+        self._topic_names = {int(k): v["name"] for k, v in entries.items()}
         rt.install_topics(self._topic_names, sessions)
         for tid, session in sessions.items():  # topics this process publishes move on later
             if rt.publish_sessions.get(tid, session) < session:

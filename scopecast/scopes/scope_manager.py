@@ -37,6 +37,7 @@ from scopecast.policies.library import materialize, plugin_cache, shipped
 from scopecast.policies.registry import digest
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, pad, sending_path
+from scopecast.scopes.topic_table import TopicTable
 from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,8 @@ class ScopeManager:
         self.incarnation = random.getrandbits(48)
         self.settings = dict(DEFAULT_SETTINGS)
         self.topics: dict[int, TopicInfo] = {}
-        self._topic_table: dict[str, dict] = {}   # the topics as sent down (see _set_topics)
-        self._topic_ref = None                    # ... in Ray's object store, put once
-        self._names: dict[int, str] = {}
-        self._sessions: dict[int, int] = {}
+        self.table = TopicTable()        # the topics as they travel down (see topic_table)
+        self._infos: dict[str, tuple[dict, TopicInfo]] = {}
         self.children: dict[str, Child] = {}
         self._by_id: dict[int, str] = {}
         self.multicast = kind in MULTICAST_KINDS
@@ -294,11 +293,13 @@ class ScopeManager:
         self._ensure_ticking()
         if version < self._pending_version:
             return  # overtaken by a newer one
-        if delegation["topics"] != self._topic_ref:
-            table = await delegation["topics"]
+        if delegation["topics"] is not None:  # (None: the parent has no table yet)
+            ref = tuple(delegation["topics"])
+            base = await ref[0] if self.table.needs_base(ref) else None
             if version < self._pending_version:
                 return  # a newer one arrived while the table was fetched
-            self._set_topics(table, delegation["topics"])
+            if self.table.take(ref, base):
+                self._topics_changed()
         self.settings.update(delegation["settings"])
         self.delegation = delegation
         self._pending_version = version
@@ -364,18 +365,13 @@ class ScopeManager:
         self.applied = version
         self._report()
 
-    def _set_topics(self, table: dict[str, dict], ref=None) -> None:
-        """Take a new topic table (wire form; `ref`: the same in the object store, where the root
-        puts it once for all scopes to pass down). Entries that did not change keep their objects,
-        and the tables members get are built once per change, not once per member and relayout:
-        with thousands of topics, these copies were most of a scope manager's work."""
-        old, old_topics = self._topic_table, self.topics
-        self._topic_table = table
-        self._topic_ref = ref if ref is not None else ray.put(table)
-        self.topics = {int(k): old_topics[int(k)] if old.get(k) == v and int(k) in old_topics
-                       else TopicInfo(**v) for k, v in table.items()}
-        self._names = {t: i.name for t, i in self.topics.items()}
-        self._sessions = {t: i.session for t, i in self.topics.items()}
+    def _topics_changed(self) -> None:
+        """Rebuild the TopicInfos from the table; entries that are the same objects as before
+        (all but the changes) keep theirs."""
+        old = self._infos
+        self._infos = {k: old[k] if k in old and old[k][0] is v else (v, TopicInfo(**v))
+                       for k, v in self.table.entries.items()}
+        self.topics = {int(k): info for k, (_v, info) in self._infos.items()}
 
     def _relevant(self, info: TopicInfo) -> bool:
         root = info.root
@@ -574,7 +570,7 @@ class ScopeManager:
 
     def _send_install(self, child: Child, body: dict) -> None:
         content = {"settings": self.settings,
-                   "topics": self._topic_ref,
+                   "topics": self.table.ref,
                    "exits": body["exits"], "covered": body["covered"]}
         if content == child.sent:
             return
@@ -613,7 +609,7 @@ class ScopeManager:
             receivers[key] = sorted(set(receivers.get(key, [])) | set(r.pop("receivers")))
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
-                "topics": self._names, "sessions": self._sessions,
+                "topics": self.table.ref,
                 "groups": sorted(list(g) for g in groups), "routes": routes,
                 "receivers": receivers}
 
@@ -733,8 +729,7 @@ class ScopeManager:
         if info is None:
             info = await self._root_call("topic", name)
             self.topics[info.id] = info  # until the parent's table brings it
-            self._names = {**self._names, info.id: info.name}  # new objects: views sent keep
-            self._sessions = {**self._sessions, info.id: info.session}  # the old ones
+            self.table.change(str(info.id), info.to_dict())
         return info
 
     def _topic_named(self, name: str) -> TopicInfo | None:

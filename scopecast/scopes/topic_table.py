@@ -1,0 +1,65 @@
+"""The topic table as it travels down the hierarchy: a *base* put once in Ray's object store and
+the *changes* since, so a new topic costs every scope and member a few entries, not the whole
+table (thousands of topics). The root rebases when the changes grow past a fraction of the table.
+"""
+
+from __future__ import annotations
+
+import ray
+
+REBASE_MIN = 64        # changes carried inline before the root puts a new base
+REBASE_FRACTION = 16   # ... or 1/16 of the table, whichever is more
+
+
+class TopicTable:
+    """Topic entries by id (str) -> TopicInfo fields; `ref` is what is sent down:
+    (base ObjectRef, {id: fields, or None for a deleted topic})."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict] = {}
+        self.ref: tuple | None = None
+        self._base: dict[str, dict] = {}
+
+    # ----------------------------------------------------------------------------- the root
+
+    def load(self, entries: dict[str, dict]) -> None:
+        self.entries = dict(entries)
+        self._rebase()
+
+    def change(self, key: str, body: dict | None) -> None:
+        """Add, replace (body) or delete (None) one entry."""
+        if body is None:
+            self.entries.pop(key, None)
+        else:
+            self.entries[key] = body
+        base_ref, delta = self.ref if self.ref is not None else (None, {})
+        delta = {**delta, key: body}
+        if base_ref is None or len(delta) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
+            self._rebase()
+        else:
+            self.ref = (base_ref, delta)
+
+    def _rebase(self) -> None:
+        self._base = dict(self.entries)
+        self.ref = (ray.put(self._base), {})
+
+    # ----------------------------------------------------------------------- everyone else
+
+    def needs_base(self, ref: tuple) -> bool:
+        return self.ref is None or ref[0] != self.ref[0]
+
+    def take(self, ref: tuple, base: dict | None) -> bool:
+        """Take what a parent sent (`base`: the fetched base when `needs_base`); False if it
+        is what this table has already."""
+        if ref == self.ref:
+            return False
+        if base is not None:
+            self._base = base
+        entries = dict(self._base)
+        for key, body in ref[1].items():
+            if body is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = body
+        self.entries, self.ref = entries, ref
+        return True
