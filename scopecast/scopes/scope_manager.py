@@ -36,7 +36,7 @@ from scopecast.policies.host import PolicyHost
 from scopecast.policies.library import materialize, plugin_cache, shipped
 from scopecast.policies.registry import digest
 from scopecast.scopes.container import Channel, PolicyContainer
-from scopecast.scopes.layout import Offer, multicast_path, pad, sending_path
+from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.topic_table import TopicTable
 from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
@@ -76,6 +76,14 @@ class Child:
     sent: object = None            # its content, to send only changes
     acked: int = 0                 # version the child says it has in place
     wake: asyncio.Event | None = None
+
+    def offer(self, topic: int) -> Offer | None:
+        """Where traffic of `topic` enters this member: the member process itself, or the entry
+        the child scope offered (None until it has)."""
+        if self.kind == "member":
+            return Offer((), ("u", self.host, self.port, self.id),
+                         (self.id,) if self.regular else ())
+        return self.offers.get(topic)
 
     def record(self) -> dict:
         if self.kind == "member":
@@ -543,17 +551,10 @@ class ScopeManager:
     def _obligation(self, tid: int, ch: Channel, length: int) -> dict | None:
         """The delegated form of one channel laid here: where it goes, and who waits for it."""
         dst = self.children.get(ch.dst)
-        if dst is None:
-            return None
-        if dst.kind == "member":
-            offer = Offer((dst.name,), ("u", dst.host, dst.port, dst.id),
-                          (dst.id,) if dst.regular else ())
-        else:
-            offer = dst.offers.get(tid)
-            if offer is None:
-                return None  # its entry is not known yet; laid when its report comes
-        return {"topic": tid, "origin": ch.origin, "dst": offer.into(dst.name, length)
-                if dst.kind == "scope" else pad([dst.name], length),
+        offer = dst.offer(tid) if dst is not None else None
+        if offer is None:
+            return None  # its entry is not known yet; laid when its report comes
+        return {"topic": tid, "origin": ch.origin, "dst": offer.into(dst.name, length),
                 "endpoint": list(offer.endpoint), "receivers": list(offer.receivers),
                 "filter": list(ch.filter) if ch.filter else None, "replicas": ch.replicas,
                 "scope": self.path}
@@ -616,11 +617,16 @@ class ScopeManager:
     # ------------------------------------------------------------------------- sending up
 
     def _report(self, force: bool = False) -> None:
+        """Send this scope's state up if it changed; `force` sends it anyway (a heartbeat: the
+        body of the last re-layout, as nothing it depends on changes without one)."""
         if self._parent_name is None:
             return
-        body = self._report_body()
-        if body == self._reported and not force:
-            return
+        if force and self._reported is not None:
+            body = self._reported
+        else:
+            body = self._report_body()
+            if body == self._reported and not force:
+                return
         self._reported = body
         try:
             self._parent_handle().report.remote(self.name, body,
@@ -665,14 +671,8 @@ class ScopeManager:
                 continue
             layout = self.container.topics.get(tid)
             entry = self.children.get(layout.entry) if layout and layout.entry else None
-            if entry is None:
-                continue
-            if entry.kind == "member":
-                out[tid] = Offer(tuple(pad([entry.name], length)),
-                                 ("u", entry.host, entry.port, entry.id),
-                                 (entry.id,) if entry.regular else ())
-            elif tid in entry.offers:
-                below = entry.offers[tid]
+            below = entry.offer(tid) if entry is not None else None
+            if below is not None:
                 out[tid] = Offer(tuple(below.into(entry.name, length)), below.endpoint,
                                  below.receivers)
         return out
