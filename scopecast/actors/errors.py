@@ -8,6 +8,12 @@ class ScopecastError(Exception):
     """Base class of every scopecast error."""
 
 
+def typed_cause(exc: BaseException) -> ScopecastError | None:
+    """The typed error a Ray call failed with (Ray wraps it in a RayTaskError), if it was ours."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, ScopecastError) else None
+
+
 class NotConnected(ScopecastError):
     """No scopecast cluster to talk to."""
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import ray
 
-from scopecast.actors.errors import MemberExpired, ScopecastError
+from scopecast.actors.errors import MemberExpired, typed_cause
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.policies.filters import ModuloFilter
 from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
@@ -41,8 +41,8 @@ def call_ref(ref, timeout: float | None = None):
     try:
         return ray.get(ref, timeout=timeout)
     except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, ScopecastError):
+        cause = typed_cause(exc)
+        if cause is not None:
             raise cause from None
         raise
 

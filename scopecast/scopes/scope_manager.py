@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import ray
 
 from scopecast.actors import declare
-from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, TopicNotFound
+from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, typed_cause
 from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
 from scopecast.policies.library import materialize, plugin_cache, shipped
@@ -752,8 +752,8 @@ class ScopeManager:
         try:
             return await getattr(root, method).remote(*args)
         except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, (TopicNotFound, InvalidConfig)):
+            cause = typed_cause(exc)
+            if cause is not None:
                 raise cause from None
             raise
 
