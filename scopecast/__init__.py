@@ -20,6 +20,7 @@ from scopecast.actors.errors import (
     ScopecastError,
     TopicExists,
     TopicNotFound,
+    WindowFull,
 )
 from scopecast.netio.message import Message
 from scopecast.netio.pubsub import Publisher, Subscriber
@@ -36,5 +37,5 @@ __all__ = [
     "Cluster", "Connect", "Disconnect", "FlushTimeout", "ForwardingPolicy", "InvalidConfig",
     "MemberExpired", "Message", "MessageTooLarge", "NotConnected", "PluginRef",
     "PluginRejected", "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
-    "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "connect",
+    "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
 ]

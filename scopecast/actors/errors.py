@@ -42,7 +42,11 @@ class PluginRejected(ScopecastError):
 
 
 class FlushTimeout(ScopecastError, TimeoutError):
-    """Messages were not yet stable (for now: handed to the socket) when the timeout expired."""
+    """Messages were not yet stable (unreliable topics: not yet sent) when the timeout expired."""
+
+
+class WindowFull(ScopecastError):
+    """publish() on a non-blocking member whose window of unstable messages is full."""
 
 
 class PublisherClosed(ScopecastError):

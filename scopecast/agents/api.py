@@ -1,10 +1,34 @@
-"""The recovery-protocol plug-in interface (thesis 3.2.11-3.2.12), shared registry with policies.
+"""The recovery-protocol interface (thesis 3.2.11-3.2.12), shared registry and `API_VERSION` with
+forwarding policies.
 
-A recovery protocol is hosted by a recovery agent, one per (recovery domain, peer group). The agent
-tells it the domain's view and hands it the members' ACK/NAK summaries (the bottom interface); it
-answers with instructions (repair, cleanup) for the members and what to report to the agent above.
-The Reliability issue fills in the agents; this is the interface plug-ins are written against, at
-`API_VERSION` (the same number as the forwarding-policy API).
+A recovery protocol is pure logic hosted by a recovery agent (`agents.agent`), one agent per
+(sub-domain, peer group). The agent is its environment: it owns the UDP socket and the clock and
+tells the protocol what happened; the protocol answers with what to send.
+
+- **View**: the peer group (agents in ring order, this agent's place), and whether an agent above
+  exists (the peer group's aggregate goes up through the leader).
+- **Bottom interface**: the member (or, for a higher domain, the co-located leader agent of the peer
+  group below) pushes a `Summary` each token period; the reply is an `Instructions`.
+- **Peer messages**: tokens, requests; opaque msgpack-able values between agents of one group.
+- **Upper interface**: the leader's `upward()` summary of the whole group, and the `down` state the
+  agent above answers with (stability decided at the top, senders' records).
+
+Summary (all keys optional)::
+
+    {"acks": {stream: max_contiguous}, "naks": [[stream, topic, session, lo, hi, lo_sseq, hi_sseq,
+     member_id, host, port]], "recs": {stream: record}}
+
+A *stream* is a sender's sequence space (the wire format's stream id, here the sending member's id);
+`max_contiguous` is the stream position up to which the bottom holds everything it is owed. A
+*record* is what a sender says of its unstable messages: ``[max_sseq, [[topic, session, first_seq,
+first_sseq, last_seq, last_sseq], ...]]``.
+
+Instructions::
+
+    {"down": {stream: [stable_sseq, record]}, "push": [nak, ...], "period": seconds,
+     "cacher": bool}
+
+`push` asks the bottom to repair the named ranges from its cache to the requester.
 """
 
 from __future__ import annotations
@@ -13,16 +37,26 @@ from dataclasses import dataclass, field
 
 from scopecast.policies.api import API_VERSION
 
-__all__ = ["API_VERSION", "DomainContext", "RecoveryProtocol"]
+__all__ = ["API_VERSION", "DomainContext", "PeerView", "RecoveryProtocol"]
 
 
 @dataclass(slots=True, frozen=True)
 class DomainContext:
     """What a recovery protocol may inspect: its domain and options."""
 
-    domain: str                 # the scope path whose domain this is
+    domain: str                 # "<scope path>|<sub-domain name>" this agent stands for
     level: int                  # 1 for a member domain, higher up the hierarchy
     options: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class PeerView:
+    """One version of a peer group as its owning scope laid it out."""
+
+    version: int
+    peers: tuple[str, ...]      # sub-domain names, in the order the protocol should use
+    index: int                  # this agent's place in `peers`
+    has_upper: bool             # an agent above takes this group's aggregate (else: the top)
 
 
 class RecoveryProtocol:
@@ -34,16 +68,25 @@ class RecoveryProtocol:
     def __init__(self, context: DomainContext) -> None:
         self.context = context
 
-    def on_view(self, members: list[str], version: int) -> list[tuple]:
-        """A new view of the domain (members by name, its version); returns instructions."""
-        return []
+    def on_view(self, view: PeerView) -> None:
+        """A new view of the peer group."""
 
-    def on_summary(self, member: str, summary: dict) -> list[tuple]:
-        """A member's summary {stream: (max_contiguous, [missing ranges])}; returns
-        instructions such as ("repair", from_member, to_member, stream, first, last) or
-        ("cleanup", stream, up_to)."""
-        return []
-
-    def aggregate(self) -> dict:
-        """What this domain reports to the agent above (e.g. per-stream stability)."""
+    def on_summary(self, summary: dict, now: float) -> dict:
+        """The bottom's summary; returns its instructions."""
         return {}
+
+    def on_peer(self, sender: int, body, now: float) -> list[tuple[int, object]]:
+        """A message from peer `sender` (index in the view); returns (peer index, body) to send."""
+        return []
+
+    def on_tick(self, now: float) -> list[tuple[int, object]]:
+        """Called every few milliseconds; returns (peer index, body) to send."""
+        return []
+
+    def upward(self) -> dict | None:
+        """The summary of the whole peer group for the agent above (the leader only; None if
+        there is nothing new)."""
+        return None
+
+    def on_down(self, instructions: dict) -> None:
+        """The agent above answered `upward()` (its instructions for this group)."""

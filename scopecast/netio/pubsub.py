@@ -57,6 +57,7 @@ class Publisher:
         self._sessions = element.runtime.publish_sessions  # moved on by the controlled element
         self._session = self._sessions.setdefault(info.id, info.session)
         self._max = self._runtime.config.max_message_bytes
+        self.reliable = info.recovery != "none"
         self._seq = 0
         self._last_sseq = 0
         self._closed = False
@@ -97,11 +98,12 @@ class Publisher:
         self._seq = 0
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Return when every message published so far was handed to the socket.
-
-        (The Reliability issue upgrades this to "stable at every regular member".)"""
-        if not self._runtime.wait_sent(self._last_sseq, timeout):
-            raise FlushTimeout(f"{self.topic!r}: messages up to seq {self._seq} not sent within "
+        """Return when every message published so far is stable: held by every regular member
+        of the topic's recovery domains (a topic with recovery="none": handed to the socket)."""
+        wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
+        if not wait(self._last_sseq, timeout):
+            what = "stable" if self.reliable else "sent"
+            raise FlushTimeout(f"{self.topic!r}: messages up to seq {self._seq} not {what} within "
                                f"{timeout}s; receivers may be slow or gone (see cluster.status())")
 
     def close(self, timeout: float = 10.0) -> None:

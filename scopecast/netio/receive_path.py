@@ -58,6 +58,9 @@ class ReceivePath:
             self._drop(exc.reason)
             return
         sender = header.sender
+        if header.ptype == wire.PacketType.TOKEN:  # from this member's recovery agent
+            self._dispatch(header, data, n)
+            return
         if sender == self.member_id:
             self.stats["own_datagrams"] += 1
             return
@@ -113,7 +116,10 @@ class ReceivePath:
                     self._take_run(data, routes, *run)
         finally:
             self._deliver()
-        self._note_received(header)
+        if header.ptype == wire.PacketType.REPAIR:
+            self.stats["repair_datagrams_in"] += 1
+        else:
+            self._note_received(header)
 
     def _note_received(self, header: wire.Header) -> None:
         key = (header.sender, header.channel)
@@ -155,6 +161,11 @@ class ReceivePath:
             else:
                 self.stats["gaps"] += 1
         self._next_seq[key] = first + len(lengths)
+        if topic in self._reliable:
+            self._last_sseq[key] = first_sseq + len(lengths) - 1
+            if self._cacher:
+                self._keep(source, _entries(data, topic, session, first, first_sseq, ctype,
+                                            lengths, off))
         subs = self._subs.get(topic)
         forwards = topic in self._routes
         if subs or forwards:
@@ -190,6 +201,9 @@ class ReceivePath:
         path changed by a re-layout) until they come, within a byte budget; False when full."""
         size = sum(run[10])
         if self._early_bytes + size > self.config.reorder_bytes:
+            if key[0] in self._reliable:
+                self.drops["reorder_full"] += len(run[10])  # not acknowledged: NAKed later
+                return True
             if key in self._early:  # out of room: what is held goes first, with its gaps
                 self._release_early(key, give_up=True)
             return False
@@ -223,10 +237,17 @@ class ReceivePath:
             self._releasing = False
 
     def _expire_early(self, now: float) -> None:
-        for key in [k for k, held in self._early.items()
-                    if now - min(h[1] for h in held) > self.config.reorder_timeout]:
+        """Give up waiting for what is missing before held runs — on reliable topics only where
+        the member joins the stream and no record said where it starts (`join_timeout`)."""
+        for key in [k for k, held in self._early.items() if self._given_up(k, held, now)]:
             self._release_early(key, give_up=True)
         self._deliver()
+
+    def _given_up(self, key: tuple, held: list, now: float) -> bool:
+        age = now - min(h[1] for h in held)
+        if key[0] not in self._reliable:
+            return age > self.config.reorder_timeout
+        return key not in self._next_seq and age > self.config.join_timeout
 
     def _offer(self, subs: tuple[Subscription, ...], msgs: list[Message], nbytes: int) -> None:
         """Put messages in the inboxes of `subs`; `_deliver` hands the inboxes over."""
@@ -290,7 +311,21 @@ class ReceivePath:
 
     def _on_control(self, header: wire.Header, body: memoryview) -> None:
         header, msg = wire.decode_control(body)
-        if header.ptype == wire.PacketType.CONTROL:
+        if header.ptype == wire.PacketType.TOKEN:
+            if isinstance(msg, list) and len(msg) == 2 and msg[0] == "ins" \
+                    and isinstance(msg[1], dict):
+                try:
+                    self._on_instructions(msg[1])
+                except (TypeError, ValueError, IndexError, AttributeError):
+                    self._drop("bad_instructions")
+            else:
+                self._drop("bad_control")
+        elif header.ptype == wire.PacketType.NAK:
+            if isinstance(msg, list) and len(msg) == 6 and all(isinstance(v, int) for v in msg):
+                self._on_nak(header.sender, msg)
+            else:
+                self._drop("bad_nak")
+        elif header.ptype == wire.PacketType.CONTROL:
             if (isinstance(msg, list) and len(msg) == 3 and msg[0] == "ack"
                     and isinstance(msg[1], int) and isinstance(msg[2], int)):
                 self._on_ack(header.sender, msg[1], msg[2])
@@ -348,3 +383,13 @@ class ReceivePath:
         except OSError as exc:
             self.drops["send_error"] += 1
             log.debug("control send to %s failed: %s", address, exc)
+
+
+def _entries(data: bytes, topic: int, session: int, first: int, first_sseq: int, ctype: int,
+             lengths: tuple, off: int) -> list[tuple]:
+    """Cache entries (sseq, topic, session, seq, ctype, payload) of one run."""
+    out = []
+    for i, n in enumerate(lengths):
+        out.append((first_sseq + i, topic, session, first + i, ctype, data[off:off + n]))
+        off += n
+    return out

@@ -24,13 +24,14 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
-from scopecast.actors.errors import InvalidConfig
+from scopecast.actors.errors import InvalidConfig, WindowFull
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ReceivePath
+from scopecast.netio.recovery_path import RecoveryPath
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
 from scopecast.scopes.channel import Channel
@@ -49,6 +50,8 @@ class RuntimeConfig:
 
     transport: TransportConfig = field(default_factory=TransportConfig)
     window_bytes: int = 4 << 20          # unacknowledged bytes in flight per destination
+    stable_window_bytes: int = 64 << 20  # own messages of reliable topics not yet stable
+    block_when_full: bool = True         # publish() waits for stability; False: raise WindowFull
     queue_bytes: int = 8 << 20           # published but not yet sent; publish() blocks beyond
     max_backlog_bytes: int = 32 << 20    # delivered but not consumed; acks withheld beyond
     max_message_bytes: int = 16 << 20
@@ -58,8 +61,10 @@ class RuntimeConfig:
     ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
     unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
     held_datagrams: int = 512
-    reorder_bytes: int = 8 << 20         # runs that arrived ahead of a gap, held until it fills
+    reorder_bytes: int = 32 << 20        # runs that arrived ahead of a gap, held until it fills
     reorder_timeout: float = 0.2         # ... or until this long, then delivered with the gap
+    join_timeout: float = 2.0            # reliable topics: how long a first run waits to learn
+                                         # where the sender's unstable messages start
     mac: str = "gmac"                    # packet authenticator, see `auth` (set by the cluster)
     # Move every object alive when the member starts (Ray's and the application's start-up heap)
     # out of the cyclic garbage collector's reach (gc.freeze): otherwise each full collection walks
@@ -68,15 +73,15 @@ class RuntimeConfig:
     freeze_gc: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("window_bytes", "queue_bytes", "max_backlog_bytes", "max_message_bytes",
-                     "reassembly_budget_bytes", "held_datagrams", "reorder_bytes"):
+        for name in ("window_bytes", "stable_window_bytes", "queue_bytes", "max_backlog_bytes",
+                     "max_message_bytes", "reassembly_budget_bytes", "held_datagrams", "reorder_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"RuntimeConfig.{name} must be positive")
         if self.max_message_bytes > MAX_MESSAGE:
             raise InvalidConfig(f"RuntimeConfig.max_message_bytes is at most {MAX_MESSAGE} (the "
                                 "wire format's 32-bit lengths)")
         if min(self.ack_period, self.ack_timeout, self.reassembly_timeout,
-               self.reorder_timeout) <= 0:
+               self.reorder_timeout, self.join_timeout) <= 0:
             raise InvalidConfig("RuntimeConfig periods and timeouts must be positive")
 
 
@@ -98,7 +103,7 @@ class Route:
     channel: Channel
 
 
-class MemberRuntime(ReceivePath, SendPath):
+class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
     """The data plane of one member process (see module docstring); the receive and send paths
     live in `receive_path` and `send_path`, the state they share is set up here."""
 
@@ -131,6 +136,7 @@ class MemberRuntime(ReceivePath, SendPath):
         self._recv_size = 65_536
         self._capacity = self._datagram - self._trailer
         self._queue_limit = self.config.queue_bytes
+        self._window_limit = self.config.stable_window_bytes
         self._delivery_cap = 2 * self.config.max_backlog_bytes  # see ReceivePath._deliver
         self._origin = origin_record(name)
         self._reassembler = Reassembler(self.config.max_message_bytes,
@@ -175,6 +181,7 @@ class MemberRuntime(ReceivePath, SendPath):
         self._space_waiting = False
         self.unknown_sender = threading.Event()  # set for the control thread: refresh members
         self._stop = False
+        self._init_recovery()
         if self.config.freeze_gc:
             gc.freeze()
         self._thread = threading.Thread(target=self._run, name=f"scopecast-io-{name}", daemon=True)
@@ -210,6 +217,8 @@ class MemberRuntime(ReceivePath, SendPath):
         """Queue one message; returns its stream sequence number (for `wait_sent`)."""
         if self.app_bytes - self.taken_bytes + self.feed_bytes > self._queue_limit:
             self._wait_for_space()
+        if self.app_bytes - self.released_bytes > self._window_limit:
+            self._wait_for_window()
         sseq = next(self._ordinal)
         self.app_bytes += MESSAGE_COST + len(payload)
         self._publish_q.append((topic, seq, sseq, payload, session, ctype))
@@ -235,6 +244,29 @@ class MemberRuntime(ReceivePath, SendPath):
             self._space.wait(0.05)
             self._space.clear()
         self._space_waiting = False
+
+    def _wait_for_window(self) -> None:
+        """Own messages of reliable topics fill the window until they are stable."""
+        if not self.config.block_when_full:
+            raise WindowFull(f"{self.app_bytes - self.released_bytes} bytes published and not yet "
+                             f"stable exceed stable_window_bytes={self._window_limit}; slow "
+                             "down, flush(), or configure block_when_full=True")
+        while self.app_bytes - self.released_bytes > self._window_limit and not self._stop:
+            self._space_waiting = True
+            self._space.wait(0.05)
+            self._space.clear()
+        self._space_waiting = False
+
+    def wait_stable(self, sseq: int, timeout: float) -> bool:
+        """Wait until every own message up to stream sequence `sseq` is stable."""
+        deadline = time.monotonic() + timeout
+        while self.stable_sseq < sseq:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stop:
+                return self.stable_sseq >= sseq
+            self._space.wait(min(remaining, 0.05))
+            self._space.clear()
+        return True
 
     def wait_sent(self, sseq: int, timeout: float) -> bool:
         """Wait until every message up to stream sequence `sseq` was handed to the socket."""
@@ -367,6 +399,13 @@ class MemberRuntime(ReceivePath, SendPath):
                       for (h, p), f in self._feeds.items()},
             "topics": sorted(self._subs),
             "backlog_bytes": max((s.backlog() for s in self._subscriptions), default=0),
+            "recovery": {"agent": "%s:%d" % self._agent if self._agent else None,
+                         "reliable_topics": sorted(self._reliable),
+                         "window_bytes": self.app_bytes - self.released_bytes,
+                         "window_limit": self._window_limit, "stable_sseq": self.stable_sseq,
+                         "cacher": self._cacher, "token_period": self._period,
+                         "senders_known": sorted(self._records),
+                         "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes},
         }
 
     # -------------------------------------------------------------------------- the I/O loop
@@ -407,6 +446,8 @@ class MemberRuntime(ReceivePath, SendPath):
             self._send_acks(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
+        if now - self._last_summary >= self._period:
+            self._recovery_tick(now)
         if self._space_waiting:
             self._space.set()
         if self._to_wake:
@@ -416,7 +457,7 @@ class MemberRuntime(ReceivePath, SendPath):
     def _idle_timeout(self) -> float:
         if any(pos[0] != pos[1] for pos in self._recv_pos.values()):
             return self.config.ack_period
-        return 0.1
+        return min(0.1, self._period) if self._reliable or self._early else 0.1
 
     def _poll(self, sel, timeout: float) -> None:
         for key, mask in sel.select(timeout):

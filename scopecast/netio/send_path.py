@@ -35,6 +35,13 @@ class SendPath:
         plan: list = []
         feed = record = table = run = None
         subs: tuple = ()
+        reliable = self._reliable
+        keep = self._cache.append
+        tails = self._tails
+        released = 0
+        rel = False
+        tail = None
+        tail_session = 0
         while q:
             item = q.popleft()
             if item[0] != topic or not item[2]:
@@ -45,6 +52,8 @@ class SendPath:
                     len(plan) == 1 and plan[0][0].__class__ is Feed) else (None, None, None)
                 run = None
                 subs = self._subs.get(topic, ())
+                rel = topic in reliable
+                tail = None
                 if not item[2]:  # end-of-stream marker: (topic, last_seq, 0, b"", session, 0)
                     self._queue_end_of_stream(plan, topic, item[4], item[1])
                     topic = None
@@ -52,6 +61,17 @@ class SendPath:
             _, seq, sseq, payload, session, ctype = item
             n = len(payload) + MESSAGE_COST
             taken += n
+            if rel:  # kept until stable (see recovery_path)
+                keep((sseq, topic, session, seq, ctype, payload))
+                if tail is None or tail_session != session:
+                    tail_session = session
+                    tail = tails.get((topic, session))
+                    if tail is None:
+                        tail = tails[(topic, session)] = [seq, sseq, seq, sseq]
+                tail[2] = seq
+                tail[3] = sseq
+            else:
+                released += n
             if run is not None and seq == run.next_seq and sseq == run.next_sseq \
                     and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
                     and c.size + n <= c.room:
@@ -76,6 +96,7 @@ class SendPath:
         if sseq:
             self._taken_sseq = sseq
         self.taken_bytes += taken
+        self.released_bytes += released
         self.feed_bytes += queued
         self._deliver()
         self._update_handed()

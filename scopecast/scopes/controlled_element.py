@@ -178,6 +178,9 @@ class ControlledElement:
             routes.setdefault(r["topic"], []).append(Route(label, _channel(r)))
         receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
         rt.install_routes(routes, receivers)
+        agent = view.get("agent")
+        rt.install_recovery((agent[0], int(agent[1])) if agent else None,
+                            set(view.get("reliable", ())))
 
     def _resolve_peers(self) -> None:
         """Look up in the directory the members whose datagrams the runtime is holding."""

@@ -37,6 +37,7 @@ from scopecast.policies.library import materialize, plugin_cache, shipped
 from scopecast.policies.registry import digest
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
+from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomain, agent_name
 from scopecast.scopes.topic_table import TopicTable
 from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
@@ -68,6 +69,7 @@ class Child:
     handle: object = None          # child scopes: their actor
     depth: int = 1
     regular: bool = True           # has forwarding duty (not only client subscriptions)
+    recovering: bool = False       # child scopes: their recovery domain has members
     offers: dict[int, Offer] = field(default_factory=dict)
     joined: dict[str, list[int]] = field(default_factory=dict)
     incarnation: int = 0
@@ -129,6 +131,8 @@ class ScopeManager:
         self._task: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
         self._started = time.time()
+        self.recovery = RecoveryDomain(path, top=parent is None)
+        self._hello: dict | None = None
 
     # ----------------------------------------------------------------------------- running
 
@@ -151,6 +155,7 @@ class ScopeManager:
     async def _on_tick(self) -> None:
         self._expire()
         self._report(force=True)
+        await self._recovery_tick()
 
     def _kick(self) -> None:
         """Lay channels again soon (coalesced: one re-layout runs at a time)."""
@@ -279,7 +284,7 @@ class ScopeManager:
             state = (int(body["depth"]), {int(k): str(v) for k, v in body["subs"].items()},
                      {int(t) for t in body["pubs"]},
                      {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
-                     dict(body["joined"]), bool(body["regular"]))
+                     dict(body["joined"]), bool(body["regular"]), bool(body.get("recovering")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("scope %r: malformed report from %r ignored: %s", self.path, name, exc)
             return
@@ -291,9 +296,9 @@ class ScopeManager:
         child.last_seen = time.monotonic()
         child.acked = acked
         if state != (child.depth, child.subs, child.pubs, child.offers, child.joined,
-                     child.regular):
+                     child.regular, child.recovering):
             (child.depth, child.subs, child.pubs, child.offers, child.joined,
-             child.regular) = state
+             child.regular, child.recovering) = state
             self._kick()
 
     async def install(self, version: int, delegation: dict) -> None:
@@ -310,6 +315,7 @@ class ScopeManager:
                 self._topics_changed()
         self.settings.update(delegation["settings"])
         self.delegation = delegation
+        self.recovery.upper = delegation.get("upper")
         self._pending_version = version
         for child in self.children.values():
             if child.kind == "member":
@@ -351,6 +357,8 @@ class ScopeManager:
                 "covered_here": self.delegation.get("covered", {}),
                 "policy_rejections": dict(self.container.rejected),
                 "failed_policies": {f"{p} topic {t}": why for (p, t), why in self._failed.items()},
+                "recovery": {**self.recovery.describe(),
+                             "agents": await self.recovery.agent_status()},
                 "scopes": [{**c.record(), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
@@ -572,7 +580,8 @@ class ScopeManager:
     def _send_install(self, child: Child, body: dict) -> None:
         content = {"settings": self.settings,
                    "topics": self.table.ref,
-                   "exits": body["exits"], "covered": body["covered"]}
+                   "exits": body["exits"], "covered": body["covered"],
+                   "upper": self.recovery.address(child.name)}
         if content == child.sent:
             return
         self._version += 1
@@ -610,6 +619,8 @@ class ScopeManager:
             receivers[key] = sorted(set(receivers.get(key, [])) | set(r.pop("receivers")))
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
+                "agent": self.recovery.address(member.name),
+                "reliable": sorted(self._reliable_topics(member)),
                 "topics": self.table.ref,
                 "groups": sorted(list(g) for g in groups), "routes": routes,
                 "receivers": receivers}
@@ -654,7 +665,8 @@ class ScopeManager:
                 "subs": {str(t): r for t, r in subs.items()}, "pubs": sorted(pubs),
                 "offers": {str(t): o.to_wire() for t, o in self._offers(subs).items()},
                 "joined": {k: sorted(v) for k, v in joined.items()},
-                "regular": any(c.regular for c in self.children.values())}
+                "regular": any(c.regular for c in self.children.values()),
+                "recovering": bool(self._domain_members())}
 
     def _offers(self, subs: dict[int, str]) -> dict[int, Offer]:
         """For each topic this scope receives from its parent: where that traffic enters."""
@@ -681,6 +693,56 @@ class ScopeManager:
         if self._parent is None:
             self._parent = ray.get_actor(self._parent_name, namespace=declare.NAMESPACE)
         return self._parent
+
+    # ---------------------------------------------------------------------- recovery domain
+
+    def _reliable_topics(self, member: Child) -> set[int]:
+        """Topics a member process takes part in recovering: subscribed as a member, or
+        published, with a recovery protocol."""
+        mine = {t for t, role in member.subs.items() if role == "member"} | member.pubs
+        return {t for t in mine if t in self.topics and self.topics[t].recovery != "none"}
+
+    def _domain_members(self) -> list[str]:
+        return sorted(c.name for c in self.children.values()
+                      if (c.recovering if c.kind == "scope" else self._reliable_topics(c)))
+
+    async def _recovery_tick(self) -> None:
+        if await self.recovery.update(self._domain_members(), self._place_for):
+            self._kick()  # members' tables name their agents
+
+    async def _place_for(self, name: str) -> AgentRecord:
+        """Delegate the agent of member `name` of this scope's domain (thesis 3.2.13)."""
+        child = self.children[name]
+        spec = {"name": agent_name(self.path, name), "domain": f"{self.path or '/'}|{name}",
+                "level": 1 if child.kind == "member" else child.depth}
+        if child.kind == "member":
+            handle = await self._create_agent(spec, child.node)
+            return AgentRecord(handle, [self.path or "/", name])
+        handle, chain = await child.handle.place_agent.remote(spec)
+        return AgentRecord(handle, [self.path or "/", *chain])
+
+    async def place_agent(self, spec: dict) -> list:
+        """Place an agent of the parent's domain on the host of this domain's leader: delegated
+        down to the child that leads, and created next to its member. Returns [handle, chain]."""
+        leader = self.children.get(self.recovery.members[0]) if self.recovery.members else None
+        if leader is not None and leader.kind == "scope":
+            handle, chain = await leader.handle.place_agent.remote(spec)
+            return [handle, [self.name, *chain]]
+        node = leader.node if leader is not None else _node_id()
+        return [await self._create_agent(spec, node),
+                [self.name, *([leader.name] if leader is not None else [])]]
+
+    async def _create_agent(self, spec: dict, node: str):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from scopecast.agents.agent import RecoveryAgent
+
+        if self._hello is None:
+            self._hello = await self._root_call("hello")
+        opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
+        return declare.get_or_create(RecoveryAgent, spec["name"], spec["domain"], spec["level"],
+                                     "token_ring", {}, self._hello["key"], self._hello["mac"],
+                                     self._hello.get("interface"), ray_options=opts)
 
     # ---------------------------------------------------------------------------- helpers
 

@@ -1,0 +1,309 @@
+"""The member's side of recovery (thesis 3.2.12's bottom interface; QSM's member state).
+
+A part of `MemberRuntime` (runs on its I/O thread only). The member keeps its own state — its
+unstable messages, what it received and what it misses — and every token period pushes a summary to
+its recovery agent: per sender stream the MaxContiguous position it holds everything it is owed up
+to, its NAKs, and (as a sender) its record. The agent's reply carries stability decided at the top
+(cleanup), the senders' records (which reveal tail losses), and repairs to push to peers.
+
+- **Sender**: every message of a reliable topic stays in `_cache` until stable; the window is the
+  bytes held there (`RuntimeConfig.stable_window_bytes`), and `publish()` blocks or raises
+  `WindowFull` beyond it. `stable_sseq` is what `flush()` waits for.
+- **Receiver**: a run after a gap waits in the reorder buffer (with no timeout on reliable topics)
+  while the member NAKs the range: to its agent (a neighbour that caches it pushes the repair) and,
+  from the next period on, straight to the sender, which still holds everything not yet stable.
+- **Caching members** (the agent says which) keep what they receive until stable, to serve NAKs.
+
+Repairs travel as REPAIR datagrams under a routing record no channel matches, so they are delivered
+but never forwarded (downstream members that miss them ask for themselves).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+
+from scopecast.netio import wire
+from scopecast.netio.feed import MESSAGE_COST
+
+REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
+REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
+MAX_NAKS = 64
+MAX_RECORD_TOPICS = 256
+REPAIR_BURST = 4 << 20               # bytes one NAK may trigger at once (the rest: its next NAK)
+RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
+
+
+def _sseq(entry: tuple) -> int:
+    return entry[0]
+
+
+class RecoveryPath:
+    """Caches, MaxContiguous, NAKs and repairs (see module docstring)."""
+
+    def _init_recovery(self) -> None:
+        self._reliable: frozenset[int] = frozenset()
+        self._agent: tuple[str, int] | None = None
+        self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
+        self._cache_head = 0
+        self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
+        self._peer_cache: dict[int, list[tuple]] = {}       # source -> entries, as _cache
+        self._peer_heads: dict[int, int] = {}
+        self._cacher = False
+        self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
+        self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]}, when)
+        self._stable: dict[int, int] = {}
+        self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> first seen missing
+        self.stable_sseq = 0      # own stream: everything up to here is stable (read by the app)
+        self.released_bytes = 0   # own bytes no longer held for the window (read by the app)
+        self._period = 0.05
+        self._last_summary = 0.0
+
+    # ------------------------------------------------------------------- control installs
+
+    def install_recovery(self, agent: tuple[str, int] | None, reliable: set[int]) -> None:
+        self._agent = agent
+        self._reliable = frozenset(reliable)
+
+    # ------------------------------------------------------------------------- the sender
+
+    def _release_own(self, stable: int) -> None:
+        """Everything of this member's stream up to `stable` is held by every regular member."""
+        if stable <= self.stable_sseq:
+            return
+        cache, head, tails = self._cache, self._cache_head, self._tails
+        freed = 0
+        while head < len(cache) and cache[head][0] <= stable:
+            sseq, topic, session, seq, _ctype, payload = cache[head]
+            cache[head] = None
+            head += 1
+            freed += len(payload) + MESSAGE_COST
+            tail = tails.get((topic, session))
+            if tail is not None:
+                if seq >= tail[2]:
+                    del tails[(topic, session)]
+                else:
+                    tail[0], tail[1] = seq + 1, sseq + 1
+        if head > 4096 and head * 2 > len(cache):
+            del cache[:head]
+            head = 0
+        self._cache_head = head
+        self.released_bytes += freed
+        self.stable_sseq = stable
+        self.stats["stable_sseq"] = stable
+        self._space.set()
+
+    def _own_record(self) -> list:
+        topics = [[t, s, *tail] for (t, s), tail in list(self._tails.items())[:MAX_RECORD_TOPICS]]
+        return [self._taken_sseq, topics]
+
+    # ----------------------------------------------------------------------- the receiver
+
+    def _keep(self, source: int, entries: list[tuple]) -> None:
+        """A caching member keeps what it received until stable."""
+        cache = self._peer_cache.get(source)
+        if cache is None:
+            cache = self._peer_cache[source] = []
+            self._peer_heads[source] = 0
+        cache.extend(entries)
+
+    def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
+        """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses."""
+        acks: dict[int, int] = {}
+        naks: list[list] = []
+        early = self._early
+        for source, (top, topics, _when) in self._records.items():
+            if source == self.member_id:
+                continue
+            a = top
+            for (topic, session), (fs, fss, ls, lss) in topics.items():
+                if topic not in self._reliable or topic not in self._subs:
+                    continue
+                key = (topic, source, session)
+                nxt = self._next_seq.get(key)
+                if nxt is None:
+                    held = early.get(key)
+                    # joined while these were unstable: owed from the first the sender still holds
+                    nxt = min(fs, held[0][0]) if held else fs
+                    self._next_seq[key] = nxt
+                    if held:
+                        self._release_early(key)
+                        nxt = self._next_seq[key]
+                held = early.get(key)
+                hi = held[0][0] - 1 if held else ls
+                if nxt <= hi:
+                    last = self._last_sseq.get(key, fss - 1)
+                    naks.append([source, topic, session, nxt, hi, last + 1,
+                                 held[0][2][7] - 1 if held else lss])
+                    self._nak_at.setdefault(key, now)
+                    a = min(a, last)
+            acks[source] = a
+        # gaps no record names (it has not come yet): pulled from the sender all the same
+        named = {(n[1], n[0], n[2]) for n in naks}
+        for key, held in early.items():
+            topic, source, session = key
+            if topic in self._reliable and key not in named \
+                    and (nxt := self._next_seq.get(key)) is not None and nxt < held[0][0]:
+                naks.append([source, topic, session, nxt, held[0][0] - 1,
+                             self._last_sseq.get(key, 0) + 1, held[0][2][7] - 1])
+                self._nak_at.setdefault(key, now)
+        if self._reliable and self._taken_sseq:
+            acks[self.member_id] = self._taken_sseq
+        return acks, naks
+
+    # ----------------------------------------------------------------- the periodic push
+
+    def _recovery_tick(self, now: float) -> None:
+        if now - self._last_summary < self._period or not (self._reliable or self._early):
+            return
+        self._last_summary = now
+        acks, naks = self._owed(now)
+        self._deliver()  # runs released by records that came
+        missing = {(n[1], n[0], n[2]) for n in naks}
+        for key in [k for k in self._nak_at if k not in missing]:
+            del self._nak_at[key]
+        if self._agent is not None:
+            summary = {"acks": acks, "naks": [[*n, self.member_id, *self.address]
+                                              for n in naks[:MAX_NAKS]]}
+            if self._tails or self._taken_sseq:
+                summary["recs"] = {self.member_id: self._own_record()}
+            self._send_control(wire.PacketType.TOKEN, ["sum", summary], self._agent)
+            self.stats["summaries_sent"] += 1
+        for nak in naks[:MAX_NAKS]:
+            # the sender holds everything not yet stable: pull from it once the gap is a period old
+            if now - self._nak_at.get((nak[1], nak[0], nak[2]), now) >= self._period:
+                member = self._members.get(nak[0])
+                if member is not None:
+                    self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
+                    self.stats["naks_sent"] += 1
+        self._expire_records(now)
+
+    def _expire_records(self, now: float) -> None:
+        for source in [s for s, r in self._records.items() if now - r[2] > RECORD_TTL]:
+            del self._records[source]
+
+    def _on_instructions(self, ins: dict) -> None:
+        """The agent's reply: stability and records from above, repairs to push."""
+        now = time.monotonic()
+        for source, (stable, record) in ins.get("down", {}).items():
+            source, stable = int(source), int(stable)
+            if record:
+                self._records[source] = (int(record[0]), {
+                    (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in record[1]}, now)
+            if source == self.member_id:
+                self._release_own(stable)
+            elif stable > self._stable.get(source, 0):
+                self._stable[source] = stable
+                self._prune_peer_cache(source, stable)
+        for nak in ins.get("push", ()):
+            self.stats["pushes"] += 1
+            self._serve(int(nak[0]), nak[1:7], (nak[8], int(nak[9])))
+        self._period = float(ins.get("period", self._period))
+        self.stats["token_period_ms"] = round(self._period * 1000)
+        cacher = bool(ins.get("cacher"))
+        if self._cacher and not cacher:
+            self._peer_cache.clear()
+            self._peer_heads.clear()
+        self._cacher = cacher
+
+    def _prune_peer_cache(self, source: int, stable: int) -> None:
+        cache = self._peer_cache.get(source)
+        if not cache:
+            return
+        head = bisect.bisect_right(cache, stable, lo=self._peer_heads[source], key=_sseq)
+        if head * 2 > len(cache):
+            del cache[:head]
+            head = 0
+        self._peer_heads[source] = head
+
+    # -------------------------------------------------------------------------- repairs
+
+    def _on_nak(self, sender: int, body) -> None:
+        """A member asks this one (the sender) for messages it misses."""
+        member = self._members.get(sender)
+        if member is None:
+            self._drop("nak_from_unknown")
+            return
+        self.stats["naks_received"] += 1
+        self._serve(self.member_id, body, (member.host, member.port))
+
+    def _serve(self, source: int, nak, address: tuple[str, int]) -> None:
+        """Send the messages of `source` named by `nak` [topic, session, lo, hi, lo_sseq,
+        hi_sseq] that this member holds, as REPAIR datagrams to `address`."""
+        topic, session, lo, hi, lo_sseq, hi_sseq = (int(v) for v in nak)
+        if source == self.member_id:
+            cache, head = self._cache, self._cache_head
+        else:
+            cache, head = self._peer_cache.get(source), self._peer_heads.get(source, 0)
+            if not cache:
+                self.stats["repair_misses"] += 1
+                return
+        i = bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq)
+        picked: list[tuple] = []
+        budget = REPAIR_BURST
+        while i < len(cache) and budget > 0:
+            e = cache[i]
+            i += 1
+            if e[0] > hi_sseq:
+                break
+            if e[1] == topic and e[2] == session and lo <= e[3] <= hi:
+                picked.append(e)
+                budget -= len(e[5])
+        if picked:
+            self._send_repair(source, picked, address)
+
+    def _send_repair(self, source: int, entries: list[tuple], address: tuple[str, int]) -> None:
+        room = self._capacity - wire.HEADER.size - len(REPAIR_TABLE)
+        parts: list = []
+        runs = size = 0
+        run: list = []
+
+        def close_run() -> None:
+            nonlocal runs
+            first = run[0]
+            parts.extend(wire.run_parts(first[1], source, first[2], first[3], source, first[0],
+                                        first[4], 0, [e[5] for e in run]))
+            runs += 1
+            run.clear()
+
+        def flush() -> None:
+            nonlocal runs, size
+            if run:
+                close_run()
+            if runs:
+                self._transmit_repair(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
+                                                       REPAIR_TABLE, runs, parts), address)
+            parts.clear()
+            runs = size = 0
+
+        for e in entries:
+            n = len(e[5]) + MESSAGE_COST
+            if wire.RUN.size + n > room:  # larger than a datagram: on its own, in fragments
+                flush()
+                self._repair_fragments(source, e, address)
+                continue
+            extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 and e[4] == run[-1][4]
+            if size + n + (0 if extends else wire.RUN.size) > room:
+                flush()
+                extends = False
+            if not extends and run:
+                close_run()
+            size += n + (0 if extends else wire.RUN.size)
+            run.append(e)
+        flush()
+        self.stats["repairs_sent"] += len(entries)
+
+    def _repair_fragments(self, source: int, e: tuple, address: tuple[str, int]) -> None:
+        sseq, topic, session, seq, ctype, payload = e
+        chunk = self._capacity - wire.HEADER.size - len(REPAIR_TABLE) - wire.FRAGMENT.size \
+            - wire.run_size(1, 0)
+        for frag, piece in wire.fragments(payload, chunk):
+            parts = wire.run_parts(topic, source, session, seq, source, sseq, ctype, 0, [piece])
+            self._transmit_repair(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
+                                                   REPAIR_TABLE, 1, parts, frag), address)
+
+    def _transmit_repair(self, datagram: bytes, address: tuple[str, int]) -> None:
+        try:
+            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, address)
+        except OSError:
+            self.drops["repair_send_failed"] += 1  # asked again at the requester's next NAK

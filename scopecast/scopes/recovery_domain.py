@@ -1,0 +1,124 @@
+"""A scope's recovery domain (thesis 3.2.10, 3.2.13): its members, their agents, the peer-group view.
+
+The domain's members are the children with a reliable interest: member processes that subscribe (as
+members, not clients) to or publish a topic with a recovery protocol, and child scopes whose own
+domain is not empty (cascading subscription: a child's report says so). For each member the scope
+keeps one recovery agent, a Ray actor created through a delegation chain: a member process's agent
+on that member's node; a child scope's agent wherever that child places it, which is on the node of
+the member leading the peer group below (the child asks its own leader, down to a member). Each
+level records the chain. The scope reaches its agents directly by handle: it starts them, watches
+their incarnation (a restarted agent has a new address, so the ring is laid again) and installs
+versioned views; views go one level down only (an agent learns its peers, never their members).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import ray
+
+log = logging.getLogger(__name__)
+
+AGENT_PREFIX = "scopecast:agent:"
+PING_TIMEOUT = 0.5
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    """A delegated agent: its handle, the chain of scopes (and member) it was delegated along."""
+
+    handle: object
+    chain: list[str]
+    address: tuple[str, int] | None = None
+    incarnation: int = 0
+    pid: int = 0
+    sent: tuple | None = field(default=None)
+
+    def describe(self) -> dict:
+        return {"chain": self.chain, "address": "%s:%d" % self.address if self.address else None,
+                "incarnation": f"{self.incarnation:012x}", "pid": self.pid}
+
+
+def agent_name(path: str, member: str) -> str:
+    return f"{AGENT_PREFIX}{path}|{member}"
+
+
+class RecoveryDomain:
+    """The domain one scope owns (see the module docstring); driven by the scope's tick."""
+
+    def __init__(self, path: str, top: bool) -> None:
+        self.path = path
+        self.top = top  # the root's domain decides stability; any other waits for its upper
+        self.members: list[str] = []
+        self.agents: dict[str, AgentRecord] = {}
+        self.version = 0
+        self.upper: list | None = None  # [host, port] of this domain's agent in the parent's group
+
+    def address(self, member: str) -> list | None:
+        rec = self.agents.get(member)
+        return list(rec.address) if rec is not None and rec.address else None
+
+    async def update(self, members: list[str], place) -> bool:
+        """Bring agents and views in line with `members` (ring order); `place(name)` delegates a
+        new member's agent and returns its AgentRecord. True when an agent's address changed (the
+        members' tables name their agents)."""
+        for name in members:
+            if name not in self.agents:
+                self.agents[name] = await place(name)
+                log.info("scope %r: recovery agent for %s placed along %s", self.path, name,
+                         " > ".join(self.agents[name].chain))
+        for name in [n for n in self.agents if n not in members]:
+            rec = self.agents.pop(name)
+            try:
+                ray.kill(rec.handle)
+            except Exception as exc:
+                log.debug("killing agent of %s: %s", name, exc)
+        changed = await self._ping()
+        if changed or members != self.members:
+            self.version += 1
+            self.members = list(members)
+        self._install_views()
+        return changed
+
+    async def _ping(self) -> bool:
+        names = list(self.agents)
+        refs = [self.agents[n].handle.start.remote() for n in names]
+        done = await asyncio.gather(*(asyncio.wait_for(r, PING_TIMEOUT) for r in refs),
+                                    return_exceptions=True)
+        changed = False
+        for name, res in zip(names, done, strict=True):
+            if isinstance(res, BaseException):
+                continue  # starting, or restarting after a crash: asked again next tick
+            rec = self.agents[name]
+            address, incarnation = (res[0], int(res[1])), int(res[2])
+            if (address, incarnation) != (rec.address, rec.incarnation):
+                if rec.address is not None:
+                    log.warning("scope %r: agent of %s restarted at %s:%d; laying the ring again",
+                                self.path, name, *address)
+                rec.address, rec.incarnation, rec.pid = address, incarnation, int(res[3])
+                rec.sent = None
+                changed = True
+        return changed
+
+    def _install_views(self) -> None:
+        live = [n for n in self.members if self.agents[n].address]
+        peers = [[n, *self.agents[n].address] for n in live]
+        for index, name in enumerate(live):
+            rec = self.agents[name]
+            content = (self.version, index, tuple(self.upper) if self.upper else None)
+            if rec.sent != content:
+                rec.sent = content
+                rec.handle.view.remote(self.version, peers, index, self.upper, self.top)
+
+    async def agent_status(self) -> dict:
+        names = list(self.agents)
+        got = await asyncio.gather(*(asyncio.wait_for(self.agents[n].handle.status.remote(), 2.0)
+                                     for n in names), return_exceptions=True)
+        return {n: {**self.agents[n].describe(),
+                    **(g if isinstance(g, dict) else {"error": repr(g)})}
+                for n, g in zip(names, got, strict=True)}
+
+    def describe(self) -> dict:
+        return {"version": self.version, "members": self.members, "upper": self.upper}
