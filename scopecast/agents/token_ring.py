@@ -1,15 +1,20 @@
 """`token_ring`, the default recovery protocol (QSM, thesis 4467-4560).
 
-The agents of one peer group form a ring; the first (the leader) releases a token every period. As
-the token passes, each agent folds in its bottom's summary: the minimum MaxContiguous per sender
-stream (with a count, so a stream some peer has not reported yet is not taken as held), the senders'
-records, and the NAKs of its bottom. An agent whose bottom caches a stream up to a NAK's end takes
-that NAK off the token and tells its bottom to push the repair (neighbour repair); NAKs nobody can
-serve are also pulled from the sender by the member itself. When the token is back, the leader has
-the group's aggregate: it hands it up (the agent above treats it as its bottom's summary) or, at the
-top, decides stability — which then travels down: in the next token to every peer, and in every
-agent's reply to its bottom. The period is short while any sender has unstable messages or NAKs are
-out, long when idle.
+The peer group is cut into partitions of `partition` agents (5 by default). In each partition a
+token goes round every period, released by the partition's first agent: each agent folds in its
+bottom's summary — the minimum MaxContiguous per sender stream (with a count, so a stream a peer has
+not reported yet is not taken as held), the senders' records, and its bottom's NAKs. An agent whose
+bottom caches a stream up to a NAK's end takes the NAK off the token and tells its bottom to push the
+repair (neighbour repair); the members also pull what nobody serves from the sender itself.
+
+The partition leaders form the regional ring, whose token (released by the group's leader, agent 0)
+carries each partition's aggregate and its unserved NAKs (a leader whose bottom holds the range
+pushes it: inter-partition repair). When the regional token is back, the leader has the whole
+group's aggregate: it hands it up (the agent above treats it as its bottom's summary) or, at the top,
+decides stability. Stability and the senders' records travel down the same way: in the regional
+token to the partition leaders, in the partition tokens to every agent, in every agent's reply to its
+bottom. The period is short while any sender has unstable messages or NAKs are out, long when idle.
+Caching members: the first `cachers` of each partition (so partition leaders cache).
 """
 
 from __future__ import annotations
@@ -17,6 +22,42 @@ from __future__ import annotations
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 
 MAX_TOKEN_NAKS = 64
+
+
+def _empty_token(kind: str, round_: int, version: int, down: dict) -> dict:
+    return {"k": kind, "r": round_, "v": version, "acks": {}, "cnt": {}, "naks": [], "recs": {},
+            "down": down, "act": False}
+
+
+def _add_acks(token: dict, acks: dict) -> None:
+    for stream, a in acks.items():
+        token["acks"][stream] = min(token["acks"].get(stream, a), a)
+        token["cnt"][stream] = token["cnt"].get(stream, 0) + 1
+
+
+def _aggregate(token: dict, size: int) -> dict:
+    """MaxContiguous per stream over a ring of `size`: 0 where some member did not report it."""
+    return {s: (a if token["cnt"].get(s, 0) >= size else 0) for s, a in token["acks"].items()}
+
+
+class _Ring:
+    """One token ring among some peers (a partition, or the partition leaders)."""
+
+    def __init__(self, kind: str, members: list[int], me: int) -> None:
+        self.kind = kind
+        self.members = members
+        self.me = me
+        self.round = 0
+        self.outstanding = False
+        self.started = 0.0
+        self.carry: list = []   # NAKs the last round left unserved: offered again to the peers
+
+    @property
+    def leads(self) -> bool:
+        return self.members[0] == self.me
+
+    def next_peer(self) -> int:
+        return self.members[(self.members.index(self.me) + 1) % len(self.members)]
 
 
 class TokenRing(RecoveryProtocol):
@@ -28,14 +69,14 @@ class TokenRing(RecoveryProtocol):
         self.active_period = float(opts.get("active_period", 0.05))
         self.idle_period = float(opts.get("idle_period", 1.0))
         self.cachers = int(opts.get("cachers", 2))
+        self.partition = max(2, int(opts.get("partition", 5)))
         self.view: PeerView | None = None
+        self.rings: dict[str, _Ring] = {}
         self.bottom: dict = {}
         self.down: dict = {}
         self.pushes: list = []
+        self.part: dict | None = None   # this partition's latest aggregate (partition leaders)
         self.active = True
-        self.round = 0
-        self.outstanding = False
-        self.started = 0.0
         self.up: dict | None = None
         self.stats = {"rounds": 0, "tokens_lost": 0, "naks_served": 0, "round_time": 0.0}
 
@@ -43,93 +84,106 @@ class TokenRing(RecoveryProtocol):
     def period(self) -> float:
         return self.active_period if self.active else self.idle_period
 
-    @property
-    def leader(self) -> bool:
-        return self.view is not None and self.view.index == 0
-
     def on_view(self, view: PeerView) -> None:
         self.view = view
-        self.round = 0
-        self.outstanding = False  # a token of the old view is ignored when it comes back
+        k = self.partition
+        n = len(view.peers)
+        first = view.index - view.index % k
+        self.rings = {"p": _Ring("p", list(range(first, min(first + k, n))), view.index)}
+        if view.index % k == 0 and n > k:
+            self.rings["g"] = _Ring("g", list(range(0, n, k)), view.index)
+        self.part = None
+
+    @property
+    def cacher(self) -> bool:
+        return self.view is not None and self.view.index % self.partition < self.cachers
 
     def on_summary(self, summary: dict, now: float) -> dict:
         self.bottom = summary
         if summary.get("naks") or any(r[1] for r in summary.get("recs", {}).values()):
             self.active = True
         pushes, self.pushes = self.pushes, []
-        cacher = self.view is not None and self.view.index % 5 < self.cachers
-        return {"down": self.down, "push": pushes, "period": self.period, "cacher": cacher}
+        return {"down": self.down, "push": pushes, "period": self.period, "cacher": self.cacher}
+
+    # ------------------------------------------------------------------------- tokens
 
     def on_tick(self, now: float) -> list[tuple[int, object]]:
-        if not self.leader:
-            return []
-        if self.outstanding:
-            if now - self.started < max(4 * self.period, 0.2):
-                return []
-            self.stats["tokens_lost"] += 1
-        elif now - self.started < self.period:
-            return []
-        self.round += 1
-        self.started = now
-        self.outstanding = True
-        token = {"r": self.round, "v": self.view.version, "acks": {}, "cnt": {}, "naks": [],
-                 "recs": {}, "down": self.down, "act": False}
-        self._fold(token)
-        if len(self.view.peers) == 1:
-            self._complete(token, now)
-            return []
-        return [(1, token)]
+        out = []
+        for ring in self.rings.values():
+            if not ring.leads:
+                continue
+            if ring.outstanding:
+                if now - ring.started < max(4 * self.period, 0.2):
+                    continue
+                self.stats["tokens_lost"] += 1
+            elif now - ring.started < self.period:
+                continue
+            ring.round += 1
+            ring.started = now
+            ring.outstanding = True
+            token = _empty_token(ring.kind, ring.round, self.view.version, self.down)
+            token["naks"], ring.carry = ring.carry, []
+            self._fold(ring, token)
+            if len(ring.members) == 1:
+                self._complete(ring, token, now)
+            else:
+                out.append((ring.next_peer(), token))
+        return out
 
     def on_peer(self, sender: int, body, now: float) -> list[tuple[int, object]]:
-        if self.view is None or body.get("v") != self.view.version:
+        ring = self.rings.get(body.get("k")) if self.view is not None else None
+        if ring is None or body.get("v") != self.view.version:
             return []
-        if self.leader:
-            if self.outstanding and body.get("r") == self.round:
-                self._complete(body, now)
+        if ring.leads:
+            if ring.outstanding and body.get("r") == ring.round:
+                self._complete(ring, body, now)
             return []
-        if body.get("r", 0) <= self.round:
+        if body.get("r", 0) <= ring.round:
             return []  # a duplicate, or a round overtaken by a newer one
-        self.round = body["r"]
+        ring.round = body["r"]
         self.down = body.get("down", {})
         self.active = bool(body.get("act"))
-        self._fold(body)
-        return [((self.view.index + 1) % len(self.view.peers), body)]
+        self._fold(ring, body)
+        return [(ring.next_peer(), body)]
 
-    def _fold(self, token: dict) -> None:
-        """Add this agent's bottom to the token; take NAKs this bottom can serve."""
-        b = self.bottom
-        acks, cnt = token["acks"], token["cnt"]
-        have = b.get("acks", {})
-        for stream, a in have.items():
-            acks[stream] = min(acks.get(stream, a), a)
-            cnt[stream] = cnt.get(stream, 0) + 1
-        token["recs"].update(b.get("recs", {}))
-        cacher = self.view.index % 5 < self.cachers
+    def _fold(self, ring: _Ring, token: dict) -> None:
+        """Add what this agent stands for to the token: its bottom (partition ring) or its
+        partition's aggregate (regional ring); take NAKs its bottom can serve."""
+        source = self.bottom if ring.kind == "p" else (self.part or {})
+        _add_acks(token, source.get("acks", {}))
+        token["recs"].update(source.get("recs", {}))
+        have = self.bottom.get("acks", {})
         left = []
         for nak in token["naks"]:
-            if cacher and have.get(nak[0], 0) >= nak[6]:
+            if self.cacher and have.get(nak[0], 0) >= nak[6]:
                 self.pushes.append(nak)
                 self.stats["naks_served"] += 1
             else:
                 left.append(nak)
-        left += b.get("naks", [])
+        left += [n for n in source.get("naks", ()) if n not in left]
         token["naks"] = left[:MAX_TOKEN_NAKS]
         if token["naks"] or any(r[1] for r in token["recs"].values()):
             token["act"] = True
 
-    def _complete(self, token: dict, now: float) -> None:
-        self.outstanding = False
-        self.stats["rounds"] += 1
-        self.stats["round_time"] = now - self.started
+    def _complete(self, ring: _Ring, token: dict, now: float) -> None:
+        ring.outstanding = False
+        ring.carry = token["naks"]
         self.active = bool(token.get("act"))
-        n = len(self.view.peers)
-        agg = {s: (a if token["cnt"].get(s, 0) >= n else 0) for s, a in token["acks"].items()}
-        self.up = {"acks": agg, "recs": token["recs"], "naks": []}
+        agg = {"acks": _aggregate(token, len(ring.members)), "recs": token["recs"],
+               "naks": token["naks"]}
+        if ring.kind == "p" and "g" in self.rings:
+            self.part = agg  # the regional token takes it
+            return
+        self.stats["rounds"] += 1
+        self.stats["round_time"] = now - ring.started
+        self.up = {**agg, "naks": []}
         if not self.view.has_upper:
             # the top decides: stable is what every regular member holds; it never goes back
             old = self.down
-            self.down = {s: [max(agg.get(s, 0), old.get(s, (0,))[0]), rec]
-                         for s, rec in token["recs"].items()}
+            self.down = {s: [max(agg["acks"].get(s, 0), old.get(s, (0,))[0]), rec]
+                         for s, rec in agg["recs"].items()}
+
+    # ------------------------------------------------------------------- upper interface
 
     def upward(self) -> dict | None:
         up, self.up = self.up, None

@@ -201,7 +201,7 @@ class ControlledElement:
                 try:
                     if pending is None:
                         pending = self.manager.watch.remote(self.member_id, self._version,
-                                                            WATCH_PERIOD)
+                                                            WATCH_PERIOD, self._counters())
                     done, _ = ray.wait([pending], timeout=POLL)
                     if self.runtime.unknown_sender.is_set():
                         self.runtime.unknown_sender.clear()
@@ -217,6 +217,13 @@ class ControlledElement:
                 pending = None
                 log.warning("view refresh failed: %s", exc)
                 self._stop.wait(1.0)
+
+    def _counters(self) -> dict:
+        """What status shows of this member's data plane: drops by reason, recovery counters
+        (NAKs, repairs, summaries), window use, token period, role."""
+        snap = self.runtime.call_wait(self.runtime.snapshot)
+        return {"role": "regular" if self._role == "member" else "client",
+                "drops": snap["drops"], "stats": snap["stats"], "recovery": snap["recovery"]}
 
     def _move_sessions(self) -> None:
         """Let this process's publishers move to a topic's new session once every member knows

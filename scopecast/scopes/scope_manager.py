@@ -77,6 +77,7 @@ class Child:
     sent_version: int = 0          # version of the last delegation or view sent
     sent: object = None            # its content, to send only changes
     acked: int = 0                 # version the child says it has in place
+    counters: dict = field(default_factory=dict)  # member processes: data-plane counters
     wake: asyncio.Event | None = None
 
     def offer(self, topic: int) -> Offer | None:
@@ -94,7 +95,8 @@ class Child:
                     else "client", "subscriptions": sorted(self.subscriptions),
                     "client_subscriptions": sorted(self.client_subscriptions),
                     "subscribes": sorted(self.subs), "publishes": sorted(self.pubs),
-                    "view": self.sent_version, "installed": self.acked, **_channels(self.sent)}
+                    "view": self.sent_version, "installed": self.acked, "counters": self.counters,
+                    **_channels(self.sent)}
         return {"name": self.name, "depth": self.depth, "subscribes": sorted(self.subs),
                 "publishes": sorted(self.pubs), "delegated": self.sent_version,
                 "installed": self.acked}
@@ -244,12 +246,14 @@ class ScopeManager:
             self._kick()
 
     async def watch(self, member_id: int, have_version: int = 0,
-                    timeout: float = WATCH_TIMEOUT) -> dict | None:
+                    timeout: float = WATCH_TIMEOUT, counters: dict | None = None) -> dict | None:
         """The member's tables once they differ from `have_version` (at most `timeout` later;
-        None if they did not change). Also the member's heartbeat and its acknowledgement that
-        `have_version` is in place."""
+        None if they did not change). Also the member's heartbeat, its acknowledgement that
+        `have_version` is in place, and its data-plane counters (for status)."""
         member = self._member(member_id)
         member.acked = have_version
+        if isinstance(counters, dict):
+            member.counters = counters
         if have_version == member.sent_version and timeout > 0:
             member.wake.clear()
             try:

@@ -1,0 +1,191 @@
+"""Reliability under real loss and real crashes: iptables drops UDP datagrams at random (data,
+tokens, summaries, NAKs and repairs alike), processes are stopped and killed with signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+from lossy import available, dropped, udp_loss
+
+from scopecast import FlushTimeout, RuntimeConfig, WindowFull
+from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
+from scopecast.scopes.status import walk
+
+pytestmark = pytest.mark.ray
+needs_iptables = pytest.mark.skipif(not available(), reason="needs root and iptables")
+
+N = 50_000
+
+
+def _consumers(topic: str, n: int = 4) -> list:
+    actors = [ray.remote(num_cpus=0)(TopicConsumer).remote(topic) for _ in range(n)]
+    ray.get([a.ready.remote() for a in actors])
+    return actors
+
+
+def _pid(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def _stream(cluster, topic: str, n: int, during=None) -> DeliveryDigest:
+    """Publish n messages (calling `during(i)` after each), flush, close; the expected digest."""
+    expected = DeliveryDigest()
+    with cluster.publisher(topic) as pub:
+        for i in range(1, n + 1):
+            payload = b"m%08d" % i + b"." * (i % 300)
+            pub.publish(payload)
+            expected.add(topic, i, payload)
+            if during is not None:
+                during(i)
+        pub.flush(timeout=180)
+    return expected
+
+
+def _check_all(results: list[dict], n: int, expected: DeliveryDigest) -> None:
+    for r in results:
+        assert (r["count"], r["gaps"], r["out_of_order"]) == (n, 0, 0), r
+        assert r["digest"] == expected.hexdigest()
+
+
+@needs_iptables
+@pytest.mark.parametrize("policy", ["lan_multicast", "chain"])
+@pytest.mark.parametrize("loss", [0.01, 0.05, 0.20])
+def test_every_subscriber_gets_every_message_once_in_order_under_random_loss(
+        cluster, topic_name, policy, loss):
+    cluster.create_topic(topic_name, policy=policy)
+    actors = _consumers(topic_name)
+    pending = [a.consume.remote(N, 300.0) for a in actors]
+    with udp_loss(loss):
+        expected = _stream(cluster, topic_name, N)
+        results = ray.get(pending, timeout=300)
+        assert dropped() > 0
+    _check_all(results, N, expected)
+    stats = [ray.get(a.counters.remote())["stats"] for a in actors]
+    assert all(s["summaries_sent"] > 0 for s in stats)  # each talks to its agent
+    ray.get([a.close.remote() for a in actors])
+
+
+@needs_iptables
+def test_a_subscriber_that_stops_for_two_seconds_catches_up(cluster, topic_name):
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    actors = _consumers(topic_name, 2)
+    sleeper = _pid(actors[0])
+    pending = [a.consume.remote(N, 300.0) for a in actors]
+
+    def pause(i: int) -> None:
+        if i == N // 3:
+            os.kill(sleeper, signal.SIGSTOP)
+        elif i == N // 2:
+            time.sleep(2.0)
+            os.kill(sleeper, signal.SIGCONT)
+
+    try:
+        with udp_loss(0.05):
+            expected = _stream(cluster, topic_name, N, pause)
+            results = ray.get(pending, timeout=300)
+    finally:
+        os.kill(sleeper, signal.SIGCONT)
+    _check_all(results, N, expected)
+    ray.get([a.close.remote() for a in actors])
+
+
+def test_flush_returns_only_when_every_member_holds_the_messages(cluster, topic_name):
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    (actor,) = _consumers(topic_name, 1)
+    pid = _pid(actor)
+    pending = actor.consume.remote(100, 120.0)
+    pub = cluster.publisher(topic_name)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(100):
+            pub.publish(b"%d" % i)
+        with pytest.raises(FlushTimeout):
+            pub.flush(timeout=2.0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    pub.flush(timeout=60.0)
+    assert ray.get(pending)["count"] == 100
+    pub.close()
+    ray.get(actor.close.remote())
+
+
+class WindowProbe:
+    """A publisher whose window of unstable messages is small and does not block."""
+
+    def __init__(self, topic: str) -> None:
+        import scopecast
+
+        self.cluster = scopecast.connect(config=RuntimeConfig(stable_window_bytes=1 << 20,
+                                                              block_when_full=False))
+        self.pub = self.cluster.publisher(topic)
+
+    def fill(self) -> tuple[int, str]:
+        for i in range(1, 100_000):
+            try:
+                self.pub.publish(b"x" * 1000)
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                return i, type(exc).__name__
+        return 0, ""
+
+    def finish(self) -> int:
+        self.pub.flush(timeout=60.0)
+        seq = self.pub.seq
+        self.pub.close()
+        self.cluster.shutdown()
+        return seq
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+
+
+def test_a_full_window_raises_window_full_when_not_blocking(cluster, topic_name):
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    (actor,) = _consumers(topic_name, 1)
+    pid = _pid(actor)
+    probe = ray.remote(num_cpus=0)(WindowProbe).remote(topic_name)
+    pending = actor.consume.remote(None, 120.0, 5.0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        at, error = ray.get(probe.fill.remote(), timeout=120)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert error == WindowFull.__name__
+    assert 500 < at < 2000  # about a MiB of 1 KB messages
+    published = ray.get(probe.finish.remote(), timeout=120)
+    assert ray.get(pending)["count"] == published
+
+
+def _agents(cluster) -> dict[str, dict]:
+    out = {}
+    for s in walk(cluster.status()):
+        for name, agent in s.get("recovery", {}).get("agents", {}).items():
+            out[f"{s['path']}|{name}"] = agent
+    return out
+
+
+def test_a_killed_leader_agent_is_restarted_the_ring_rebuilt_and_nothing_lost(cluster, topic_name):
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    actors = _consumers(topic_name, 3)
+    pending = [a.consume.remote(N, 300.0) for a in actors]
+    killed: dict = {}
+
+    def kill_leader(i: int) -> None:
+        if i == N // 3:
+            leaders = [(k, a) for k, a in _agents(cluster).items()
+                       if a.get("leader") and len(a.get("peers", ())) > 1]
+            key, agent = leaders[0]
+            killed[key] = agent["pid"]
+            os.kill(agent["pid"], signal.SIGKILL)
+
+    expected = _stream(cluster, topic_name, N, kill_leader)
+    _check_all(ray.get(pending, timeout=300), N, expected)
+    ((key, pid),) = killed.items()
+    after = _agents(cluster)[key]
+    assert after["pid"] != pid and after["leader"]
+    ray.get([a.close.remote() for a in actors])
