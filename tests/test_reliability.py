@@ -15,7 +15,7 @@ from lossy import available, dropped, udp_loss
 
 from scopecast import FlushTimeout, RuntimeConfig, WindowFull
 from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
-from scopecast.scopes.status import walk
+from scopecast.scopes.status import members, walk
 
 pytestmark = pytest.mark.ray
 needs_iptables = pytest.mark.skipif(not available(), reason="needs root and iptables")
@@ -189,3 +189,29 @@ def test_a_killed_leader_agent_is_restarted_the_ring_rebuilt_and_nothing_lost(cl
     after = _agents(cluster)[key]
     assert after["pid"] != pid and after["leader"]
     ray.get([a.close.remote() for a in actors])
+
+
+def test_a_member_that_stays_behind_is_demoted_to_client_instead_of_stalling_the_publisher(
+        cluster, topic_name):
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    fast, slow = _consumers(topic_name, 2)
+    slow_pid = _pid(slow)
+    n = 40_000  # 1 KB each: well past the slow_lag_mb (16 MiB) the slow one never reads
+    pending = fast.consume.remote(n, 300.0)
+    expected = DeliveryDigest()
+    with cluster.publisher(topic_name) as pub:
+        for i in range(1, n + 1):
+            payload = b"%08d" % i + b"." * 1016
+            pub.publish(payload)
+            expected.add(topic_name, i, payload)
+        pub.flush(timeout=180)
+    _check_all([ray.get(pending, timeout=300)], n, expected)
+    deadline = time.monotonic() + 60
+    while True:
+        (member,) = [m for m in members(cluster.status()) if m["pid"] == slow_pid]
+        if member["demoted"]:
+            break
+        assert time.monotonic() < deadline, f"never demoted: {member['counters']}"
+        time.sleep(0.5)
+    assert member["role"] == "client" and member["counters"]["role"] == "client"
+    ray.get([a.close.remote() for a in (fast, slow)])

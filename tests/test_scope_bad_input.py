@@ -67,7 +67,7 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
         ray.get(manager.register_member.remote("L", "127.0.0.1", 1, 1, "", "member", 0))
     assert isinstance(err.value.cause, InvalidConfig)
     view = ray.get(manager.watch.remote(member["id"], 1, 0))  # a stale version: the current view
-    assert view is not None and view["version"] == member["view"]
+    assert view is not None and view["version"] >= member["view"]  # (it may have moved on)
     # reports that are not from a child scope, or malformed, are ignored (logged)
     assert ray.get(manager.report.remote("L", {"incarnation": 1}, None)) is None
     assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is None

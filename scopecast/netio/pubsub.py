@@ -148,6 +148,11 @@ class Subscriber:
             self._thread.start()
 
     @property
+    def demoted(self) -> str:
+        """Why this member was demoted to client for lagging behind ("" if it was not)."""
+        return self._element.demoted
+
+    @property
     def ends(self) -> dict[tuple[str, str, int], int]:
         """End-of-stream markers seen: (topic, source, session) -> last sequence number."""
         return dict(self._sub.ends)

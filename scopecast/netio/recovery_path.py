@@ -54,6 +54,7 @@ class RecoveryPath:
         self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]}, when)
         self._stable: dict[int, int] = {}
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> first seen missing
+        self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
         self.stable_sseq = 0      # own stream: everything up to here is stable (read by the app)
         self.released_bytes = 0   # own bytes no longer held for the window (read by the app)
         self._period = 0.05
@@ -176,6 +177,9 @@ class RecoveryPath:
                 if member is not None:
                     self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
                     self.stats["naks_sent"] += 1
+                elif nak[0] not in self._unknown_sources:
+                    self._unknown_sources.add(nak[0])  # a sender in another scope
+                    self.unknown_sender.set()
         self._expire_records(now)
 
     def _expire_records(self, now: float) -> None:

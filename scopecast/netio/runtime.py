@@ -313,8 +313,10 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._release_held()
 
     def held_senders(self) -> set[int]:
-        """Senders of datagrams held because no view named them yet."""
-        return {sender for _t, sender, _data in self._held}
+        """Members to look up: senders of datagrams held because no view named them yet, and
+        senders this member must ask for repairs."""
+        held = {sender for _t, sender, _data in self._held}
+        return held | (self._unknown_sources - set(self._members))
 
     def install_topics(self, names: dict[int, str], sessions: dict[int, int] | None = None) -> None:
         """Topic names, and the current session of each: a run of a later session is refused

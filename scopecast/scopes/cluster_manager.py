@@ -308,7 +308,8 @@ def _check_settings(settings: dict) -> None:
             raise InvalidConfig(f"unknown scope setting {key!r}; known: "
                                 f"{', '.join(DEFAULT_SETTINGS)}")
         if not isinstance(value, (int, float)) or not 0 < value <= 3600:
-            raise InvalidConfig(f"scope setting {key} must be a number of seconds in (0, 3600]")
+            raise InvalidConfig(f"scope setting {key} must be a number in (0, 3600] (seconds; "
+                                "slow_lag_mb in MiB)")
     if settings.get("heartbeat_period", 0.5) * 2 > min(settings.get("scope_timeout", 5.0),
                                                        settings.get("member_timeout", 10.0)):
         raise InvalidConfig("heartbeat timeouts must be at least twice the heartbeat period")

@@ -75,6 +75,7 @@ class ControlledElement:
         self._siblings: list[MemberInfo] = []
         self._peers: dict[int, MemberInfo] = {}  # members of other scopes, from the directory
         self._role = role
+        self.demoted = ""   # why the scope demoted this member to client, if it did
         # the runtime's socket is the member's address, so it exists before the registration
         self.runtime = MemberRuntime(0, self.name, hello["key"], config)
         self._register()
@@ -178,6 +179,11 @@ class ControlledElement:
             routes.setdefault(r["topic"], []).append(Route(label, _channel(r)))
         receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
         rt.install_routes(routes, receivers)
+        if view.get("demoted") and not self.demoted:
+            self.demoted = view["demoted"]
+            log.warning("member %d demoted to client by scope %r: %s; its publishers no longer "
+                        "wait for it and it may miss messages", self.member_id, self.scope,
+                        self.demoted)
         agent = view.get("agent")
         rt.install_recovery((agent[0], int(agent[1])) if agent else None,
                             set(view.get("reliable", ())))
@@ -222,8 +228,9 @@ class ControlledElement:
         """What status shows of this member's data plane: drops by reason, recovery counters
         (NAKs, repairs, summaries), window use, token period, role."""
         snap = self.runtime.call_wait(self.runtime.snapshot)
-        return {"role": "regular" if self._role == "member" else "client",
-                "drops": snap["drops"], "stats": snap["stats"], "recovery": snap["recovery"]}
+        return {"role": "client" if self._role != "member" or self.demoted else "regular",
+                "backlog_bytes": snap["backlog_bytes"], "drops": snap["drops"],
+                "stats": snap["stats"], "recovery": snap["recovery"]}
 
     def _move_sessions(self) -> None:
         """Let this process's publishers move to a topic's new session once every member knows

@@ -43,7 +43,8 @@ from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0}
+DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0,
+                    "slow_lag_mb": 16.0, "slow_grace": 5.0}
 POLICY_TIMEOUT = 10.0
 DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
 WATCH_TIMEOUT = 1.0
@@ -78,6 +79,8 @@ class Child:
     sent: object = None            # its content, to send only changes
     acked: int = 0                 # version the child says it has in place
     counters: dict = field(default_factory=dict)  # member processes: data-plane counters
+    lagging_since: float = 0.0
+    demoted: str = ""              # why this member was demoted to client (a slow consumer)
     wake: asyncio.Event | None = None
 
     def offer(self, topic: int) -> Offer | None:
@@ -96,6 +99,7 @@ class Child:
                     "client_subscriptions": sorted(self.client_subscriptions),
                     "subscribes": sorted(self.subs), "publishes": sorted(self.pubs),
                     "view": self.sent_version, "installed": self.acked, "counters": self.counters,
+                    "demoted": self.demoted,
                     **_channels(self.sent)}
         return {"name": self.name, "depth": self.depth, "subscribes": sorted(self.subs),
                 "publishes": sorted(self.pubs), "delegated": self.sent_version,
@@ -254,6 +258,7 @@ class ScopeManager:
         member.acked = have_version
         if isinstance(counters, dict):
             member.counters = counters
+            self._check_lag(member)
         if have_version == member.sent_version and timeout > 0:
             member.wake.clear()
             try:
@@ -624,6 +629,7 @@ class ScopeManager:
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
                 "agent": self.recovery.address(member.name),
+                "demoted": member.demoted,
                 "reliable": sorted(self._reliable_topics(member)),
                 "topics": self.table.ref,
                 "groups": sorted(list(g) for g in groups), "routes": routes,
@@ -697,6 +703,28 @@ class ScopeManager:
         if self._parent is None:
             self._parent = ray.get_actor(self._parent_name, namespace=declare.NAMESPACE)
         return self._parent
+
+    def _check_lag(self, member: Child) -> None:
+        """A member whose application stays behind by more than `slow_lag_mb` for `slow_grace`
+        is demoted to client: nobody waits for it any more (paper 004: one slow consumer must
+        not stall a publisher). It is told in its view; status shows it."""
+        backlog = member.counters.get("backlog_bytes", 0)
+        if not member.subscriptions or not isinstance(backlog, int) \
+                or backlog <= self.settings["slow_lag_mb"] * (1 << 20):
+            member.lagging_since = 0.0
+            return
+        now = time.monotonic()
+        if not member.lagging_since:
+            member.lagging_since = now
+        elif now - member.lagging_since > self.settings["slow_grace"]:
+            member.demoted = (f"application behind by {backlog >> 20} MiB for more than "
+                              f"{self.settings['slow_grace']:g}s")
+            log.warning("scope %r: member %s demoted to client: %s", self.path, member.name,
+                        member.demoted)
+            member.client_subscriptions |= member.subscriptions
+            member.subscriptions = set()
+            self._resolve(member)
+            self._kick()
 
     # ---------------------------------------------------------------------- recovery domain
 
