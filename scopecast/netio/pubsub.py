@@ -82,8 +82,10 @@ class Publisher:
             raise PublisherClosed(f"publisher of {self.topic!r} is closed")
         if self._sessions[self._topic_id] != self._session:
             self._next_session()
-        self._seq = seq = self._seq + 1
+        seq = self._seq + 1
+        # numbered only once the runtime took it (a full window raises WindowFull before)
         self._last_sseq = self._publish(self._topic_id, self._session, seq, ctype, payload)
+        self._seq = seq
         return seq
 
     @property

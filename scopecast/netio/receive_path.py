@@ -161,21 +161,22 @@ class ReceivePath:
             else:
                 self.stats["gaps"] += 1
         self._next_seq[key] = first + len(lengths)
-        if topic in self._reliable:
-            self._last_sseq[key] = first_sseq + len(lengths) - 1
-            if self._cacher:
-                self._keep(source, _entries(data, topic, session, first, first_sseq, ctype,
-                                            lengths, off))
         subs = self._subs.get(topic)
         forwards = topic in self._routes
         if subs or forwards:
-            self._pass_on(data, routes, topic, source, session, first, stream, first_sseq, ctype,
-                          ridx, lengths, off, subs, forwards)
+            payloads = self._pass_on(data, routes, topic, source, session, first, stream,
+                                     first_sseq, ctype, ridx, lengths, off, subs, forwards)
+            if topic in self._reliable:
+                self._last_sseq[key] = first_sseq + len(lengths) - 1
+                if self._cacher:  # kept until stable, to repair peers (see recovery_path)
+                    self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
+                                        for i, p in enumerate(payloads)])
         if self._early and key in self._early and not self._releasing:
             self._release_early(key)
 
     def _pass_on(self, data, routes, topic, source, session, first, stream, first_sseq, ctype,
-                 ridx, lengths, off, subs, forwards) -> None:
+                 ridx, lengths, off, subs, forwards) -> list[bytes]:
+        """Deliver and forward one run's messages; returns their payloads."""
         payloads = []
         append = payloads.append
         for n in lengths:
@@ -193,6 +194,7 @@ class ReceivePath:
         if forwards:
             self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
                               payloads)
+        return payloads
 
     # ------------------------------------------------------------ runs that arrive early
 
@@ -384,12 +386,3 @@ class ReceivePath:
             self.drops["send_error"] += 1
             log.debug("control send to %s failed: %s", address, exc)
 
-
-def _entries(data: bytes, topic: int, session: int, first: int, first_sseq: int, ctype: int,
-             lengths: tuple, off: int) -> list[tuple]:
-    """Cache entries (sseq, topic, session, seq, ctype, payload) of one run."""
-    out = []
-    for i, n in enumerate(lengths):
-        out.append((first_sseq + i, topic, session, first + i, ctype, data[off:off + n]))
-        off += n
-    return out

@@ -8,6 +8,7 @@ the runtime's I/O thread, so the data plane never waits for the control plane.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import socket
@@ -201,18 +202,21 @@ class ControlledElement:
             self.runtime.call_wait(self.runtime.install_members, members)
 
     def _loop(self) -> None:
-        pending = None
+        pending = done = None
         while not self._stop.is_set():
             try:
                 try:
                     if pending is None:
                         pending = self.manager.watch.remote(self.member_id, self._version,
                                                             WATCH_PERIOD, self._counters())
-                    done, _ = ray.wait([pending], timeout=POLL)
+                        done = pending.future()
+                    # (a future, not ray.wait: Ray's wait from a second thread of an actor that
+                    # is running a task races with that task's bookkeeping)
+                    concurrent.futures.wait([done], timeout=POLL)
                     if self.runtime.unknown_sender.is_set():
                         self.runtime.unknown_sender.clear()
                         self._resolve_peers()
-                    if done:
+                    if done.done():
                         ref, pending = pending, None
                         self._take(call_ref(ref))
                         self._move_sessions()

@@ -139,6 +139,7 @@ class ScopeManager:
         self._started = time.time()
         self.recovery = RecoveryDomain(path, top=parent is None)
         self._hello: dict | None = None
+        self._delegated: dict[str, dict] = {}   # the last layout's part for each child
 
     # ----------------------------------------------------------------------------- running
 
@@ -380,13 +381,8 @@ class ScopeManager:
                 wanted = self._wanted()  # entry members and exits chosen: sources and members
             await self._run_policies(self.container.requests(wanted, phase))
         length = self._length()
-        deleg = self._delegate(length)
-        for child in list(self.children.values()):
-            body = deleg.get(child.name, {"exits": [], "covered": {}})
-            if child.kind == "member":
-                self._send_view(child, body)
-            else:
-                self._send_install(child, body)
+        self._delegated = self._delegate(length)
+        self._send_down()
         self.applied = version
         self._report()
 
@@ -586,6 +582,15 @@ class ScopeManager:
 
     # ----------------------------------------------------------------------- sending down
 
+    def _send_down(self) -> None:
+        """Send every child its part of the last layout (only what changed goes out)."""
+        for child in list(self.children.values()):
+            body = self._delegated.get(child.name, {"exits": [], "covered": {}})
+            if child.kind == "member":
+                self._send_view(child, body)
+            else:
+                self._send_install(child, body)
+
     def _send_install(self, child: Child, body: dict) -> None:
         content = {"settings": self.settings,
                    "topics": self.table.ref,
@@ -740,7 +745,9 @@ class ScopeManager:
 
     async def _recovery_tick(self) -> None:
         if await self.recovery.update(self._domain_members(), self._place_for):
-            self._kick()  # members' tables name their agents
+            self._send_down()  # the children's tables name their agents; no re-layout needed
+            if self._dirty:  # a member's groups changed with it: senders wait for it
+                self._kick()
 
     async def _place_for(self, name: str) -> AgentRecord:
         """Delegate the agent of member `name` of this scope's domain (thesis 3.2.13)."""
@@ -772,9 +779,11 @@ class ScopeManager:
         if self._hello is None:
             self._hello = await self._root_call("hello")
         opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
-        return declare.get_or_create(RecoveryAgent, spec["name"], spec["domain"], spec["level"],
-                                     "token_ring", {}, self._hello["key"], self._hello["mac"],
-                                     self._hello.get("interface"), ray_options=opts)
+        # (a named-actor lookup is a blocking GCS call: off the event loop)
+        return await asyncio.to_thread(
+            declare.get_or_create, RecoveryAgent, spec["name"], spec["domain"], spec["level"],
+            "token_ring", {}, self._hello["key"], self._hello["mac"], self._hello.get("interface"),
+            ray_options=opts)
 
     # ---------------------------------------------------------------------------- helpers
 
