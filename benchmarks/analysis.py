@@ -30,7 +30,8 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "cpu_user_s": r["window_user_s"], "cpu_sys_s": r["window_sys_s"],
             "ended_by": r.get("ended_by"),
         }
-        for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "rcvbuf", "error"):
+        for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
+                    "error"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)
@@ -137,6 +138,33 @@ def targets(cases: list[dict]) -> list[dict]:
     else:
         t["status"] = "not run"
     out.append(t)
+    return out
+
+
+LOSS_TARGET = 0.8          # delivered throughput at 1% loss, relative to lossless
+REPAIR_TARGET_MS = 100.0   # p99 gap-to-repair time: 2 token periods of 50 ms
+
+
+def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
+    """Each lossy scopecast case against the lossless case of the same size and subscribers:
+    delivered-throughput ratio, repair times (worst subscriber's p50/p99), nothing lost."""
+    out = []
+    for c in lossy:
+        clean = next((x for x in cases if x["system"] == "scopecast" and not x.get("error")
+                      and (x["size"], x["subscribers"]) == (c["size"], c["subscribers"])), None)
+        repair = [r.get("recovery", {}).get("repair_ms", {}) for r in c.get("receivers", ())]
+        row = {"loss": c["loss"], "size": c["size"], "subscribers": c["subscribers"],
+               "rate": c.get("min_rate", 0.0), "lossless_rate": clean["min_rate"] if clean else None,
+               "ratio": c.get("min_rate", 0.0) / clean["min_rate"] if clean and clean["min_rate"]
+               else None, "lost": c.get("lost_total"), "dropped_datagrams": c.get("dropped"),
+               "repairs": sum(r.get("count", 0) for r in repair),
+               "repair_p50_ms": max((r.get("p50", 0.0) for r in repair), default=None),
+               "repair_p99_ms": max((r.get("p99", 0.0) for r in repair), default=None),
+               "error": c.get("error")}
+        if abs(c["loss"] - 0.01) < 1e-9 and row["ratio"] is not None:
+            row["target"] = ("met" if row["ratio"] >= LOSS_TARGET and row["lost"] == 0
+                             and (row["repair_p99_ms"] or 0) <= REPAIR_TARGET_MS else "missed")
+        out.append(row)
     return out
 
 

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import analysis, machine, report
+from benchmarks import analysis, loss, machine, report
 from benchmarks.cases import Case, Wiring, failed_result, run_case
 from benchmarks.procs import REPO_ROOT
 
@@ -41,6 +41,17 @@ def _int_list(text: str) -> list[int]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, not {text!r}")
     return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, not {text!r}") \
+            from None
+    if any(not 0 <= v < 1 for v in values):
+        raise argparse.ArgumentTypeError("loss shares are within [0, 1)")
+    return [v for v in values if v > 0]
 
 
 def _systems(text: str) -> list[str]:
@@ -89,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forwarding policy of the benchmark topics (default lan_multicast: one "
                         "IP multicast group per LAN scope, what the raw-UDP baseline does; "
                         "'tree' makes members forward to each other)")
+    p.add_argument("--loss", type=_float_list, default=None, metavar="P,P,...",
+                   help="loss suite: rerun the scopecast 1 KB case with the most subscribers while "
+                        "iptables drops this share of loopback UDP datagrams (default 0.01,0.05; "
+                        "needs root and iptables; 0 or --quick: none)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -105,6 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, QUICK[name] if args.quick else value)
     if args.seconds <= 0 or args.warmup < 0:
         raise SystemExit("--seconds must be positive and --warmup not negative")
+    if args.loss is None:
+        args.loss = [] if args.quick else [0.01, 0.05]
     if args.case_timeout is None:
         args.case_timeout = 150.0 + 3 * args.seconds
     return args
@@ -212,10 +229,12 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
             result["busy_before_percent"] = quiet
             cases.append(result)
             print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
+        lossy = _loss_cases(args, cluster, address, stamp, log_dir)
     finally:
         cluster.shutdown()
     analysis.attach_ratios(cases)
     targets = analysis.targets(cases)
+    loss_rows = analysis.loss_suite(cases, lossy)
     return {
         "timestamp": stamp,
         "config": {"sizes": args.sizes, "subscribers": args.subscribers, "seconds": args.seconds,
@@ -236,9 +255,38 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "machine": {**machine.describe(), "before_run": busy},
         "cases": cases,
         "targets": targets,
-        "table_markdown": report.markdown_table(cases, targets),
+        "loss_suite": loss_rows,
+        "loss_cases": lossy,
+        "table_markdown": report.markdown_table(cases, targets) + report.loss_table(loss_rows),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
+
+
+def _loss_cases(args, cluster, address: str, stamp: str, log_dir: Path) -> list[dict]:
+    """The loss suite's cases: scopecast, 1 KB (or the first size), the most subscribers."""
+    if not args.loss or "scopecast" not in args.systems:
+        return []
+    if not loss.available():
+        print("loss suite skipped: it needs root and iptables", flush=True)
+        return []
+    size = 1000 if 1000 in args.sizes else args.sizes[0]
+    n = max(args.subscribers)
+    out = []
+    for p in args.loss:
+        case = Case("scopecast", size, n, args.seconds, args.warmup,
+                    ready_timeout=min(120.0, args.case_timeout), timeout=args.case_timeout)
+        topic = f"bench/{stamp}/{size}B-1to{n}-loss{p:g}"
+        cluster.create_topic(topic, policy=args.policy)
+        machine.settle(5.0)
+        print(f"[loss {p:.0%}] {case.label}: running", flush=True)
+        with loss.udp_loss(p):
+            result = run_case(case, Wiring(address=address, topic=topic),
+                              log_dir / f"loss-{p:g}-{size}-{n}")
+            result["dropped"] = loss.dropped()
+        result["loss"] = p
+        out.append(result)
+        print(f"[loss {p:.0%}] {case.label}: {_progress(result)}", flush=True)
+    return out
 
 
 def _progress(c: dict) -> str:

@@ -32,7 +32,7 @@ def _connect(address: str):
 def _member_counters(cluster) -> dict:
     try:
         (me,) = cluster.counters().values()  # this process's one member
-        return {"drops": me["drops"], "stats": me["stats"]}
+        return {"drops": me["drops"], "stats": me["stats"], "recovery": me["recovery"]}
     except Exception as exc:  # counters are diagnostics; never lose the result for them
         return {"error": repr(exc)}
 

@@ -15,18 +15,19 @@ tells the protocol what happened; the protocol answers with what to send.
 
 Summary (all keys optional)::
 
-    {"acks": {stream: max_contiguous}, "naks": [[stream, topic, session, lo, hi, lo_sseq, hi_sseq,
-     member_id, host, port]], "recs": {stream: record}}
+    {"acks": {stream: max_contiguous}, "seen": {stream: highest delivered}, "naks": [[stream,
+     topic, session, lo, hi, lo_sseq, hi_sseq, member_id, host, port]], "recs": {stream: record}}
 
 A *stream* is a sender's sequence space (the wire format's stream id, here the sending member's id);
 `max_contiguous` is the stream position up to which the bottom holds everything it is owed. A
 *record* is what a sender says of its unstable messages: ``[max_sseq, [[topic, session, first_seq,
-first_sseq, last_seq, last_sseq], ...]]``.
+first_sseq, last_seq, last_sseq], ...]]``. A NAK with topic -1 asks for everything of the stream in
+the sseq range (a survivor catching up with another after the sender is gone).
 
 Instructions::
 
-    {"down": {stream: [stable_sseq, record]}, "push": [nak, ...], "period": seconds,
-     "cacher": bool}
+    {"down": {stream: [stable_sseq, record]}, "hi": {stream: highest any member delivered},
+     "push": [nak, ...], "period": seconds, "cacher": bool}
 
 `push` asks the bottom to repair the named ranges from its cache to the requester.
 """

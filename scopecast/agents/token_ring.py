@@ -24,9 +24,9 @@ from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 MAX_TOKEN_NAKS = 64
 
 
-def _empty_token(kind: str, round_: int, version: int, down: dict) -> dict:
+def _empty_token(kind: str, round_: int, version: int, down: dict, hi: dict) -> dict:
     return {"k": kind, "r": round_, "v": version, "acks": {}, "cnt": {}, "naks": [], "recs": {},
-            "down": down, "act": False}
+            "seen": {}, "down": down, "hi": hi, "act": False}
 
 
 def _add_acks(token: dict, acks: dict) -> None:
@@ -68,12 +68,15 @@ class TokenRing(RecoveryProtocol):
         opts = context.options
         self.active_period = float(opts.get("active_period", 0.05))
         self.idle_period = float(opts.get("idle_period", 1.0))
-        self.cachers = int(opts.get("cachers", 2))
+        # every member caches by default: then whatever one survivor delivered, the others can
+        # still get after the sender died (QSM cached on a subset: `cachers` per partition)
+        self.cachers = int(opts.get("cachers", 5))
         self.partition = max(2, int(opts.get("partition", 5)))
         self.view: PeerView | None = None
         self.rings: dict[str, _Ring] = {}
         self.bottom: dict = {}
         self.down: dict = {}
+        self.hi: dict = {}      # per stream, the furthest any member delivered (from the top)
         self.pushes: list = []
         self.part: dict | None = None   # this partition's latest aggregate (partition leaders)
         self.active = True
@@ -103,7 +106,8 @@ class TokenRing(RecoveryProtocol):
         if summary.get("naks") or any(r[1] for r in summary.get("recs", {}).values()):
             self.active = True
         pushes, self.pushes = self.pushes, []
-        return {"down": self.down, "push": pushes, "period": self.period, "cacher": self.cacher}
+        return {"down": self.down, "hi": self.hi, "push": pushes, "period": self.period,
+                "cacher": self.cacher}
 
     # ------------------------------------------------------------------------- tokens
 
@@ -121,7 +125,7 @@ class TokenRing(RecoveryProtocol):
             ring.round += 1
             ring.started = now
             ring.outstanding = True
-            token = _empty_token(ring.kind, ring.round, self.view.version, self.down)
+            token = _empty_token(ring.kind, ring.round, self.view.version, self.down, self.hi)
             token["naks"], ring.carry = ring.carry, []
             self._fold(ring, token)
             if len(ring.members) == 1:
@@ -142,6 +146,7 @@ class TokenRing(RecoveryProtocol):
             return []  # a duplicate, or a round overtaken by a newer one
         ring.round = body["r"]
         self.down = body.get("down", {})
+        self.hi = body.get("hi", {})
         self.active = bool(body.get("act"))
         self._fold(ring, body)
         return [(ring.next_peer(), body)]
@@ -152,10 +157,17 @@ class TokenRing(RecoveryProtocol):
         source = self.bottom if ring.kind == "p" else (self.part or {})
         _add_acks(token, source.get("acks", {}))
         token["recs"].update(source.get("recs", {}))
+        seen = token.setdefault("seen", {})
+        for stream, s in source.get("seen", {}).items():
+            seen[stream] = max(seen.get(stream, s), s)
         have = self.bottom.get("acks", {})
+        delivered = self.bottom.get("seen", {})
         left = []
         for nak in token["naks"]:
-            if self.cacher and have.get(nak[0], 0) >= nak[6]:
+            # served by a caching peer that delivered past the range (it sends what it holds
+            # of it; a tail NAK, topic -1, asks for all it delivered beyond the requester)
+            held = max(have.get(nak[0], 0), delivered.get(nak[0], 0))
+            if self.cacher and held >= nak[6]:
                 self.pushes.append(nak)
                 self.stats["naks_served"] += 1
             else:
@@ -170,7 +182,7 @@ class TokenRing(RecoveryProtocol):
         ring.carry = token["naks"]
         self.active = bool(token.get("act"))
         agg = {"acks": _aggregate(token, len(ring.members)), "recs": token["recs"],
-               "naks": token["naks"]}
+               "naks": token["naks"], "seen": token.get("seen", {})}
         if ring.kind == "p" and "g" in self.rings:
             self.part = agg  # the regional token takes it
             return
@@ -182,6 +194,7 @@ class TokenRing(RecoveryProtocol):
             old = self.down
             self.down = {s: [max(agg["acks"].get(s, 0), old.get(s, (0,))[0]), rec]
                          for s, rec in agg["recs"].items()}
+            self.hi = agg["seen"]
 
     # ------------------------------------------------------------------- upper interface
 
@@ -191,5 +204,6 @@ class TokenRing(RecoveryProtocol):
 
     def on_down(self, instructions: dict) -> None:
         self.down = instructions.get("down", {})
+        self.hi = instructions.get("hi", {})
         if instructions.get("period", self.period) == self.active_period:
             self.active = True

@@ -167,7 +167,9 @@ class ReceivePath:
             payloads = self._pass_on(data, routes, topic, source, session, first, stream,
                                      first_sseq, ctype, ridx, lengths, off, subs, forwards)
             if topic in self._reliable:
-                self._last_sseq[key] = first_sseq + len(lengths) - 1
+                top = self._last_sseq[key] = first_sseq + len(lengths) - 1
+                if top > self._max_seen.get(source, 0):
+                    self._max_seen[source] = top
                 if self._cacher:  # kept until stable, to repair peers (see recovery_path)
                     self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
                                         for i, p in enumerate(payloads)])
@@ -209,7 +211,10 @@ class ReceivePath:
             if key in self._early:  # out of room: what is held goes first, with its gaps
                 self._release_early(key, give_up=True)
             return False
-        held = self._early.setdefault(key, [])
+        held = self._early.get(key)
+        if held is None:
+            held = self._early[key] = []
+            self._gap_at[key] = time.monotonic()
         held.append((first, time.monotonic(), run))
         held.sort(key=lambda h: h[0])
         self._early_bytes += size
@@ -233,6 +238,9 @@ class ReceivePath:
                 held.pop(0)
                 if not held:
                     del self._early[key]
+                    since = self._gap_at.pop(key, None)
+                    if since is not None and not give_up and key[0] in self._reliable:
+                        self.repair_ms.append((time.monotonic() - since) * 1000)  # gap filled
                 self._early_bytes -= sum(run[10])
                 self._take_run(*run)
         finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import deque
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
@@ -31,6 +32,7 @@ REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
 REPAIR_BURST = 4 << 20               # bytes one NAK may trigger at once (the rest: its next NAK)
+TAIL_TRIES = 20                      # tail NAKs for one sender without progress before giving up
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
 
 
@@ -55,6 +57,11 @@ class RecoveryPath:
         self._stable: dict[int, int] = {}
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> first seen missing
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
+        self.repair_ms: deque[float] = deque(maxlen=4096)  # gap seen -> filled, latest gaps
+        self._gap_at: dict[tuple, float] = {}
+        self._max_seen: dict[int, int] = {}      # source -> highest sseq delivered (reliable)
+        self._hi: dict[int, int] = {}            # source -> highest any member delivered
+        self._tail_asks: dict[int, list] = {}    # source -> [seen when last asked, times]
         self.stable_sseq = 0      # own stream: everything up to here is stable (read by the app)
         self.released_bytes = 0   # own bytes no longer held for the window (read by the app)
         self._period = 0.05
@@ -150,7 +157,28 @@ class RecoveryPath:
                 self._nak_at.setdefault(key, now)
         if self._reliable and self._taken_sseq:
             acks[self.member_id] = self._taken_sseq
+        naks += self._tail_naks(now)
         return acks, naks
+
+    def _tail_naks(self, now: float) -> list[list]:
+        """Ask peers for what another member delivered beyond this one, from a sender whose
+        record went quiet (it is gone or stalled): so survivors of a sender's crash end on the
+        same prefix. A few tries without progress, then it stops asking."""
+        out = []
+        for source, hi in self._hi.items():
+            seen = self._max_seen.get(source)
+            if seen is None or hi <= seen or source == self.member_id:
+                continue
+            record = self._records.get(source)
+            if record is not None and now - record[2] < 3 * max(self._period, 0.05):
+                continue  # the sender still speaks: its own record names what is missing
+            asked = self._tail_asks.setdefault(source, [seen, 0])
+            if asked[0] != seen:
+                asked[:] = [seen, 0]
+            if asked[1] < TAIL_TRIES:
+                asked[1] += 1
+                out.append([source, -1, -1, 0, 0, seen + 1, hi])
+        return out
 
     # ----------------------------------------------------------------- the periodic push
 
@@ -164,15 +192,16 @@ class RecoveryPath:
         for key in [k for k in self._nak_at if k not in missing]:
             del self._nak_at[key]
         if self._agent is not None:
-            summary = {"acks": acks, "naks": [[*n, self.member_id, *self.address]
-                                              for n in naks[:MAX_NAKS]]}
+            summary = {"acks": acks, "seen": dict(self._max_seen),
+                       "naks": [[*n, self.member_id, *self.address] for n in naks[:MAX_NAKS]]}
             if self._tails or self._taken_sseq:
                 summary["recs"] = {self.member_id: self._own_record()}
             self._send_control(wire.PacketType.TOKEN, ["sum", summary], self._agent)
             self.stats["summaries_sent"] += 1
         for nak in naks[:MAX_NAKS]:
             # the sender holds everything not yet stable: pull from it once the gap is a period old
-            if now - self._nak_at.get((nak[1], nak[0], nak[2]), now) >= self._period:
+            if nak[1] != -1 and now - self._nak_at.get((nak[1], nak[0], nak[2]), now) \
+                    >= self._period:
                 member = self._members.get(nak[0])
                 if member is not None:
                     self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
@@ -202,6 +231,7 @@ class RecoveryPath:
         for nak in ins.get("push", ()):
             self.stats["pushes"] += 1
             self._serve(int(nak[0]), nak[1:7], (nak[8], int(nak[9])))
+        self._hi = {int(s): int(v) for s, v in ins.get("hi", {}).items()}
         self._period = float(ins.get("period", self._period))
         self.stats["token_period_ms"] = round(self._period * 1000)
         cacher = bool(ins.get("cacher"))
@@ -250,7 +280,7 @@ class RecoveryPath:
             i += 1
             if e[0] > hi_sseq:
                 break
-            if e[1] == topic and e[2] == session and lo <= e[3] <= hi:
+            if topic == -1 or (e[1] == topic and e[2] == session and lo <= e[3] <= hi):
                 picked.append(e)
                 budget -= len(e[5])
         if picked:

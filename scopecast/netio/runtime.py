@@ -407,7 +407,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                          "window_limit": self._window_limit, "stable_sseq": self.stable_sseq,
                          "cacher": self._cacher, "token_period": self._period,
                          "senders_known": sorted(self._records),
-                         "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes},
+                         "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes,
+                         "repair_ms": _percentiles(self.repair_ms)},
         }
 
     # -------------------------------------------------------------------------- the I/O loop
@@ -493,3 +494,12 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 self.stats["receiver_timeouts"] += 1
                 log.warning("receiver %s of %s:%d silent for %.1fs; no longer waiting for it",
                             member, *feed.address, self.config.ack_timeout)
+
+
+def _percentiles(values) -> dict:
+    """p50/p99/max of recent repair times (resolution: the member's summary period)."""
+    v = sorted(values)
+    if not v:
+        return {"count": 0}
+    return {"count": len(v), "p50": round(v[len(v) // 2], 1),
+            "p99": round(v[min(len(v) - 1, len(v) * 99 // 100)], 1), "max": round(v[-1], 1)}

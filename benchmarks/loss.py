@@ -1,4 +1,5 @@
-"""Real packet loss for tests: iptables `statistic` rules dropping UDP datagrams at random.
+"""Real packet loss for tests and the benchmark's loss suite: iptables `statistic` rules dropping
+UDP datagrams at random.
 
 The rules match loopback UDP to the ephemeral port range, where every socket scopecast opens for
 data, tokens and repairs lives (member sockets, agent sockets, multicast group ports), and nothing
@@ -22,7 +23,7 @@ def available() -> bool:
 def _rule(probability: float) -> list[str]:
     return ["INPUT", "-i", "lo", "-p", "udp", "--dport", PORTS, "-m", "statistic", "--mode",
             "random", "--probability", f"{probability:.4f}", "-m", "comment", "--comment",
-            f"scopecast-test-{os.getpid()}", "-j", "DROP"]
+            f"scopecast-loss-{os.getpid()}", "-j", "DROP"]
 
 
 @contextlib.contextmanager
@@ -39,5 +40,5 @@ def dropped() -> int:
     """Datagrams the rules of this process dropped so far (from iptables' counters)."""
     out = subprocess.run(["iptables", "-L", "INPUT", "-v", "-n", "-x"], capture_output=True,
                          text=True, check=True).stdout
-    tag = f"scopecast-test-{os.getpid()}"
+    tag = f"scopecast-loss-{os.getpid()}"
     return sum(int(line.split()[0]) for line in out.splitlines() if tag in line)
