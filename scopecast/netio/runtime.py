@@ -239,11 +239,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         # wait for the queue to drain to half the limit, so that a saturating publisher blocks and
         # wakes once per half-queue rather than once per message
         limit = self._queue_limit // 2
-        while self._queued() > limit and not self._stop:
-            self._space_waiting = True
-            self._space.wait(0.05)
-            self._space.clear()
-        self._space_waiting = False
+        self._wait_until(lambda: self._queued() <= limit)
 
     def _wait_for_window(self) -> None:
         """Own messages of reliable topics fill the window until they are stable."""
@@ -251,35 +247,33 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             raise WindowFull(f"{self.app_bytes - self.released_bytes} bytes published and not yet "
                              f"stable exceed stable_window_bytes={self._window_limit}; slow "
                              "down, flush(), or configure block_when_full=True")
-        while self.app_bytes - self.released_bytes > self._window_limit and not self._stop:
-            self._space_waiting = True
-            self._space.wait(0.05)
-            self._space.clear()
-        self._space_waiting = False
+        self._wait_until(lambda: self.app_bytes - self.released_bytes <= self._window_limit)
 
     def wait_stable(self, sseq: int, timeout: float) -> bool:
         """Wait until every own message up to stream sequence `sseq` is stable."""
-        deadline = time.monotonic() + timeout
-        while self.stable_sseq < sseq:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stop:
-                return self.stable_sseq >= sseq
-            self._space.wait(min(remaining, 0.05))
-            self._space.clear()
-        return True
+        return self._wait_until(lambda: self.stable_sseq >= sseq, timeout)
 
     def wait_sent(self, sseq: int, timeout: float) -> bool:
         """Wait until every message up to stream sequence `sseq` was handed to the socket."""
-        deadline = time.monotonic() + timeout
-        while self.handed < sseq:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stop:
-                return self.handed >= sseq
-            self._space_waiting = True
-            self._wake()
-            self._space.wait(min(remaining, 0.05))
-            self._space.clear()
-        return True
+        return self._wait_until(lambda: self.handed >= sseq, timeout, poke=True)
+
+    def _wait_until(self, done, timeout: float | None = None, poke: bool = False) -> bool:
+        """Block an application thread until `done()` (the I/O thread signals progress), the
+        timeout, or close; `poke` wakes the I/O thread each time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not done():
+                remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
+                if remaining <= 0 or self._stop:
+                    return done()
+                self._space_waiting = True
+                if poke:
+                    self._wake()
+                self._space.wait(remaining)
+                self._space.clear()
+            return True
+        finally:
+            self._space_waiting = False
 
     def _wake(self) -> None:
         try:
