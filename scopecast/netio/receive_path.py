@@ -211,10 +211,12 @@ class ReceivePath:
             if key in self._early:  # out of room: what is held goes first, with its gaps
                 self._release_early(key, give_up=True)
             return False
-        held = self._early.get(key)
-        if held is None:
-            held = self._early[key] = []
-            self._gap_at[key] = time.monotonic()
+        held = self._early.setdefault(key, [])
+        if key[0] in self._reliable:  # a new hole ends just before this run: when did it open
+            marks = self._gap_at.setdefault(key, [])
+            if not any(h[0] + len(h[2][10]) == first for h in held):
+                marks.append((first - 1, time.monotonic()))
+                self.hole_opened = True
         held.append((first, time.monotonic(), run))
         held.sort(key=lambda h: h[0])
         self._early_bytes += size
@@ -238,11 +240,10 @@ class ReceivePath:
                 held.pop(0)
                 if not held:
                     del self._early[key]
-                    since = self._gap_at.pop(key, None)
-                    if since is not None and not give_up and key[0] in self._reliable:
-                        self.repair_ms.append((time.monotonic() - since) * 1000)  # gap filled
                 self._early_bytes -= sum(run[10])
                 self._take_run(*run)
+                if key in self._gap_at:
+                    self._note_filled(key, give_up)
         finally:
             self._releasing = False
 

@@ -55,10 +55,11 @@ class RecoveryPath:
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
         self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]}, when)
         self._stable: dict[int, int] = {}
-        self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> first seen missing
+        self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
+        self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
         self.repair_ms: deque[float] = deque(maxlen=4096)  # gap seen -> filled, latest gaps
-        self._gap_at: dict[tuple, float] = {}
+        self._gap_at: dict[tuple, list] = {}      # key -> [(hole's last seq, opened at)]
         self._max_seen: dict[int, int] = {}      # source -> highest sseq delivered (reliable)
         self._hi: dict[int, int] = {}            # source -> highest any member delivered
         self._tail_asks: dict[int, list] = {}    # source -> [seen when last asked, times]
@@ -137,28 +138,54 @@ class RecoveryPath:
                     if held:
                         self._release_early(key)
                         nxt = self._next_seq[key]
-                held = early.get(key)
-                hi = held[0][0] - 1 if held else ls
-                if nxt <= hi:
-                    last = self._last_sseq.get(key, fss - 1)
-                    naks.append([source, topic, session, nxt, hi, last + 1,
-                                 held[0][2][7] - 1 if held else lss])
-                    self._nak_at.setdefault(key, now)
+                last = self._last_sseq.get(key, fss - 1)
+                holes = self._holes(key, nxt, last, (ls, lss))
+                if holes:
+                    naks += [[source, topic, session, *h] for h in holes]
+                    self._nak_at.setdefault(key, 0.0)
                     a = min(a, last)
             acks[source] = a
         # gaps no record names (it has not come yet): pulled from the sender all the same
         named = {(n[1], n[0], n[2]) for n in naks}
-        for key, held in early.items():
+        for key in early:
             topic, source, session = key
             if topic in self._reliable and key not in named \
-                    and (nxt := self._next_seq.get(key)) is not None and nxt < held[0][0]:
-                naks.append([source, topic, session, nxt, held[0][0] - 1,
-                             self._last_sseq.get(key, 0) + 1, held[0][2][7] - 1])
-                self._nak_at.setdefault(key, now)
+                    and (nxt := self._next_seq.get(key)) is not None:
+                holes = self._holes(key, nxt, self._last_sseq.get(key, 0))
+                naks += [[source, topic, session, *h] for h in holes]
+                if holes:
+                    self._nak_at.setdefault(key, 0.0)
         if self._reliable and self._taken_sseq:
             acks[self.member_id] = self._taken_sseq
         naks += self._tail_naks(now)
         return acks, naks
+
+    def _note_filled(self, key: tuple, given_up: bool) -> None:
+        """Time the holes of `key` that the stream has now passed (repair time: from the run
+        that revealed the hole to the message that filled it)."""
+        marks = self._gap_at[key]
+        nxt = self._next_seq.get(key, 0)
+        now = time.monotonic()
+        while marks and marks[0][0] < nxt:
+            _end, since = marks.pop(0)
+            if not given_up:
+                self.repair_ms.append((now - since) * 1000)
+        if not marks:
+            del self._gap_at[key]
+
+    def _holes(self, key: tuple, nxt: int, last: int, tail: tuple | None = None) -> list[list]:
+        """[seq lo, hi, sseq lo, hi] missing before, between and (`tail`: the sender's last seq
+        and sseq) after the runs held for `key`: all NAKed at once, not one gap per period."""
+        out = []
+        for first, _t, run in self._early.get(key, ()):
+            if first > nxt:
+                out.append([nxt, first - 1, last + 1, run[7] - 1])
+            n = len(run[10])
+            if first + n > nxt:
+                nxt, last = first + n, run[7] + n - 1
+        if tail is not None and nxt <= tail[0]:
+            out.append([nxt, tail[0], last + 1, tail[1]])
+        return out
 
     def _tail_naks(self, now: float) -> list[list]:
         """Ask peers for what another member delivered beyond this one, from a sender whose
@@ -183,9 +210,12 @@ class RecoveryPath:
     # ----------------------------------------------------------------- the periodic push
 
     def _recovery_tick(self, now: float) -> None:
-        if now - self._last_summary < self._period or not (self._reliable or self._early):
+        """Every token period (and at once when a hole opens): summary to the agent, NAKs to
+        senders for holes not NAKed within the last period."""
+        if not (self._reliable or self._early):
             return
         self._last_summary = now
+        self.hole_opened = False
         acks, naks = self._owed(now)
         self._deliver()  # runs released by records that came
         missing = {(n[1], n[0], n[2]) for n in naks}
@@ -198,10 +228,10 @@ class RecoveryPath:
                 summary["recs"] = {self.member_id: self._own_record()}
             self._send_control(wire.PacketType.TOKEN, ["sum", summary], self._agent)
             self.stats["summaries_sent"] += 1
+        # the sender holds everything not yet stable: pull from it (again once a period passed)
+        due = {k for k, t in self._nak_at.items() if now - t >= self._period}
         for nak in naks[:MAX_NAKS]:
-            # the sender holds everything not yet stable: pull from it once the gap is a period old
-            if nak[1] != -1 and now - self._nak_at.get((nak[1], nak[0], nak[2]), now) \
-                    >= self._period:
+            if (nak[1], nak[0], nak[2]) in due:
                 member = self._members.get(nak[0])
                 if member is not None:
                     self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
@@ -209,6 +239,8 @@ class RecoveryPath:
                 elif nak[0] not in self._unknown_sources:
                     self._unknown_sources.add(nak[0])  # a sender in another scope
                     self.unknown_sender.set()
+        for key in due:
+            self._nak_at[key] = now
         self._expire_records(now)
 
     def _expire_records(self, now: float) -> None:

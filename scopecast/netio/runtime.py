@@ -40,6 +40,7 @@ from scopecast.scopes.routing import RoutingLabel, origin_record
 log = logging.getLogger(__name__)
 
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
+HOLE_DELAY = 0.005  # a hole is NAKed this soon (runs reordered across paths come within it)
 MAX_MESSAGE = 0xFFFFFFFF
 HEADER = wire.HEADER
 
@@ -443,7 +444,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._send_acks(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
-        if now - self._last_summary >= self._period:
+        if now - self._last_summary >= self._period or (
+                self.hole_opened and now - self._last_summary >= HOLE_DELAY):
             self._recovery_tick(now)
         if self._space_waiting:
             self._space.set()
@@ -452,6 +454,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         return sent or bool(self._publish_q)
 
     def _idle_timeout(self) -> float:
+        if self.hole_opened:
+            return HOLE_DELAY
         if any(pos[0] != pos[1] for pos in self._recv_pos.values()):
             return self.config.ack_period
         return min(0.1, self._period) if self._reliable or self._early else 0.1
