@@ -165,7 +165,7 @@ class TokenRing(RecoveryProtocol):
         left = []
         for nak in token["naks"]:
             # served by a caching peer that delivered past the range (it sends what it holds
-            # of it; a tail NAK, topic -1, asks for all it delivered beyond the requester)
+            # of it; a tail NAK asks for what it delivered beyond the requester)
             held = max(have.get(nak[0], 0), delivered.get(nak[0], 0))
             if self.cacher and held >= nak[6]:
                 self.pushes.append(nak)

@@ -33,6 +33,7 @@ MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
 REPAIR_BURST = 4 << 20               # bytes one NAK may trigger at once (the rest: its next NAK)
 TAIL_TRIES = 20                      # tail NAKs for one sender without progress before giving up
+TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
 
 
@@ -204,7 +205,11 @@ class RecoveryPath:
                 asked[:] = [seen, 0]
             if asked[1] < TAIL_TRIES:
                 asked[1] += 1
-                out.append([source, -1, -1, 0, 0, seen + 1, hi])
+                # per topic this member takes from that sender: only what it is owed comes back
+                for (topic, src, session), nxt in self._next_seq.items():
+                    if src == source and topic in self._reliable:
+                        last = self._last_sseq.get((topic, src, session), 0)
+                        out.append([source, topic, session, nxt, TAIL_SEQ, last + 1, hi])
         return out
 
     # ----------------------------------------------------------------- the periodic push
@@ -312,7 +317,7 @@ class RecoveryPath:
             i += 1
             if e[0] > hi_sseq:
                 break
-            if topic == -1 or (e[1] == topic and e[2] == session and lo <= e[3] <= hi):
+            if e[1] == topic and e[2] == session and lo <= e[3] <= hi:
                 picked.append(e)
                 budget -= len(e[5])
         if picked:

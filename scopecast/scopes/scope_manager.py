@@ -136,6 +136,7 @@ class ScopeManager:
         self._dirty = False
         self._task: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
+        self._recovering: asyncio.Task | None = None
         self._started = time.time()
         self.recovery = RecoveryDomain(path, top=parent is None)
         self._hello: dict | None = None
@@ -162,7 +163,10 @@ class ScopeManager:
     async def _on_tick(self) -> None:
         self._expire()
         self._report(force=True)
-        await self._recovery_tick()
+        # agents are placed and watched beside the heartbeat, never in its way: a slow child
+        # scope or a burst of agent processes starting must not make this scope look dead
+        if self._recovering is None or self._recovering.done():
+            self._recovering = asyncio.get_running_loop().create_task(self._recovery_tick())
 
     def _kick(self) -> None:
         """Lay channels again soon (coalesced: one re-layout runs at a time)."""
@@ -744,7 +748,12 @@ class ScopeManager:
                       if (c.recovering if c.kind == "scope" else self._reliable_topics(c)))
 
     async def _recovery_tick(self) -> None:
-        if await self.recovery.update(self._domain_members(), self._place_for):
+        try:
+            changed = await self.recovery.update(self._domain_members(), self._place_for)
+        except Exception as exc:  # a child placing an agent timed out or died: next tick again
+            log.warning("scope %r: recovery domain update failed: %r", self.path, exc)
+            return
+        if changed:
             self._send_down()  # the children's tables name their agents; no re-layout needed
             if self._dirty:  # a member's groups changed with it: senders wait for it
                 self._kick()
@@ -757,7 +766,8 @@ class ScopeManager:
         if child.kind == "member":
             handle = await self._create_agent(spec, child.node)
             return AgentRecord(handle, [self.path or "/", name])
-        handle, chain = await child.handle.place_agent.remote(spec)
+        handle, chain = await asyncio.wait_for(child.handle.place_agent.remote(spec),
+                                               self.settings["scope_timeout"])
         return AgentRecord(handle, [self.path or "/", *chain])
 
     async def place_agent(self, spec: dict) -> list:
