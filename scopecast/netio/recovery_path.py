@@ -140,22 +140,15 @@ class RecoveryPath:
                         self._release_early(key)
                         nxt = self._next_seq[key]
                 last = self._last_sseq.get(key, fss - 1)
-                holes = self._holes(key, nxt, last, (ls, lss))
-                if holes:
-                    naks += [[source, topic, session, *h] for h in holes]
-                    self._nak_at.setdefault(key, 0.0)
+                if self._nak_holes(key, nxt, last, naks, (ls, lss)):
                     a = min(a, last)
             acks[source] = a
         # gaps no record names (it has not come yet): pulled from the sender all the same
         named = {(n[1], n[0], n[2]) for n in naks}
         for key in early:
-            topic, source, session = key
-            if topic in self._reliable and key not in named \
+            if key[0] in self._reliable and key not in named \
                     and (nxt := self._next_seq.get(key)) is not None:
-                holes = self._holes(key, nxt, self._last_sseq.get(key, 0))
-                naks += [[source, topic, session, *h] for h in holes]
-                if holes:
-                    self._nak_at.setdefault(key, 0.0)
+                self._nak_holes(key, nxt, self._last_sseq.get(key, 0), naks)
         if self._reliable and self._taken_sseq:
             acks[self.member_id] = self._taken_sseq
         naks += self._tail_naks(now)
@@ -173,6 +166,16 @@ class RecoveryPath:
                 self.repair_ms.append((now - since) * 1000)
         if not marks:
             del self._gap_at[key]
+
+    def _nak_holes(self, key: tuple, nxt: int, last: int, naks: list,
+                   tail: tuple | None = None) -> bool:
+        """Add the NAKs of `key`'s holes to `naks` (and mark it for the sender); any?"""
+        holes = self._holes(key, nxt, last, tail)
+        if holes:
+            topic, source, session = key
+            naks += [[source, topic, session, *h] for h in holes]
+            self._nak_at.setdefault(key, 0.0)
+        return bool(holes)
 
     def _holes(self, key: tuple, nxt: int, last: int, tail: tuple | None = None) -> list[list]:
         """[seq lo, hi, sseq lo, hi] missing before, between and (`tail`: the sender's last seq
