@@ -1,10 +1,18 @@
-"""RecoveryAgent: the Ray actor that stands for one sub-domain in its peer group (thesis 3.2.11-3.2.13).
+"""Recovery agents (thesis 3.2.11-3.2.13) and the per-node Ray actor that runs them.
 
-The actor is the protocol's environment: one UDP socket (datagrams authenticated with the cluster
-key, like the data plane's) and one thread that feeds the protocol what arrives — the bottom's
-summaries, peers' tokens, the answers of the agent above — and sends what it returns. Ray calls only
-set it up: the owning scope starts it through the delegation chain, installs peer-group views and
-reads its status; no Ray call is on the path of a token or a summary.
+A `RecoveryAgent` stands for one sub-domain in its peer group. It is the protocol's environment: one
+UDP socket (datagrams authenticated with the cluster key, like the data plane's) through which the
+protocol hears its bottom's summaries, its peers' tokens and the answers of the agent above, and
+sends what the protocol returns.
+
+Agents are delegated to a node (the chain ends at the host of the member they are placed beside);
+there they live in that node's `AgentHost`, one Ray actor per node that runs every agent placed on
+the node on one thread. One actor per agent would mean one Python process per agent — about a second
+of CPU to start and tens of MB each, for a job that wakes every few milliseconds for microseconds —
+and on a small machine dozens of those starved the scope managers' heartbeats. Ray calls only set
+agents up: the owning scope ensures its agent exists (the reply carries address and incarnation, so
+a host that Ray restarted recreates its agents on the next ping), installs peer-group views and
+reads status; no Ray call is on the path of a token or a summary.
 
 Packets (all `PacketType.TOKEN`, msgpack bodies): ``["sum", summary]`` from a bottom (answered
 ``["ins", instructions]`` to the address it came from), ``["tok", version, index, body]`` between
@@ -32,46 +40,38 @@ from scopecast.netio.transport import TransportConfig, unicast_socket
 log = logging.getLogger(__name__)
 
 TICK = 0.005
+IDLE_WAIT = 0.1  # a host without agents only waits for the next one
 BUILTIN: dict[str, type[RecoveryProtocol]] = {"token_ring": TokenRing}
 
 
 class RecoveryAgent:
-    """One agent: a protocol instance, its socket and its thread (see the module docstring)."""
+    """One agent: a protocol instance and its socket, driven by its host's thread."""
 
-    def __init__(self, domain: str, level: int, protocol: str, options: dict, key: bytes,
-                 mac: str, interface: str) -> None:
-        logging.basicConfig(level=logging.INFO)
-        self.domain = domain
-        self.protocol = BUILTIN[protocol](DomainContext(domain, level, dict(options)))
+    def __init__(self, spec: dict, interface: str) -> None:
+        self.name = spec["name"]
+        self.domain = spec["domain"]
+        self.protocol = BUILTIN[spec.get("protocol", "token_ring")](
+            DomainContext(self.domain, int(spec["level"]), dict(spec.get("options") or {})))
         self.incarnation = random.getrandbits(48)
-        self._auth = authenticator(mac, key)
-        interface = interface or ray.util.get_node_ip_address()
-        self._sock = unicast_socket(TransportConfig(interface=interface, rcvbuf_bytes=4 << 20))
-        self.address = self._sock.getsockname()
+        self._auth = authenticator(spec["mac"], spec["key"])
+        self.sock = unicast_socket(TransportConfig(interface=spec.get("interface") or interface,
+                                                   rcvbuf_bytes=4 << 20))
+        self.address = self.sock.getsockname()
         self._peers: list[tuple[str, int]] = []
         self._upper: tuple[str, int] | None = None
         self._view: PeerView | None = None
-        self._ops: deque = deque()
         self.drops: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
         self._last_bottom = 0.0
-        self._last_up = 0.0
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="scopecast-agent", daemon=True)
-        self._thread.start()
-        log.info("recovery agent %s (%s) at %s:%d", domain, protocol, *self.address)
 
-    # ----------------------------------------------------------------------- Ray methods
-
-    def start(self) -> list:
-        """Where this agent listens, and which incarnation it is (a restart changes both)."""
-        return [self.address[0], self.address[1], self.incarnation, os.getpid()]
-
-    def view(self, version: int, peers: list[list], index: int, upper: list | None,
-             top: bool) -> None:
+    def install(self, version: int, peers: list[list], index: int, upper: list | None,
+                top: bool) -> None:
         """A new view of the peer group: `peers` are [name, host, port] in ring order; `upper`
         the agent above (None at the top, or while it is being placed)."""
-        self._ops.append((version, peers, index, upper, top))
+        self._peers = [(h, int(p)) for _n, h, p in peers]
+        self._upper = (upper[0], int(upper[1])) if upper else None
+        self._view = PeerView(version, tuple(n for n, _h, _p in peers), index, not top)
+        self.protocol.on_view(self._view)
 
     def status(self) -> dict:
         v = self._view
@@ -84,40 +84,16 @@ class RecoveryAgent:
                 "protocol_stats": dict(getattr(self.protocol, "stats", {})),
                 "drops": dict(self.drops), "stats": dict(self.stats)}
 
-    def stop(self) -> None:
-        self._stop = True
+    def tick(self, now: float) -> None:
+        self._send_peers(self.protocol.on_tick(now))
+        up = self.protocol.upward()
+        if up is not None and self._upper is not None:
+            self._send(["sum", up], self._upper)
 
-    # ---------------------------------------------------------------------------- thread
-
-    def _run(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._sock, selectors.EVENT_READ)
-        while not self._stop:
-            try:
-                while self._ops:
-                    self._install(*self._ops.popleft())
-                if sel.select(TICK):
-                    self._drain()
-                now = time.monotonic()
-                self._send_peers(self.protocol.on_tick(now))
-                up = self.protocol.upward()
-                if up is not None and self._upper is not None:
-                    self._send(["sum", up], self._upper)
-            except Exception:  # one bad event must not stop the agent
-                log.exception("recovery agent %s: loop error (continuing)", self.domain)
-                self.drops["internal_error"] += 1
-
-    def _install(self, version: int, peers: list[list], index: int, upper: list | None,
-                 top: bool) -> None:
-        self._peers = [(h, int(p)) for _n, h, p in peers]
-        self._upper = (upper[0], int(upper[1])) if upper else None
-        self._view = PeerView(version, tuple(n for n, _h, _p in peers), index, not top)
-        self.protocol.on_view(self._view)
-
-    def _drain(self) -> None:
+    def drain(self) -> None:
         while True:
             try:
-                data, addr = self._sock.recvfrom(65_536)
+                data, addr = self.sock.recvfrom(65_536)
             except BlockingIOError:
                 return
             except OSError:
@@ -163,6 +139,92 @@ class RecoveryAgent:
             self.drops["oversized"] += 1
             return
         try:
-            self._sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
+            self.sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
         except OSError:
             self.drops["send_error"] += 1
+
+
+class AgentHost:
+    """The Ray actor (one per node) whose thread runs the agents delegated to that node.
+
+    Ray methods run on the actor's own thread and only queue work for the agents' thread, which
+    alone touches agents after they are created (no locks)."""
+
+    def __init__(self) -> None:
+        logging.basicConfig(level=logging.INFO)
+        self._interface = ray.util.get_node_ip_address()
+        self._agents: dict[str, RecoveryAgent] = {}   # the Ray side's view
+        self._ops: deque = deque()
+        self._thread = threading.Thread(target=self._run, name="scopecast-agents", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------------- Ray methods
+
+    def ensure(self, spec: dict) -> list:
+        """Create agent `spec["name"]` unless it runs here; where it listens and which
+        incarnation it is (a host restarted by Ray recreates its agents with new ones)."""
+        agent = self._agents.get(spec["name"])
+        if agent is None:
+            agent = self._agents[spec["name"]] = RecoveryAgent(spec, self._interface)
+            self._ops.append(("add", agent))
+            log.info("recovery agent %s (%s) at %s:%d", agent.domain, agent.protocol.name,
+                     *agent.address)
+        return [agent.address[0], agent.address[1], agent.incarnation, os.getpid()]
+
+    def view(self, name: str, version: int, peers: list[list], index: int, upper: list | None,
+             top: bool) -> None:
+        if name in self._agents:
+            self._ops.append(("view", self._agents[name], (version, peers, index, upper, top)))
+
+    def status(self, name: str) -> dict:
+        agent = self._agents.get(name)
+        return agent.status() if agent is not None else {"error": "no such agent here"}
+
+    def drop(self, name: str) -> None:
+        agent = self._agents.pop(name, None)
+        if agent is not None:
+            self._ops.append(("drop", agent))
+
+    # ---------------------------------------------------------------------------- thread
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        while True:
+            try:
+                while self._ops:
+                    self._apply(sel, *self._ops.popleft())
+                if not sel.get_map():
+                    time.sleep(IDLE_WAIT)
+                    continue
+                for key, _ in sel.select(TICK):
+                    _guarded(key.data, key.data.drain)
+                now = time.monotonic()
+                for key in list(sel.get_map().values()):
+                    _guarded(key.data, key.data.tick, now)
+            except Exception:  # a bad view or op must not stop the node's agents
+                log.exception("recovery agents: loop error (continuing)")
+
+    @staticmethod
+    def _apply(sel: selectors.BaseSelector, op: str, agent: RecoveryAgent, args=()) -> None:
+        if op == "add":
+            sel.register(agent.sock, selectors.EVENT_READ, agent)
+        elif op == "view":
+            agent.install(*args)
+        else:
+            sel.unregister(agent.sock)
+            agent.sock.close()
+
+
+def _guarded(agent: RecoveryAgent, step, *args) -> None:
+    """Run one agent's step; an error is counted (logged the first time) and the others go on."""
+    try:
+        step(*args)
+    except Exception:
+        agent.drops["internal_error"] += 1
+        if agent.drops["internal_error"] == 1:
+            log.exception("recovery agent %s: error (counted from now on)", agent.domain)
+
+
+def host_name(node_id: str) -> str:
+    """The named AgentHost of a node."""
+    return f"scopecast:agents:{node_id}"

@@ -3,12 +3,13 @@
 The domain's members are the children with a reliable interest: member processes that subscribe (as
 members, not clients) to or publish a topic with a recovery protocol, and child scopes whose own
 domain is not empty (cascading subscription: a child's report says so). For each member the scope
-keeps one recovery agent, a Ray actor created through a delegation chain: a member process's agent
-on that member's node; a child scope's agent wherever that child places it, which is on the node of
-the member leading the peer group below (the child asks its own leader, down to a member). Each
-level records the chain. The scope reaches its agents directly by handle: it starts them, watches
-their incarnation (a restarted agent has a new address, so the ring is laid again) and installs
-versioned views; views go one level down only (an agent learns its peers, never their members).
+keeps one recovery agent, delegated through a chain: a member process's agent goes to that member's
+node; a child scope's agent wherever that child places it, which is the node of the member leading
+the peer group below (the child asks its own leader, down to a member). Each level records the
+chain; the chain ends at the node's `AgentHost`, which runs the agent. The scope reaches its agents
+through that host: it ensures they exist (a recreated agent has a new address and incarnation, so
+the ring is laid again) and installs versioned views; views go one level down only (an agent learns
+its peers, never their members).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-
-import ray
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +26,11 @@ PING_TIMEOUT = 0.5
 
 @dataclass(slots=True)
 class AgentRecord:
-    """A delegated agent: its handle, the chain of scopes (and member) it was delegated along."""
+    """A delegated agent: the node's AgentHost that runs it, what it was created from, and the
+    chain of scopes (and member) it was delegated along."""
 
-    handle: object
+    host: object
+    spec: dict
     chain: list[str]
     address: tuple[str, int] | None = None
     incarnation: int = 0
@@ -71,10 +72,7 @@ class RecoveryDomain:
                          " > ".join(self.agents[name].chain))
         for name in [n for n in self.agents if n not in members]:
             rec = self.agents.pop(name)
-            try:
-                ray.kill(rec.handle)
-            except Exception as exc:
-                log.debug("killing agent of %s: %s", name, exc)
+            rec.host.drop.remote(rec.spec["name"])
         changed = await self._ping()
         if changed or members != self.members:
             self.version += 1
@@ -84,7 +82,7 @@ class RecoveryDomain:
 
     async def _ping(self) -> bool:
         names = list(self.agents)
-        refs = [self.agents[n].handle.start.remote() for n in names]
+        refs = [self.agents[n].host.ensure.remote(self.agents[n].spec) for n in names]
         done = await asyncio.gather(*(asyncio.wait_for(r, PING_TIMEOUT) for r in refs),
                                     return_exceptions=True)
         changed = False
@@ -110,12 +108,14 @@ class RecoveryDomain:
             content = (self.version, index, tuple(self.upper) if self.upper else None)
             if rec.sent != content:
                 rec.sent = content
-                rec.handle.view.remote(self.version, peers, index, self.upper, self.top)
+                rec.host.view.remote(rec.spec["name"], self.version, peers, index, self.upper,
+                                     self.top)
 
     async def agent_status(self) -> dict:
+        recs = list(self.agents.values())
         names = list(self.agents)
-        got = await asyncio.gather(*(asyncio.wait_for(self.agents[n].handle.status.remote(), 2.0)
-                                     for n in names), return_exceptions=True)
+        got = await asyncio.gather(*(asyncio.wait_for(r.host.status.remote(r.spec["name"]), 2.0)
+                                     for r in recs), return_exceptions=True)
         return {n: {**self.agents[n].describe(),
                     **(g if isinstance(g, dict) else {"error": repr(g)})}
                 for n, g in zip(names, got, strict=True)}

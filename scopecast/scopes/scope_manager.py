@@ -761,39 +761,42 @@ class ScopeManager:
     async def _place_for(self, name: str) -> AgentRecord:
         """Delegate the agent of member `name` of this scope's domain (thesis 3.2.13)."""
         child = self.children[name]
+        if self._hello is None:
+            self._hello = await self._root_call("hello")
         spec = {"name": agent_name(self.path, name), "domain": f"{self.path or '/'}|{name}",
-                "level": 1 if child.kind == "member" else child.depth}
+                "level": 1 if child.kind == "member" else child.depth, "protocol": "token_ring",
+                "key": self._hello["key"], "mac": self._hello["mac"],
+                "interface": self._hello.get("interface")}
         if child.kind == "member":
-            handle = await self._create_agent(spec, child.node)
-            return AgentRecord(handle, [self.path or "/", name])
-        handle, chain = await asyncio.wait_for(child.handle.place_agent.remote(spec),
-                                               self.settings["scope_timeout"])
-        return AgentRecord(handle, [self.path or "/", *chain])
+            return AgentRecord(await self._agent_host(child.node), spec, [self.path or "/", name])
+        host, chain = await asyncio.wait_for(child.handle.place_agent.remote(spec),
+                                             self.settings["scope_timeout"])
+        return AgentRecord(host, spec, [self.path or "/", *chain])
 
     async def place_agent(self, spec: dict) -> list:
         """Place an agent of the parent's domain on the host of this domain's leader: delegated
-        down to the child that leads, and created next to its member. Returns [handle, chain]."""
+        down to the child that leads, and run by the AgentHost of its member's node. Returns
+        [agent host, chain]."""
         leader = self.children.get(self.recovery.members[0]) if self.recovery.members else None
         if leader is not None and leader.kind == "scope":
-            handle, chain = await leader.handle.place_agent.remote(spec)
-            return [handle, [self.name, *chain]]
+            host, chain = await leader.handle.place_agent.remote(spec)
+            return [host, [self.name, *chain]]
         node = leader.node if leader is not None else _node_id()
-        return [await self._create_agent(spec, node),
+        return [await self._agent_host(node),
                 [self.name, *([leader.name] if leader is not None else [])]]
 
-    async def _create_agent(self, spec: dict, node: str):
+    @staticmethod
+    async def _agent_host(node: str):
+        """The AgentHost of `node` (created on first use, pinned there)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from scopecast.agents.agent import RecoveryAgent
+        from scopecast.agents.agent import AgentHost, host_name
 
-        if self._hello is None:
-            self._hello = await self._root_call("hello")
+        node = node or _node_id()
         opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
         # (a named-actor lookup is a blocking GCS call: off the event loop)
-        return await asyncio.to_thread(
-            declare.get_or_create, RecoveryAgent, spec["name"], spec["domain"], spec["level"],
-            "token_ring", {}, self._hello["key"], self._hello["mac"], self._hello.get("interface"),
-            ray_options=opts)
+        return await asyncio.to_thread(declare.get_or_create, AgentHost, host_name(node),
+                                       ray_options=opts)
 
     # ---------------------------------------------------------------------------- helpers
 
