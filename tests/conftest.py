@@ -15,11 +15,14 @@ def scopecast_home(tmp_path_factory) -> str:
     return home
 
 
+TOKEN_PERIOD = 0.04  # not the default: the agents' status shows the setting reached them
+
+
 @pytest.fixture(scope="session")
 def cluster(scopecast_home):
     import scopecast
 
-    c = scopecast.connect()
+    c = scopecast.connect(settings={"token_period": TOKEN_PERIOD})
     yield c
     c.shutdown()
 

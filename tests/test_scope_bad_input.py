@@ -9,6 +9,7 @@ import ray
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicNotFound
 from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.cluster_manager import _check_settings
 from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.status import members, scope
 
@@ -73,3 +74,10 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
     assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is None
     assert "zz" not in {s["name"] for s in scope(cluster.status(), "bad/ok")["scopes"]}
     still_delivers(cluster, listener)
+
+
+@pytest.mark.parametrize("settings", [{"token_period": 2.0}, {"idle_token_period": 0.01},
+                                      {"token_period": -1}, {"tokens": 1.0}])
+def test_bad_token_period_settings_are_typed_errors(settings):
+    with pytest.raises(InvalidConfig):
+        _check_settings(settings)

@@ -109,3 +109,13 @@ def test_a_lost_token_is_released_again():
     _run(agents, periods=12, lose=lose_first)
     assert lost and agents[0].stats["tokens_lost"] >= 1
     assert agents[0].down == {9: [300, REC]}
+
+
+def test_the_period_is_the_configured_active_one_while_a_sender_is_unstable_else_the_idle_one():
+    (agent,) = _group(1, active_period=0.02, idle_period=0.5)
+    agent.on_summary(_summary({9: 10}, recs={9: REC}), 0.0)
+    _run([agent])
+    assert agent.period == 0.02
+    agent.on_summary(_summary({9: 1000}, recs={9: [1000, []]}), 1.0)
+    _run([agent], periods=20)
+    assert agent.period == 0.5

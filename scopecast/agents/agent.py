@@ -50,8 +50,9 @@ class RecoveryAgent:
     def __init__(self, spec: dict, interface: str) -> None:
         self.name = spec["name"]
         self.domain = spec["domain"]
+        self.options = dict(spec.get("options") or {})
         self.protocol = BUILTIN[spec.get("protocol", "token_ring")](
-            DomainContext(self.domain, int(spec["level"]), dict(spec.get("options") or {})))
+            DomainContext(self.domain, int(spec["level"]), dict(self.options)))
         self.incarnation = random.getrandbits(48)
         self._auth = authenticator(spec["mac"], spec["key"])
         self.sock = unicast_socket(TransportConfig(interface=spec.get("interface") or interface,
@@ -75,7 +76,8 @@ class RecoveryAgent:
 
     def status(self) -> dict:
         v = self._view
-        return {"domain": self.domain, "protocol": self.protocol.name, "pid": os.getpid(),
+        return {"domain": self.domain, "protocol": self.protocol.name, "options": self.options,
+                "pid": os.getpid(),
                 "address": "%s:%d" % self.address, "view": v.version if v else 0,
                 "peers": list(v.peers) if v else [], "index": v.index if v else -1,
                 "leader": bool(v and v.index == 0), "upper": "%s:%d" % self._upper if self._upper

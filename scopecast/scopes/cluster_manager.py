@@ -313,6 +313,9 @@ def _check_settings(settings: dict) -> None:
     if settings.get("heartbeat_period", 0.5) * 2 > min(settings.get("scope_timeout", 5.0),
                                                        settings.get("member_timeout", 10.0)):
         raise InvalidConfig("heartbeat timeouts must be at least twice the heartbeat period")
+    if settings.get("token_period", 0.05) > settings.get("idle_token_period", 1.0):
+        raise InvalidConfig("token_period (while senders are active) must not exceed "
+                            "idle_token_period")
 
 
 def _check_recovery(recovery: str) -> None:

@@ -44,7 +44,8 @@ from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0,
-                    "slow_lag_mb": 16.0, "slow_grace": 5.0}
+                    "slow_lag_mb": 16.0, "slow_grace": 5.0,
+                    "token_period": 0.05, "idle_token_period": 1.0}
 POLICY_TIMEOUT = 10.0
 DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
 WATCH_TIMEOUT = 1.0
@@ -765,6 +766,8 @@ class ScopeManager:
             self._hello = await self._root_call("hello")
         spec = {"name": agent_name(self.path, name), "domain": f"{self.path or '/'}|{name}",
                 "level": 1 if child.kind == "member" else child.depth, "protocol": "token_ring",
+                "options": {"active_period": self.settings["token_period"],
+                            "idle_period": self.settings["idle_token_period"]},
                 "key": self._hello["key"], "mac": self._hello["mac"],
                 "interface": self._hello.get("interface")}
         if child.kind == "member":
