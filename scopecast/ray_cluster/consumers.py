@@ -69,7 +69,8 @@ def consume(sub, expect: int | None = None, timeout: float = 60.0, idle: float |
     return {"count": count, "bytes": nbytes, "gaps": gaps, "out_of_order": out_of_order,
             "sources": len(last), "digest": digest.hexdigest() if touch else "",
             "seconds": elapsed, "rate": count / elapsed if elapsed > 0 else 0.0,
-            "last_seq": {f"{t}|{s}|{sess}": q for (t, s, sess), q in last.items()}}
+            "last_seq": {f"{t}|{s}|{sess}": q for (t, s, sess), q in last.items()},
+            "demoted": getattr(sub, "demoted", "")}
 
 
 class TopicConsumer:
