@@ -103,8 +103,9 @@ def cmd_topic(args) -> int:
     with _connect(args) as cluster:
         if args.action == "create":
             info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery,
-                                        root=args.root)
-            print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery}"
+                                        root=args.root, history=args.history)
+            print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery} "
+                  f"history={info.history}"
                   + (f" root={info.root}" if info.root else ""))
         elif args.action == "delete":
             cluster.delete_topic(args.name)
@@ -219,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--root", default="", metavar="SCOPE",
                    help="the scope the topic is rooted at (default: the cluster scope)")
     t.add_argument("--recovery", default="token_ring", help="recovery protocol (token_ring)")
+    t.add_argument("--history", default="from_join", choices=["from_join", "cached"],
+                   help="what a late subscriber gets: from its join point (default), or first "
+                        "what is not yet stable")
     t.set_defaults(func=cmd_topic)
 
     pl = attach(sub.add_parser("plugin", help="submit, list, show or remove plug-in modules; "

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,46 @@ class P(LayoutPolicy):
     status = stream(cluster, calm.name, "moodyscope")   # re-hosted in a fresh actor
     assert f"{key} topic {calm.id}" not in status["failed_policies"]
     assert status["topics"][str(calm.id)]["policy"] == key
+
+
+def test_version_two_of_a_plugin_in_use_takes_over_in_a_new_session_without_loss(
+        cluster, topic_name, tmp_path):
+    """Thesis 3.2.7: switching a topic to version 2 of its plug-in policy starts a new session;
+    the publisher moves to it once every member knows it, and subscribers lose nothing."""
+    v2 = tmp_path / "ring_policy.py"
+    v2.write_text(RING.read_text().replace('"version": "1.0"', '"version": "2.0"')
+                  .replace("order = ring[start:] + ring[:start]",
+                           "order = ring[start:] + ring[:start]\n"
+                           "            order = order[:1] + order[:0:-1]  # v2: the other way"))
+    assert cluster.submit_plugin(str(RING)).version == "1.0"
+    assert cluster.submit_plugin(str(v2)).version == "2.0"
+    cluster.create_topic(topic_name, policy="ring@1.0")
+    actors = [Consumer.remote(topic_name, scope="ringv2", name=f"s{i}") for i in range(3)]
+    ray.get([a.ready.remote() for a in actors])
+    with cluster.publisher(topic_name, scope="ringv2") as pub:
+        for i in range(1000):
+            pub.publish(b"one %d" % i)
+        assert cluster.update_topic(topic_name, policy="ring@2.0").session == 2
+        total, deadline = 1000, time.monotonic() + 60
+        while pub.session == 1:  # session 1 goes on until every member knows session 2
+            assert time.monotonic() < deadline, "the publisher never moved to session 2"
+            pub.publish(b"more")
+            total += 1
+            time.sleep(0.001)
+        for i in range(1000):
+            pub.publish(b"two %d" % i)
+        total += 1000
+        pub.flush(timeout=60)
+        status = scope(cluster.status(), "ringv2")
+    for got in ray.get([a.consume.remote(total, 120.0) for a in actors], timeout=240):
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (total, 0, 0)
+        assert {int(k.rsplit("|", 1)[1]) for k in got["last_seq"]} == {1, 2}
+    me = next(m["name"] for m in members(status) if m["pid"] == os.getpid())
+    ring = sorted(["s0", "s1", "s2", me])
+    start = ring.index(me)
+    order = ring[start:] + ring[:start]
+    order = order[:1] + order[:0:-1]
+    channels = status["topics"][str(cluster.topic(topic_name).id)]["channels"]
+    assert sorted(c for c in channels if c.endswith(f"(origin {me})")) == sorted(
+        f"{a}->{b} (origin {me})" for a, b in zip(order, order[1:], strict=False))
+    ray.get([a.close.remote() for a in actors])

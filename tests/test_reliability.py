@@ -300,3 +300,55 @@ def test_a_killed_host_scope_manager_is_restarted_rebuilds_from_its_members_and_
         assert time.monotonic() < deadline, f"host scope not rebuilt: {after}"
         time.sleep(0.5)
     ray.get([a.close.remote() for a in actors])
+
+
+def _member(cluster, pid: int) -> dict:
+    (member,) = [m for m in members(cluster.status()) if m["pid"] == pid]
+    return member
+
+
+@pytest.mark.parametrize("history", ["from_join", "cached"])
+def test_a_late_joiner_starts_at_its_join_point_or_replays_what_is_cached_then_is_regular(
+        cluster, topic_name, history):
+    cluster.create_topic(topic_name, policy="lan_multicast", history=history)
+    (early,) = _consumers(topic_name, 1)
+    early_pid = _pid(early)
+    early_pending = early.consume.remote(3000, 120.0)
+    with cluster.publisher(topic_name) as pub:
+        for i in range(1, 1001):
+            pub.publish(b"%d" % i)
+        pub.flush(timeout=60.0)  # 1..1000 stable: cached nowhere any more
+        os.kill(early_pid, signal.SIGSTOP)
+        try:  # while it is stopped, nothing more becomes stable: 1001.. stay cached
+            for i in range(1001, 2001):
+                pub.publish(b"%d" % i)
+            (late,) = _consumers(topic_name, 1)
+            late_pid = _pid(late)
+            late_pending = late.consume.remote(None, 120.0, 5.0)
+            late_id = _member(cluster, late_pid)["id"]
+            deadline = time.monotonic() + 30
+            while True:  # the publisher's scope has told it of the joiner: its join point is set
+                me = _member(cluster, os.getpid())
+                if me["installed"] >= me["view"] and any(
+                        late_id in ids for ids in me["receivers"].values()):
+                    break
+                assert time.monotonic() < deadline, f"joiner never listed: {me}"
+                time.sleep(0.1)
+            for i in range(2001, 3001):
+                pub.publish(b"%d" % i)
+        finally:
+            os.kill(early_pid, signal.SIGCONT)
+        pub.flush(timeout=60.0)
+    assert ray.get(early_pending, timeout=120)["count"] == 3000
+    r = ray.get(late_pending, timeout=120)
+    (last,) = r["last_seq"].values()
+    assert (last, r["gaps"], r["out_of_order"]) == (3000, 0, 0), r
+    first = last - r["count"] + 1
+    late_member = _member(cluster, late_pid)
+    if history == "cached":
+        assert first == 1001, late_member["counters"]  # everything not yet stable when it joined
+    else:
+        assert 1001 < first <= 2001, late_member["counters"]  # from where it joined: no history
+    assert late_member["counters"]["role"] == "regular"
+    assert late_member["counters"]["stats"].get("joins_caught_up", 0) >= 1
+    ray.get([a.close.remote() for a in (early, late)])

@@ -119,3 +119,16 @@ def test_the_period_is_the_configured_active_one_while_a_sender_is_unstable_else
     agent.on_summary(_summary({9: 1000}, recs={9: [1000, []]}), 1.0)
     _run([agent], periods=20)
     assert agent.period == 0.5
+
+
+def test_nothing_is_stable_while_a_member_of_the_domain_has_no_agent_in_the_group_yet():
+    agents = [TokenRing(DomainContext(f"d|{i}", 1, {"idle_period": 0.06})) for i in range(3)]
+    for i, a in enumerate(agents):
+        a.on_view(PeerView(1, ("m0", "m1", "m2"), i, False, missing=1))
+        a.on_summary(_summary({9: 900}, recs={9: REC}), 0.0)
+    _run(agents)
+    assert agents[0].down == {9: [0, REC]}
+    for i, a in enumerate(agents):  # its agent is placed: the same group, nothing missing
+        a.on_view(PeerView(2, ("m0", "m1", "m2"), i, False))
+    _run(agents)
+    assert agents[0].down == {9: [900, REC]}

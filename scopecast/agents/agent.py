@@ -66,12 +66,13 @@ class RecoveryAgent:
         self._last_bottom = 0.0
 
     def install(self, version: int, peers: list[list], index: int, upper: list | None,
-                top: bool) -> None:
+                top: bool, missing: int) -> None:
         """A new view of the peer group: `peers` are [name, host, port] in ring order; `upper`
-        the agent above (None at the top, or while it is being placed)."""
+        the agent above (None at the top, or while it is being placed); `missing` members have
+        no agent in the group yet."""
         self._peers = [(h, int(p)) for _n, h, p in peers]
         self._upper = (upper[0], int(upper[1])) if upper else None
-        self._view = PeerView(version, tuple(n for n, _h, _p in peers), index, not top)
+        self._view = PeerView(version, tuple(n for n, _h, _p in peers), index, not top, missing)
         self.protocol.on_view(self._view)
 
     def status(self) -> dict:
@@ -174,9 +175,10 @@ class AgentHost:
         return [agent.address[0], agent.address[1], agent.incarnation, os.getpid()]
 
     def view(self, name: str, version: int, peers: list[list], index: int, upper: list | None,
-             top: bool) -> None:
+             top: bool, missing: int) -> None:
         if name in self._agents:
-            self._ops.append(("view", self._agents[name], (version, peers, index, upper, top)))
+            self._ops.append(("view", self._agents[name],
+                              (version, peers, index, upper, top, missing)))
 
     def status(self, name: str) -> dict:
         agent = self._agents.get(name)

@@ -5,8 +5,10 @@ A recovery protocol is pure logic hosted by a recovery agent (`agents.agent`), o
 (sub-domain, peer group). The agent is its environment: it owns the UDP socket and the clock and
 tells the protocol what happened; the protocol answers with what to send.
 
-- **View**: the peer group (agents in ring order, this agent's place), and whether an agent above
-  exists (the peer group's aggregate goes up through the leader).
+- **View**: the peer group (agents in ring order, this agent's place), whether an agent above
+  exists (the peer group's aggregate goes up through the leader), and how many members of the
+  domain are not in the group yet (their agents are being placed): a protocol must not count a
+  message as held by the group while any are missing.
 - **Bottom interface**: the member (or, for a higher domain, the co-located leader agent of the peer
   group below) pushes a `Summary` each token period; the reply is an `Instructions`.
 - **Peer messages**: tokens, requests; opaque msgpack-able values between agents of one group.
@@ -58,6 +60,8 @@ class PeerView:
     peers: tuple[str, ...]      # sub-domain names, in the order the protocol should use
     index: int                  # this agent's place in `peers`
     has_upper: bool             # an agent above takes this group's aggregate (else: the top)
+    missing: int = 0            # members of the domain whose agents are not reachable yet: until
+                                # they are, nothing counts as held by the whole group
 
 
 class RecoveryProtocol:

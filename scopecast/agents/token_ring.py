@@ -181,7 +181,8 @@ class TokenRing(RecoveryProtocol):
         ring.outstanding = False
         ring.carry = token["naks"]
         self.active = bool(token.get("act"))
-        agg = {"acks": _aggregate(token, len(ring.members)), "recs": token["recs"],
+        acks = {} if self.view.missing else _aggregate(token, len(ring.members))
+        agg = {"acks": acks, "recs": token["recs"],
                "naks": token["naks"], "seen": token.get("seen", {})}
         if ring.kind == "p" and "g" in self.rings:
             self.part = agg  # the regional token takes it

@@ -258,7 +258,8 @@ class ReceivePath:
         age = now - min(h[1] for h in held)
         if key[0] not in self._reliable:
             return age > self.config.reorder_timeout
-        return key not in self._next_seq and age > self.config.join_timeout
+        return key not in self._next_seq and not self._pending(key) \
+            and age > self.config.join_timeout
 
     def _offer(self, subs: tuple[Subscription, ...], msgs: list[Message], nbytes: int) -> None:
         """Put messages in the inboxes of `subs`; `_deliver` hands the inboxes over."""
@@ -340,6 +341,12 @@ class ReceivePath:
             if (isinstance(msg, list) and len(msg) == 3 and msg[0] == "ack"
                     and isinstance(msg[1], int) and isinstance(msg[2], int)):
                 self._on_ack(header.sender, msg[1], msg[2])
+            elif isinstance(msg, list) and msg[:1] == ["where"] and len(msg) == 3 \
+                    and all(isinstance(v, int) for v in msg[1:]):
+                self._on_where(header.sender, msg[1], msg[2])
+            elif isinstance(msg, list) and msg[:1] == ["from"] and len(msg) == 5 \
+                    and all(isinstance(v, int) for v in msg[1:]):
+                self._on_join_point(header.sender, *msg[1:])
             else:
                 self._drop("bad_control")
         elif header.ptype == wire.PacketType.END_OF_STREAM:

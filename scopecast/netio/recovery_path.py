@@ -13,6 +13,11 @@ to, its NAKs, and (as a sender) its record. The agent's reply carries stability 
   while the member NAKs the range: to its agent (a neighbour that caches it pushes the repair) and,
   from the next period on, straight to the sender, which still holds everything not yet stable.
 - **Caching members** (the agent says which) keep what they receive until stable, to serve NAKs.
+- **Joins** (thesis 3.2.14): a sender notes, for each receiver its scope adds, where each of its
+  topics stood (the receiver's *join point*); a member that meets a sender's stream without its
+  start asks the sender for it. With `history="from_join"` it starts there; with "cached" it first
+  replays everything not yet stable. It is *light* until it holds everything from its start up to
+  the join point, then *regular*.
 
 Repairs travel as REPAIR datagrams under a routing record no channel matches, so they are delivered
 but never forwarded (downstream members that miss them ask for themselves).
@@ -35,6 +40,7 @@ REPAIR_BURST = 4 << 20               # bytes one NAK may trigger at once (the re
 TAIL_TRIES = 20                      # tail NAKs for one sender without progress before giving up
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
+JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
 
 
 def _sseq(entry: tuple) -> int:
@@ -68,12 +74,19 @@ class RecoveryPath:
         self.released_bytes = 0   # own bytes no longer held for the window (read by the app)
         self._period = 0.05
         self._last_summary = 0.0
+        self._cached_history: frozenset[int] = frozenset()  # topics whose joiners replay first
+        self._join_points: dict[int, dict] = {}  # receiver -> {(topic, session): first owed seq}
+        self._stable_tops: dict[tuple[int, int], int] = {}  # (topic, session) -> last seq, stable
+        self._starts: dict[tuple, int] = {}      # key -> join point, until caught up with it
+        self._asks: dict[tuple, list] = {}       # key -> [asks sent, last sent]
 
     # ------------------------------------------------------------------- control installs
 
-    def install_recovery(self, agent: tuple[str, int] | None, reliable: set[int]) -> None:
+    def install_recovery(self, agent: tuple[str, int] | None, reliable: set[int],
+                         cached: set[int] = frozenset()) -> None:
         self._agent = agent
         self._reliable = frozenset(reliable)
+        self._cached_history = frozenset(cached)
 
     # ------------------------------------------------------------------------- the sender
 
@@ -92,6 +105,7 @@ class RecoveryPath:
             if tail is not None:
                 if seq >= tail[2]:
                     del tails[(topic, session)]
+                    self._stable_tops[(topic, session)] = tail[2]
                 else:
                     tail[0], tail[1] = seq + 1, sseq + 1
         if head > 4096 and head * 2 > len(cache):
@@ -106,6 +120,98 @@ class RecoveryPath:
     def _own_record(self) -> list:
         topics = [[t, s, *tail] for (t, s), tail in list(self._tails.items())[:MAX_RECORD_TOPICS]]
         return [self._taken_sseq, topics]
+
+    # --------------------------------------------------------------------- joins (3.2.14)
+
+    def _note_receivers(self, receivers: set[int]) -> None:
+        """Record where this member's streams stood when each receiver its scope lists now
+        first appeared: its join points (topics not started yet begin at 1 for it)."""
+        new = receivers - self._join_points.keys()
+        if new:
+            points = {k: last + 1 for k, last in self._stable_tops.items()}
+            points.update((k, tail[2] + 1) for k, tail in self._tails.items())
+            for member in new:
+                self._join_points[member] = points  # shared: never changed after
+        for member in self._join_points.keys() - receivers:
+            del self._join_points[member]
+
+    def _on_where(self, receiver: int, topic: int, session: int) -> None:
+        """A receiver asks where its stream of `topic` starts (unknown receivers are not
+        answered: the scope has not told this member of them yet, they ask again)."""
+        points = self._join_points.get(receiver)
+        member = self._members.get(receiver)
+        if points is None or member is None:
+            self.stats["where_unanswered"] += 1
+            if member is None and receiver not in self._unknown_sources:
+                self._unknown_sources.add(receiver)  # in another scope: looked up
+                self.unknown_sender.set()
+            return
+        start = points.get((topic, session), 1)
+        tail = self._tails.get((topic, session))  # the first it still holds: what is cached
+        self._send_control(wire.PacketType.CONTROL,
+                           ["from", topic, session, start, min(tail[0], start) if tail else start],
+                           (member.host, member.port))
+
+    def _on_join_point(self, sender: int, topic: int, session: int, start: int,
+                       cached: int) -> None:
+        """The sender's answer: this member joined its stream of `topic` at `start`; it still
+        holds everything from `cached` on."""
+        key = (topic, sender, session)
+        if self._asks.pop(key, None) is None or not 1 <= cached <= start or key in self._starts:
+            return  # not asked, or answered already
+        self._starts[key] = start
+        if key not in self._next_seq:
+            if topic in self._cached_history:
+                start = cached
+            held = self._early.get(key)
+            if held and held[0][0] < start:  # it was listening before its sender noticed it
+                start = held[0][0]
+            self._next_seq[key] = start
+            self.stats["joined_at"] = start
+            if key in self._early:
+                self._release_early(key)
+            self._deliver()
+
+    def _asking(self, key: tuple, now: float) -> bool:
+        """Ask `key`'s sender where this member joined its stream (again each period, a few
+        times). True while the key must wait for the answer: a stream this member has not
+        started yet."""
+        ask = self._asks.get(key)
+        if ask is None:
+            if key in self._starts:
+                return False
+            ask = self._asks[key] = [0, 0.0]
+        if ask[0] >= JOIN_TRIES:
+            return False
+        if now - ask[1] >= min(self._period, 0.25):
+            member = self._members.get(key[1])
+            if member is not None:
+                self._send_control(wire.PacketType.CONTROL, ["where", key[0], key[2]],
+                                   (member.host, member.port))
+            elif key[1] not in self._unknown_sources:
+                self._unknown_sources.add(key[1])  # a sender in another scope: looked up
+                self.unknown_sender.set()
+            ask[0] += 1
+            ask[1] = now
+            if ask[0] == JOIN_TRIES:
+                self.stats["join_point_unknown"] += 1
+        return key not in self._next_seq
+
+    def _pending(self, key: tuple) -> bool:
+        ask = self._asks.get(key)
+        return ask is not None and ask[0] < JOIN_TRIES
+
+    def light(self) -> bool:
+        """Still catching up with a stream it joined (thesis 3.2.14's light member)."""
+        return any(self._pending(k) for k in self._asks) \
+            or any(self._next_seq.get(k, 0) < start for k, start in self._starts.items())
+
+    def _caught_up(self) -> None:
+        for key in [k for k, a in self._asks.items() if a[0] >= JOIN_TRIES and k in self._next_seq]:
+            del self._asks[key]  # never answered (its sender is gone): started without
+        for key in [k for k, start in self._starts.items() if self._next_seq.get(k, 0) >= start]:
+            del self._starts[key]
+            self.stats["joins_caught_up"] += 1
 
     # ----------------------------------------------------------------------- the receiver
 
@@ -131,6 +237,9 @@ class RecoveryPath:
                     continue
                 key = (topic, source, session)
                 nxt = self._next_seq.get(key)
+                if (nxt is None or key in self._asks) and self._asking(key, now):
+                    a = min(a, fss - 1)  # owed from a point not known yet: nothing acknowledged
+                    continue
                 if nxt is None:
                     held = early.get(key)
                     # joined while these were unstable: owed from the first the sender still holds
@@ -146,9 +255,12 @@ class RecoveryPath:
         # gaps no record names (it has not come yet): pulled from the sender all the same
         named = {(n[1], n[0], n[2]) for n in naks}
         for key in early:
-            if key[0] in self._reliable and key not in named \
-                    and (nxt := self._next_seq.get(key)) is not None:
+            if key[0] not in self._reliable or key in named:
+                continue
+            if (nxt := self._next_seq.get(key)) is not None:
                 self._nak_holes(key, nxt, self._last_sseq.get(key, 0), naks)
+            else:
+                self._asking(key, now)
         if self._reliable and self._taken_sseq:
             acks[self.member_id] = self._taken_sseq
         naks += self._tail_naks(now)
@@ -226,6 +338,7 @@ class RecoveryPath:
         self.hole_opened = False
         acks, naks = self._owed(now)
         self._deliver()  # runs released by records that came
+        self._caught_up()
         missing = {(n[1], n[0], n[2]) for n in naks}
         for key in [k for k in self._nak_at if k not in missing]:
             del self._nak_at[key]

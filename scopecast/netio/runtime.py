@@ -343,6 +343,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._feed(address)
         for address, feed in self._feeds.items():
             feed.set_receivers(set(receivers.get(address, ())) - {self.member_id}, now)
+        self._note_receivers(set().union(*receivers.values()) - {self.member_id})
 
     def install_groups(self, wanted: set[tuple[str, int]]) -> None:
         """Join exactly the multicast groups in `wanted`."""
@@ -401,6 +402,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                          "window_bytes": self.app_bytes - self.released_bytes,
                          "window_limit": self._window_limit, "stable_sseq": self.stable_sseq,
                          "cacher": self._cacher, "token_period": self._period,
+                         "light": self.light(),
                          "senders_known": sorted(self._records),
                          "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes,
                          "repair_ms": _percentiles(self.repair_ms)},

@@ -195,12 +195,16 @@ class Cluster:
 
     def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
                      root: str = "", exist_ok: bool = True,
-                     options: dict | None = None) -> TopicInfo:
+                     options: dict | None = None, history: str = "from_join") -> TopicInfo:
         """Create a topic (idempotent for the same settings). `policy` lays its channels in every
         scope (tree, chain, star, lan_multicast, replicated); `root` is the scope path it is
         rooted at (default the cluster scope: members outside it cannot use it); `options` go to
-        the policy (e.g. {"fanout": 3} for tree, {"replicas": 3} for replicated)."""
-        return call(self._manager.create_topic, name, policy, recovery, root, exist_ok, options)
+        the policy (e.g. {"fanout": 3} for tree, {"replicas": 3} for replicated). `history` is
+        what a subscriber that joins while a publisher streams gets: "from_join" (default)
+        starts it at its join point, "cached" first replays what is not yet stable (held in
+        the senders' and peers' repair caches)."""
+        return call(self._manager.create_topic, name, policy, recovery, root, exist_ok, options,
+                    history)
 
     def topic(self, name: str) -> TopicInfo:
         return call(self._manager.topic, name)

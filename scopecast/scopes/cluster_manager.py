@@ -35,7 +35,7 @@ from scopecast.policies.registry import PluginRef
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, ScopeManager
 from scopecast.scopes.state import ScopeStore
-from scopecast.scopes.topics import TopicInfo, check_topic_name
+from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -176,19 +176,23 @@ class ClusterScopeManager(ScopeManager):
 
     async def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
                            root: str = "", exist_ok: bool = True,
-                           options: dict | None = None) -> TopicInfo:
+                           options: dict | None = None, history: str = "from_join") -> TopicInfo:
         check_topic_name(name)
         plugin = self._policy_plugin(policy)
         _check_recovery(recovery)
+        if history not in HISTORIES:
+            raise InvalidConfig(f"unknown history {history!r}: {' or '.join(HISTORIES)}")
         root = check_scope_path(root)
         existing = self._topic_named(name)
         if existing is not None:
-            if not exist_ok or (existing.policy, existing.recovery) != (policy, recovery):
+            if not exist_ok or (existing.policy, existing.recovery, existing.history) \
+                    != (policy, recovery, history):
                 raise TopicExists(f"topic {name!r} exists with policy={existing.policy!r}, "
-                                  f"recovery={existing.recovery!r}")
+                                  f"recovery={existing.recovery!r}, history={existing.history!r}")
             return existing
         tid = self._store.next_id("topic")
-        info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, root=root,
+        info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, history=history,
+                         root=root,
                          session=1, plugin=plugin, options=dict(options or {}))
         self._save(info)
         log.info("topic %s created (id %d, policy %s, root %r)", name, tid, policy, root)

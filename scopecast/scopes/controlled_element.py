@@ -187,7 +187,7 @@ class ControlledElement:
                         self.demoted)
         agent = view.get("agent")
         rt.install_recovery((agent[0], int(agent[1])) if agent else None,
-                            set(view.get("reliable", ())))
+                            set(view.get("reliable", ())), set(view.get("cached", ())))
 
     def _resolve_peers(self) -> None:
         """Look up in the directory the members whose datagrams the runtime is holding."""
@@ -232,7 +232,9 @@ class ControlledElement:
         """What status shows of this member's data plane: drops by reason, recovery counters
         (NAKs, repairs, summaries), window use, token period, role."""
         snap = self.runtime.call_wait(self.runtime.snapshot)
-        return {"role": "client" if self._role != "member" or self.demoted else "regular",
+        role = "client" if self._role != "member" or self.demoted else \
+            "light" if snap["recovery"]["light"] else "regular"
+        return {"role": role,
                 "backlog_bytes": snap["backlog_bytes"], "drops": snap["drops"],
                 "stats": snap["stats"], "recovery": snap["recovery"]}
 

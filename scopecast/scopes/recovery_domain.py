@@ -103,13 +103,14 @@ class RecoveryDomain:
     def _install_views(self) -> None:
         live = [n for n in self.members if self.agents[n].address]
         peers = [[n, *self.agents[n].address] for n in live]
+        missing = len(self.members) - len(live)  # (they hold the group's stability back)
         for index, name in enumerate(live):
             rec = self.agents[name]
-            content = (self.version, index, tuple(self.upper) if self.upper else None)
+            content = (self.version, index, tuple(self.upper) if self.upper else None, missing)
             if rec.sent != content:
                 rec.sent = content
                 rec.host.view.remote(rec.spec["name"], self.version, peers, index, self.upper,
-                                     self.top)
+                                     self.top, missing)
 
     async def agent_status(self) -> dict:
         recs = list(self.agents.values())

@@ -636,11 +636,13 @@ class ScopeManager:
             ep = r["endpoint"]
             key = "%s:%d" % (ep[1], ep[2])
             receivers[key] = sorted(set(receivers.get(key, [])) | set(r.pop("receivers")))
+        reliable = self._reliable_topics(member)
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
                 "agent": self.recovery.address(member.name),
                 "demoted": member.demoted,
-                "reliable": sorted(self._reliable_topics(member)),
+                "reliable": sorted(reliable),
+                "cached": sorted(t for t in reliable if self.topics[t].history == "cached"),
                 "topics": self.table.ref,
                 "groups": sorted(list(g) for g in groups), "routes": routes,
                 "receivers": receivers}

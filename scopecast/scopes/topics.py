@@ -11,6 +11,7 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
 MAX_TOPIC_NAME = 200
 
 
+HISTORIES = ("from_join", "cached")
 _PATTERN = re.compile(r"^[A-Za-z0-9_.\-*?]+(/[A-Za-z0-9_.\-*?]+)*$")
 
 
@@ -43,6 +44,7 @@ class TopicInfo:
     id: int
     policy: str = "tree"
     recovery: str = "token_ring"
+    history: str = "from_join"  # what a late joiner gets first: "from_join" or "cached"
     root: str = ""
     session: int = 1
     plugin: str = ""            # sha256 of the plug-in module `policy` names ("" for built-ins)
