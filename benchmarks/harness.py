@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import analysis, loss, machine, report
+from benchmarks import analysis, loss, machine, recovery_curves, report
 from benchmarks.cases import Case, Wiring, failed_result, run_case
 from benchmarks.procs import REPO_ROOT
 
@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", type=_float_list, default=None, metavar="P,P,...",
                    help="loss suite: rerun the scopecast 1 KB case with the most subscribers while "
                         "iptables drops this share of loopback UDP datagrams (default 0.01,0.05; "
-                        "needs root and iptables; 0 or --quick: none)")
+                        "needs root and iptables; 0 or --quick: none); then the recovery curves: "
+                        "token round time for 3-17 members, publisher memory per byte in flight")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -230,6 +231,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
             cases.append(result)
             print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
         lossy = _loss_cases(args, cluster, address, stamp, log_dir)
+        curves = recovery_curves.run(cluster, stamp, args.seconds) if lossy else {}
     finally:
         cluster.shutdown()
     analysis.attach_ratios(cases)
@@ -257,7 +259,9 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "targets": targets,
         "loss_suite": loss_rows,
         "loss_cases": lossy,
-        "table_markdown": report.markdown_table(cases, targets) + report.loss_table(loss_rows),
+        "recovery_curves": curves,
+        "table_markdown": report.markdown_table(cases, targets) + report.loss_table(loss_rows)
+        + report.curves_table(curves),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
 

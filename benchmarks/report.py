@@ -45,6 +45,24 @@ def loss_table(rows: list[dict]) -> str:
             + "\n".join(lines))
 
 
+def curves_table(curves: dict) -> str:
+    """Token round time against peer-group size; publisher memory against bytes in flight."""
+    if not curves:
+        return ""
+    rounds = ["| members | token round p50 ms | max ms | samples |", "|---:|---:|---:|---:|"]
+    rounds += [f"| {r['members']} | {_num(r['round_ms_p50'], '.1f')} | "
+               f"{_num(r['round_ms_max'], '.1f')} | {r['samples']} |"
+               for r in curves.get("token_rounds", ())]
+    memory = ["| in flight MiB | publisher RSS growth MiB | bytes per payload byte |",
+              "|---:|---:|---:|"]
+    memory += [f"| {m['in_flight_mb']} | {m['rss_growth_mb']} | {m['bytes_per_payload_byte']} |"
+               for m in curves.get("memory_in_flight", ())]
+    return ("\n\nToken round time in one peer group (1 KB stream; partitions of 5, a regional "
+            "ring above 5):\n\n" + "\n".join(rounds)
+            + "\n\nPublisher memory while one subscriber is stopped (nothing becomes stable):\n\n"
+            + "\n".join(memory))
+
+
 def markdown_table(cases: list[dict], targets: list[dict]) -> str:
     head = ("| size | subs | system | published | delivered msgs/s min (mean) per sub | MB/s min "
             "| ratio vs baseline | CPU µs/msg | lost per sub |")

@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import ray
+from session_stream import stream_across_a_session_change
 
 from scopecast.actors.errors import InvalidConfig, PluginRejected
 from scopecast.policies.registry import collect, digest
@@ -214,18 +214,8 @@ def test_version_two_of_a_plugin_in_use_takes_over_in_a_new_session_without_loss
     actors = [Consumer.remote(topic_name, scope="ringv2", name=f"s{i}") for i in range(3)]
     ray.get([a.ready.remote() for a in actors])
     with cluster.publisher(topic_name, scope="ringv2") as pub:
-        for i in range(1000):
-            pub.publish(b"one %d" % i)
-        assert cluster.update_topic(topic_name, policy="ring@2.0").session == 2
-        total, deadline = 1000, time.monotonic() + 60
-        while pub.session == 1:  # session 1 goes on until every member knows session 2
-            assert time.monotonic() < deadline, "the publisher never moved to session 2"
-            pub.publish(b"more")
-            total += 1
-            time.sleep(0.001)
-        for i in range(1000):
-            pub.publish(b"two %d" % i)
-        total += 1000
+        total = stream_across_a_session_change(
+            pub, lambda: cluster.update_topic(topic_name, policy="ring@2.0"))
         pub.flush(timeout=60)
         status = scope(cluster.status(), "ringv2")
     for got in ray.get([a.consume.remote(total, 120.0) for a in actors], timeout=240):

@@ -341,6 +341,7 @@ def test_a_late_joiner_starts_at_its_join_point_or_replays_what_is_cached_then_i
         pub.flush(timeout=60.0)
     assert ray.get(early_pending, timeout=120)["count"] == 3000
     r = ray.get(late_pending, timeout=120)
+    assert len(r["last_seq"]) == 1, r
     (last,) = r["last_seq"].values()
     assert (last, r["gaps"], r["out_of_order"]) == (3000, 0, 0), r
     first = last - r["count"] + 1

@@ -249,9 +249,15 @@ class ReceivePath:
 
     def _expire_early(self, now: float) -> None:
         """Give up waiting for what is missing before held runs — on reliable topics only where
-        the member joins the stream and no record said where it starts (`join_timeout`)."""
+        the member joins the stream and neither a record nor its sender said where it starts
+        (`join_timeout`): it starts at the first run it holds, and NAKs the holes after it."""
         for key in [k for k, held in self._early.items() if self._given_up(k, held, now)]:
-            self._release_early(key, give_up=True)
+            if key[0] in self._reliable:
+                self._next_seq[key] = self._early[key][0][0]
+                self.stats["started_unasked"] += 1
+                self._release_early(key)
+            else:
+                self._release_early(key, give_up=True)
         self._deliver()
 
     def _given_up(self, key: tuple, held: list, now: float) -> bool:

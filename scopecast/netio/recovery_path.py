@@ -125,31 +125,34 @@ class RecoveryPath:
 
     def _note_receivers(self, receivers: set[int]) -> None:
         """Record where this member's streams stood when each receiver its scope lists now
-        first appeared: its join points (topics not started yet begin at 1 for it)."""
+        first appeared: its join points (topics not started yet begin at 1 for it). A receiver
+        keeps its join point while it is a member (a view may leave it out for a moment)."""
         new = receivers - self._join_points.keys()
         if new:
             points = {k: last + 1 for k, last in self._stable_tops.items()}
             points.update((k, tail[2] + 1) for k, tail in self._tails.items())
             for member in new:
                 self._join_points[member] = points  # shared: never changed after
-        for member in self._join_points.keys() - receivers:
+        for member in [m for m in self._join_points if m not in receivers and m not in self._members]:
             del self._join_points[member]
 
     def _on_where(self, receiver: int, topic: int, session: int) -> None:
-        """A receiver asks where its stream of `topic` starts (unknown receivers are not
-        answered: the scope has not told this member of them yet, they ask again)."""
-        points = self._join_points.get(receiver)
+        """A receiver asks where its stream of `topic` starts: its join point, and the first
+        message this member still holds (what is cached). A receiver this member was not told of
+        (it receives through a forwarding member) joined no later than that first message:
+        stability waited for it since it entered its recovery domain."""
         member = self._members.get(receiver)
-        if points is None or member is None:
+        if member is None:  # in another scope: looked up, answered when it asks again
             self.stats["where_unanswered"] += 1
-            if member is None and receiver not in self._unknown_sources:
-                self._unknown_sources.add(receiver)  # in another scope: looked up
+            if receiver not in self._unknown_sources:
+                self._unknown_sources.add(receiver)
                 self.unknown_sender.set()
             return
-        start = points.get((topic, session), 1)
-        tail = self._tails.get((topic, session))  # the first it still holds: what is cached
-        self._send_control(wire.PacketType.CONTROL,
-                           ["from", topic, session, start, min(tail[0], start) if tail else start],
+        tail = self._tails.get((topic, session))
+        cached = tail[0] if tail else self._stable_tops.get((topic, session), 0) + 1
+        points = self._join_points.get(receiver)
+        start = points.get((topic, session), 1) if points is not None else cached
+        self._send_control(wire.PacketType.CONTROL, ["from", topic, session, start, cached],
                            (member.host, member.port))
 
     def _on_join_point(self, sender: int, topic: int, session: int, start: int,
@@ -157,12 +160,12 @@ class RecoveryPath:
         """The sender's answer: this member joined its stream of `topic` at `start`; it still
         holds everything from `cached` on."""
         key = (topic, sender, session)
-        if self._asks.pop(key, None) is None or not 1 <= cached <= start or key in self._starts:
+        if self._asks.pop(key, None) is None or min(start, cached) < 1 or key in self._starts:
             return  # not asked, or answered already
         self._starts[key] = start
         if key not in self._next_seq:
-            if topic in self._cached_history:
-                start = cached
+            # what became stable before it is held by nobody any more: from the cache on
+            start = cached if topic in self._cached_history else max(start, cached)
             held = self._early.get(key)
             if held and held[0][0] < start:  # it was listening before its sender noticed it
                 start = held[0][0]
