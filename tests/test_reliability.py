@@ -302,8 +302,12 @@ def test_a_killed_host_scope_manager_is_restarted_rebuilds_from_its_members_and_
     ray.get([a.close.remote() for a in actors])
 
 
-def _member(cluster, pid: int) -> dict:
-    (member,) = [m for m in members(cluster.status()) if m["pid"] == pid]
+def _member(cluster, pid: int, topic: str) -> dict:
+    """The member process `pid` that publishes or subscribes to `topic` (a process may be a
+    member of several scopes)."""
+    tid = cluster.topic(topic).id
+    (member,) = [m for m in members(cluster.status()) if m["pid"] == pid
+                 and tid in m["publishes"] + m["subscribes"]]
     return member
 
 
@@ -325,10 +329,10 @@ def test_a_late_joiner_starts_at_its_join_point_or_replays_what_is_cached_then_i
             (late,) = _consumers(topic_name, 1)
             late_pid = _pid(late)
             late_pending = late.consume.remote(None, 120.0, 5.0)
-            late_id = _member(cluster, late_pid)["id"]
+            late_id = _member(cluster, late_pid, topic_name)["id"]
             deadline = time.monotonic() + 30
             while True:  # the publisher's scope has told it of the joiner: its join point is set
-                me = _member(cluster, os.getpid())
+                me = _member(cluster, os.getpid(), topic_name)
                 if me["installed"] >= me["view"] and any(
                         late_id in ids for ids in me["receivers"].values()):
                     break
@@ -345,7 +349,7 @@ def test_a_late_joiner_starts_at_its_join_point_or_replays_what_is_cached_then_i
     (last,) = r["last_seq"].values()
     assert (last, r["gaps"], r["out_of_order"]) == (3000, 0, 0), r
     first = last - r["count"] + 1
-    late_member = _member(cluster, late_pid)
+    late_member = _member(cluster, late_pid, topic_name)
     if history == "cached":
         assert first == 1001, late_member["counters"]  # everything not yet stable when it joined
     else:

@@ -117,9 +117,9 @@ class RecoveryDomain:
         names = list(self.agents)
         got = await asyncio.gather(*(asyncio.wait_for(r.host.status.remote(r.spec["name"]), 2.0)
                                      for r in recs), return_exceptions=True)
-        return {n: {**self.agents[n].describe(),
-                    **(g if isinstance(g, dict) else {"error": repr(g)})}
-                for n, g in zip(names, got, strict=True)}
+        # (from the records taken before the wait: a member may have left meanwhile)
+        return {n: {**r.describe(), **(g if isinstance(g, dict) else {"error": repr(g)})}
+                for n, r, g in zip(names, recs, got, strict=True)}
 
     def describe(self) -> dict:
         return {"version": self.version, "members": self.members, "upper": self.upper}
