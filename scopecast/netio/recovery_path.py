@@ -264,8 +264,8 @@ class RecoveryPath:
                 self._nak_holes(key, nxt, self._last_sseq.get(key, 0), naks)
             else:
                 self._asking(key, now)
-        if self._reliable and self._taken_sseq:
-            acks[self.member_id] = self._taken_sseq
+        if self._reliable and self.handed:
+            acks[self.member_id] = self.handed  # on the wire: nothing is stable before it is sent
         naks += self._tail_naks(now)
         return acks, naks
 

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0,
                     "slow_lag_mb": 16.0, "slow_grace": 5.0,
-                    "token_period": 0.05, "idle_token_period": 1.0}
+                    "token_period": 0.01, "idle_token_period": 1.0}
 POLICY_TIMEOUT = 10.0
 DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
 WATCH_TIMEOUT = 1.0
@@ -164,8 +164,12 @@ class ScopeManager:
     async def _on_tick(self) -> None:
         self._expire()
         self._report(force=True)
-        # agents are placed and watched beside the heartbeat, never in its way: a slow child
-        # scope or a burst of agent processes starting must not make this scope look dead
+        self._start_recovery_tick()
+
+    def _start_recovery_tick(self) -> None:
+        """Agents are placed and watched beside the heartbeat, never in its way (a slow child
+        scope or a burst of agents starting must not make this scope look dead); also right
+        after a re-layout, so that a new subscriber holds stability back as soon as it can."""
         if self._recovering is None or self._recovering.done():
             self._recovering = asyncio.get_running_loop().create_task(self._recovery_tick())
 
@@ -183,6 +187,7 @@ class ScopeManager:
                 await self._relayout()
             except Exception:
                 log.exception("scope %r: re-layout failed", self.path)
+            self._start_recovery_tick()
 
     async def _settle(self) -> None:
         while self._task is not None and not self._task.done():
@@ -613,7 +618,10 @@ class ScopeManager:
             return
         self._version += 1
         child.sent, child.sent_version = view, self._version
-        joined = {"%s:%d" % tuple(g): [child.id] for g in view["groups"]} if child.regular else {}
+        # a member joins its groups for the senders once it can also hold their messages back:
+        # with reliable topics, once its recovery agent is in place
+        listed = child.regular and (view["agent"] is not None or not view["reliable"])
+        joined = {"%s:%d" % tuple(g): [child.id] for g in view["groups"]} if listed else {}
         if joined != child.joined:  # senders to those groups wait for it: lay again
             child.joined = joined
             self._dirty = True
