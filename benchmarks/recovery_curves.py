@@ -45,6 +45,7 @@ def token_rounds(cluster, stamp: str, counts: list[int], seconds: float) -> list
         path, topic = f"bench-ring-{n}-{stamp}", f"bench/{stamp}/ring{n}"
         cluster.create_topic(topic, policy="lan_multicast")
         actors = _consumers(topic, n, path)
+        reading = [a.consume.remote(None, seconds + 120.0, 2.0) for a in actors]  # never lag
         rounds: list[float] = []
         try:
             with cluster.publisher(topic, scope=path) as pub:
@@ -59,6 +60,7 @@ def token_rounds(cluster, stamp: str, counts: list[int], seconds: float) -> list
                         rounds += [a["protocol_stats"]["round_time"] for a in agents.values()
                                    if a.get("leader") and a.get("protocol_stats", {}).get("rounds")]
                 pub.flush(timeout=120)
+            ray.get(reading, timeout=300)
         finally:
             _close(actors)
         out.append({"members": n + 1, "samples": len(rounds),
@@ -85,8 +87,8 @@ def memory_in_flight(cluster, stamp: str, levels_mb: list[int]) -> list[dict]:
             os.kill(pid, signal.SIGSTOP)
             try:
                 for level in sorted(levels_mb):
-                    while sent < level << 20:
-                        pub.publish(PAYLOAD)
+                    while sent < level << 20:  # a payload of its own each (held until stable)
+                        pub.publish(sent.to_bytes(8, "big") + PAYLOAD[8:])
                         sent += len(PAYLOAD)
                     grown = me.memory_info().rss - base
                     out.append({"in_flight_mb": level, "rss_growth_mb": round(grown / 2**20, 1),

@@ -170,6 +170,7 @@ class ReceivePath:
                 top = self._last_sseq[key] = first_sseq + len(lengths) - 1
                 if top > self._max_seen.get(source, 0):
                     self._max_seen[source] = top
+                    self.progressed = True
                 if self._cacher:  # kept until stable, to repair peers (see recovery_path)
                     self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
                                         for i, p in enumerate(payloads)])

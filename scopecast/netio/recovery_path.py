@@ -64,6 +64,7 @@ class RecoveryPath:
         self._stable: dict[int, int] = {}
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
+        self.progressed = False                  # sent or delivered since the last summary
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
         self.repair_ms: deque[float] = deque(maxlen=4096)  # gap seen -> filled, latest gaps
         self._gap_at: dict[tuple, list] = {}      # key -> [(hole's last seq, opened at)]
@@ -338,7 +339,7 @@ class RecoveryPath:
         if not (self._reliable or self._early):
             return
         self._last_summary = now
-        self.hole_opened = False
+        self.hole_opened = self.progressed = False
         acks, naks = self._owed(now)
         self._deliver()  # runs released by records that came
         self._caught_up()

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
 HOLE_DELAY = 0.005  # a hole is NAKed this soon (runs reordered across paths come within it)
+IDLE_FROM = 0.1    # a token period this long is the idle one: a moving stream reports at once
 MAX_MESSAGE = 0xFFFFFFFF
 HEADER = wire.HEADER
 
@@ -446,8 +447,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._send_acks(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
+        # at once when a hole opens, and when the stream moves again while the period is idle
+        # (else a sender stalled on its window would wait a whole idle period to say so)
         if now - self._last_summary >= self._period or (
-                self.hole_opened and now - self._last_summary >= HOLE_DELAY):
+                (self.hole_opened or self.progressed and self._period > IDLE_FROM)
+                and now - self._last_summary >= HOLE_DELAY):
             self._recovery_tick(now)
         if self._space_waiting:
             self._space.set()
@@ -456,7 +460,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         return sent or bool(self._publish_q)
 
     def _idle_timeout(self) -> float:
-        if self.hole_opened:
+        if self.hole_opened or self.progressed and self._period > IDLE_FROM:
             return HOLE_DELAY
         if any(pos[0] != pos[1] for pos in self._recv_pos.values()):
             return self.config.ack_period

@@ -95,6 +95,7 @@ class SendPath:
                                            session, seq, payload, ctype, self._origin)], n)
         if sseq:
             self._taken_sseq = sseq
+            self.progressed = True
         self.taken_bytes += taken
         self.released_bytes += released
         self.feed_bytes += queued

@@ -50,7 +50,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     default loopback for an embedded Ray and each node's own address otherwise). `settings`
     (heartbeat_period, scope_timeout, member_timeout, slow_grace in seconds; slow_lag_mb in MiB) sets the
     failure detection of a cluster deployed now (a member whose application lags more than slow_lag_mb for
-    slow_grace is demoted to client; token_period and idle_token_period, default 0.05 and 1.0 s, are the
+    slow_grace is demoted to client; token_period and idle_token_period, default 0.01 and 1.0 s, are the
     recovery token's period while senders are active and when idle), and `levels` the Ray node labels that
     group its hosts, top first, the last one the LAN (default: one LAN). `name` names this process's
     member in its scopes (default host:pid). `trusted_keys` (Ed25519 public keys, PEM text or file paths)

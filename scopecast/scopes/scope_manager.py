@@ -138,6 +138,7 @@ class ScopeManager:
         self._task: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
         self._recovering: asyncio.Task | None = None
+        self._recovery_again = False
         self._started = time.time()
         self.recovery = RecoveryDomain(path, top=parent is None)
         self._hello: dict | None = None
@@ -170,8 +171,16 @@ class ScopeManager:
         """Agents are placed and watched beside the heartbeat, never in its way (a slow child
         scope or a burst of agents starting must not make this scope look dead); also right
         after a re-layout, so that a new subscriber holds stability back as soon as it can."""
-        if self._recovering is None or self._recovering.done():
-            self._recovering = asyncio.get_running_loop().create_task(self._recovery_tick())
+        if self._recovering is not None and not self._recovering.done():
+            self._recovery_again = True  # the running one may have missed this change
+            return
+        self._recovering = asyncio.get_running_loop().create_task(self._recovery_ticks())
+
+    async def _recovery_ticks(self) -> None:
+        self._recovery_again = True
+        while self._recovery_again:
+            self._recovery_again = False
+            await self._recovery_tick()
 
     def _kick(self) -> None:
         """Lay channels again soon (coalesced: one re-layout runs at a time)."""
