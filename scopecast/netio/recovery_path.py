@@ -122,6 +122,13 @@ class RecoveryPath:
         topics = [[t, s, *tail] for (t, s), tail in list(self._tails.items())[:MAX_RECORD_TOPICS]]
         return [self._taken_sseq, topics]
 
+    def _look_up(self, member_id: int) -> None:
+        """A member this one must talk to but does not know (in another scope): the control
+        thread looks it up in the root's directory (see `held_senders`)."""
+        if member_id not in self._unknown_sources:
+            self._unknown_sources.add(member_id)
+            self.unknown_sender.set()
+
     # --------------------------------------------------------------------- joins (3.2.14)
 
     def _note_receivers(self, receivers: set[int]) -> None:
@@ -143,11 +150,9 @@ class RecoveryPath:
         (it receives through a forwarding member) joined no later than that first message:
         stability waited for it since it entered its recovery domain."""
         member = self._members.get(receiver)
-        if member is None:  # in another scope: looked up, answered when it asks again
+        if member is None:  # answered when it asks again, once looked up
             self.stats["where_unanswered"] += 1
-            if receiver not in self._unknown_sources:
-                self._unknown_sources.add(receiver)
-                self.unknown_sender.set()
+            self._look_up(receiver)
             return
         tail = self._tails.get((topic, session))
         cached = tail[0] if tail else self._stable_tops.get((topic, session), 0) + 1
@@ -192,9 +197,8 @@ class RecoveryPath:
             if member is not None:
                 self._send_control(wire.PacketType.CONTROL, ["where", key[0], key[2]],
                                    (member.host, member.port))
-            elif key[1] not in self._unknown_sources:
-                self._unknown_sources.add(key[1])  # a sender in another scope: looked up
-                self.unknown_sender.set()
+            else:
+                self._look_up(key[1])
             ask[0] += 1
             ask[1] = now
             if ask[0] == JOIN_TRIES:
@@ -361,9 +365,8 @@ class RecoveryPath:
                 if member is not None:
                     self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
                     self.stats["naks_sent"] += 1
-                elif nak[0] not in self._unknown_sources:
-                    self._unknown_sources.add(nak[0])  # a sender in another scope
-                    self.unknown_sender.set()
+                else:
+                    self._look_up(nak[0])
         for key in due:
             self._nak_at[key] = now
         self._expire_records(now)
