@@ -76,7 +76,7 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
     still_delivers(cluster, listener)
 
 
-@pytest.mark.parametrize("settings", [{"token_period": 2.0}, {"idle_token_period": 0.01},
+@pytest.mark.parametrize("settings", [{"token_period": 2.0}, {"idle_token_period": 0.005},
                                       {"token_period": -1}, {"tokens": 1.0}])
 def test_bad_token_period_settings_are_typed_errors(settings):
     with pytest.raises(InvalidConfig):

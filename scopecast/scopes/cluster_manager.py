@@ -314,10 +314,10 @@ def _check_settings(settings: dict) -> None:
         if not isinstance(value, (int, float)) or not 0 < value <= 3600:
             raise InvalidConfig(f"scope setting {key} must be a number in (0, 3600] (seconds; "
                                 "slow_lag_mb in MiB)")
-    if settings.get("heartbeat_period", 0.5) * 2 > min(settings.get("scope_timeout", 5.0),
-                                                       settings.get("member_timeout", 10.0)):
+    s = {**DEFAULT_SETTINGS, **settings}  # what the scopes will run with
+    if s["heartbeat_period"] * 2 > min(s["scope_timeout"], s["member_timeout"]):
         raise InvalidConfig("heartbeat timeouts must be at least twice the heartbeat period")
-    if settings.get("token_period", 0.05) > settings.get("idle_token_period", 1.0):
+    if s["token_period"] > s["idle_token_period"]:
         raise InvalidConfig("token_period (while senders are active) must not exceed "
                             "idle_token_period")
 
