@@ -136,8 +136,9 @@ def build_parser():
     for s in (pub_opts, sub_opts):
         s.add_argument("--address", required=True, help="Ray GCS address of the harness's cluster")
         s.add_argument("--topic", required=True)
-    sub_opts.add_argument("--idle", type=float, default=2.0,
-                          help="stop after this long without a message (once one arrived)")
+    sub_opts.add_argument("--idle", type=float, default=15.0,
+                          help="stop after this long without a message (once one arrived): a guard "
+                               "against a dead publisher, longer than any stall of a live one")
     pub_opts.add_argument("--flush-timeout", type=float, default=60.0)
     return p
 

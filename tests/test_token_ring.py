@@ -132,3 +132,17 @@ def test_nothing_is_stable_while_a_member_of_the_domain_has_no_agent_in_the_grou
         a.on_view(PeerView(2, ("m0", "m1", "m2"), i, False))
     _run(agents)
     assert agents[0].down == {9: [900, REC]}
+
+
+def test_an_idle_ring_starts_a_round_at_once_when_a_member_that_does_not_lead_turns_active():
+    agents = _group(5, active_period=0.01, idle_period=100.0)
+    for a in agents:
+        a.on_summary(_summary({9: 1000}, recs={9: [1000, []]}), 0.0)
+    _run(agents, periods=3)
+    assert agents[0].period == 100.0  # idle: the next round would be 100 s away
+    agents[3].on_summary(_summary({9: 1000}, recs={9: [2000, [[7, 1, 1001, 1001, 2000, 2000]]]}), 0.0)
+    for i, a in enumerate(agents):
+        if i != 3:
+            a.on_summary(_summary({9: 2000}), 0.0)
+    _run(agents, periods=2)
+    assert agents[0].down[9][0] == 1000 and agents[0].period == 0.01

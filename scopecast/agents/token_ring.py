@@ -13,7 +13,9 @@ pushes it: inter-partition repair). When the regional token is back, the leader 
 group's aggregate: it hands it up (the agent above treats it as its bottom's summary) or, at the top,
 decides stability. Stability and the senders' records travel down the same way: in the regional
 token to the partition leaders, in the partition tokens to every agent, in every agent's reply to its
-bottom. The period is short while any sender has unstable messages or NAKs are out, long when idle.
+bottom. The period is short while any sender has unstable messages or NAKs are out, long when idle;
+an idle agent whose bottom (or partition) turns active wakes the leaders of its rings, which start a
+round at once instead of at the end of the idle period.
 Caching members: the first `cachers` of each partition (so partition leaders cache).
 """
 
@@ -81,6 +83,7 @@ class TokenRing(RecoveryProtocol):
         self.part: dict | None = None   # this partition's latest aggregate (partition leaders)
         self.active = True
         self.up: dict | None = None
+        self.wakes: list[int] = []  # leaders to wake: this agent turned active while they idle
         self.stats = {"rounds": 0, "tokens_lost": 0, "naks_served": 0, "round_time": 0.0}
 
     @property
@@ -104,15 +107,22 @@ class TokenRing(RecoveryProtocol):
     def on_summary(self, summary: dict, now: float) -> dict:
         self.bottom = summary
         if summary.get("naks") or any(r[1] for r in summary.get("recs", {}).values()):
-            self.active = True
+            self._activate()
         pushes, self.pushes = self.pushes, []
         return {"down": self.down, "hi": self.hi, "push": pushes, "period": self.period,
                 "cacher": self.cacher}
 
     # ------------------------------------------------------------------------- tokens
 
+    def _activate(self) -> None:
+        """Something is unstable here: an agent that was idle wakes the leaders of its rings."""
+        if not self.active:
+            self.active = True
+            self.wakes = [r.members[0] for r in self.rings.values() if not r.leads]
+
     def on_tick(self, now: float) -> list[tuple[int, object]]:
-        out = []
+        out = [(leader, {"k": "wake", "v": self.view.version}) for leader in self.wakes]
+        self.wakes = []
         for ring in self.rings.values():
             if not ring.leads:
                 continue
@@ -135,8 +145,13 @@ class TokenRing(RecoveryProtocol):
         return out
 
     def on_peer(self, sender: int, body, now: float) -> list[tuple[int, object]]:
-        ring = self.rings.get(body.get("k")) if self.view is not None else None
-        if ring is None or body.get("v") != self.view.version:
+        if self.view is None or body.get("v") != self.view.version:
+            return []
+        if body.get("k") == "wake":
+            self.active = True  # the next tick starts this agent's rounds
+            return []
+        ring = self.rings.get(body.get("k"))
+        if ring is None:
             return []
         if ring.leads:
             if ring.outstanding and body.get("r") == ring.round:
@@ -147,8 +162,8 @@ class TokenRing(RecoveryProtocol):
         ring.round = body["r"]
         self.down = body.get("down", {})
         self.hi = body.get("hi", {})
-        self.active = bool(body.get("act"))
         self._fold(ring, body)
+        self.active = bool(body.get("act"))  # what the ring has shown so far, and this agent
         return [(ring.next_peer(), body)]
 
     def _fold(self, ring: _Ring, token: dict) -> None:
@@ -180,7 +195,10 @@ class TokenRing(RecoveryProtocol):
     def _complete(self, ring: _Ring, token: dict, now: float) -> None:
         ring.outstanding = False
         ring.carry = token["naks"]
-        self.active = bool(token.get("act"))
+        if token.get("act"):
+            self._activate()
+        else:
+            self.active = False
         acks = {} if self.view.missing else _aggregate(token, len(ring.members))
         agg = {"acks": acks, "recs": token["recs"],
                "naks": token["naks"], "seen": token.get("seen", {})}
