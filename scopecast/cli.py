@@ -219,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forwarding policy: tree (default), chain, star, lan_multicast, replicated")
     t.add_argument("--root", default="", metavar="SCOPE",
                    help="the scope the topic is rooted at (default: the cluster scope)")
-    t.add_argument("--recovery", default="token_ring", help="recovery protocol (token_ring)")
+    t.add_argument("--recovery", default="token_ring",
+                   help="recovery protocol: token_ring (default), ack_tree, none, or a submitted "
+                        "recovery plug-in (name@version)")
     t.add_argument("--history", default="from_join", choices=["from_join", "cached"],
                    help="what a late subscriber gets: from its join point (default), or first "
                         "what is not yet stable")

@@ -166,8 +166,9 @@ def test_a_full_window_raises_window_full_when_not_blocking(cluster, topic_name)
 def _agents(status: dict) -> dict[str, dict]:
     out = {}
     for s in walk(status):
-        for name, agent in s.get("recovery", {}).get("agents", {}).items():
-            out[f"{s['path']}|{name}"] = agent
+        for domain in s.get("recovery", {}).values():
+            for name, agent in domain["agents"].items():
+                out[f"{s['path']}|{name}"] = agent
     return out
 
 

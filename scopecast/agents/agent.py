@@ -6,21 +6,24 @@ protocol hears its bottom's summaries, its peers' tokens and the answers of the 
 sends what the protocol returns.
 
 Agents are delegated to a node (the chain ends at the host of the member they are placed beside);
-there they live in that node's `AgentHost`, one Ray actor per node that runs every agent placed on
-the node on one thread. One actor per agent would mean one Python process per agent — about a second
-of CPU to start and tens of MB each, for a job that wakes every few milliseconds for microseconds —
-and on a small machine dozens of those starved the scope managers' heartbeats. Ray calls only set
-agents up: the owning scope ensures its agent exists (the reply carries address and incarnation, so
-a host that Ray restarted recreates its agents on the next ping), installs peer-group views and
-reads status; no Ray call is on the path of a token or a summary.
+there they live in that node's `AgentHost`, one Ray actor per node that runs every agent of the
+built-in protocols placed on the node on one thread (and one per plug-in protocol, so that a faulty
+plug-in stalls only its own agents). One actor per agent would mean one Python process per agent —
+about a second of CPU to start and tens of MB each, for a job that wakes every few milliseconds for
+microseconds — and on a small machine dozens of those starved the scope managers' heartbeats. Ray
+calls only set agents up: the owning scope ensures its agent exists (the reply carries address and
+incarnation, so a host that Ray restarted recreates its agents on the next ping), installs
+peer-group views and reads status; no Ray call is on the path of a token or a summary.
 
 Packets (all `PacketType.TOKEN`, msgpack bodies): ``["sum", summary]`` from a bottom (answered
-``["ins", instructions]`` to the address it came from), ``["tok", version, index, body]`` between
-peers, and ``["sum", aggregate]`` / ``["ins", ...]`` between a group's leader and the agent above.
+``["ins", instructions, protocol]`` to the address it came from: a member has one agent per
+protocol among its topics), ``["tok", version, index, body]`` between peers, and ``["sum",
+aggregate]`` / ``["ins", ...]`` between a group's leader and the agent above.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import random
@@ -31,28 +34,30 @@ from collections import Counter, deque
 
 import ray
 
+from scopecast.agents.ack_tree import AckTree
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 from scopecast.agents.token_ring import TokenRing
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.transport import TransportConfig, unicast_socket
+from scopecast.policies.host import PLUGIN_MEMORY, confine
 
 log = logging.getLogger(__name__)
 
 TICK = 0.005
 IDLE_WAIT = 0.1  # a host without agents only waits for the next one
-BUILTIN: dict[str, type[RecoveryProtocol]] = {"token_ring": TokenRing}
+BUILTIN: dict[str, type[RecoveryProtocol]] = {"token_ring": TokenRing, "ack_tree": AckTree}
 
 
 class RecoveryAgent:
     """One agent: a protocol instance and its socket, driven by its host's thread."""
 
-    def __init__(self, spec: dict, interface: str) -> None:
+    def __init__(self, spec: dict, interface: str, protocol: type[RecoveryProtocol]) -> None:
         self.name = spec["name"]
         self.domain = spec["domain"]
+        self.key = spec["protocol"]  # tags its instructions: the member's agent for that protocol
         self.options = dict(spec.get("options") or {})
-        self.protocol = BUILTIN[spec.get("protocol", "token_ring")](
-            DomainContext(self.domain, int(spec["level"]), dict(self.options)))
+        self.protocol = protocol(DomainContext(self.domain, int(spec["level"]), dict(self.options)))
         self.incarnation = random.getrandbits(48)
         self._auth = authenticator(spec["mac"], spec["key"])
         self.sock = unicast_socket(TransportConfig(interface=spec.get("interface") or interface,
@@ -118,7 +123,7 @@ class RecoveryAgent:
             if kind == "sum" and isinstance(body[1], dict):
                 self._last_bottom = now
                 self.stats["summaries"] += 1
-                self._send(["ins", self.protocol.on_summary(body[1], now)], addr)
+                self._send(["ins", self.protocol.on_summary(body[1], now), self.key], addr)
             elif kind == "tok" and self._view is not None and body[1] == self._view.version:
                 self.stats["tokens"] += 1
                 self._send_peers(self.protocol.on_peer(int(body[2]), body[3], now))
@@ -138,8 +143,8 @@ class RecoveryAgent:
     def _send(self, body, address: tuple[str, int]) -> None:
         try:
             data = wire.encode_control(wire.PacketType.TOKEN, 0, body)
-        except ValueError:
-            self.drops["oversized"] += 1
+        except (ValueError, TypeError):  # too large, or not msgpack-able (a faulty plug-in)
+            self.drops["unsendable"] += 1
             return
         try:
             self.sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
@@ -148,13 +153,19 @@ class RecoveryAgent:
 
 
 class AgentHost:
-    """The Ray actor (one per node) whose thread runs the agents delegated to that node.
+    """The Ray actor (one per node, and per plug-in protocol) whose thread runs the agents
+    delegated to that node.
 
     Ray methods run on the actor's own thread and only queue work for the agents' thread, which
-    alone touches agents after they are created (no locks)."""
+    alone touches agents after they are created (no locks). A plug-in's host gets the plug-in's
+    `module` and `cls` (its package came with the actor's runtime_env) and bounded memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str | None = None, cls: str | None = None) -> None:
         logging.basicConfig(level=logging.INFO)
+        self._plugin: type[RecoveryProtocol] | None = None
+        if module is not None:
+            confine(PLUGIN_MEMORY)
+            self._plugin = getattr(importlib.import_module(module), cls)
         self._interface = ray.util.get_node_ip_address()
         self._agents: dict[str, RecoveryAgent] = {}   # the Ray side's view
         self._ops: deque = deque()
@@ -168,7 +179,8 @@ class AgentHost:
         incarnation it is (a host restarted by Ray recreates its agents with new ones)."""
         agent = self._agents.get(spec["name"])
         if agent is None:
-            agent = self._agents[spec["name"]] = RecoveryAgent(spec, self._interface)
+            protocol = self._plugin or BUILTIN[spec["protocol"]]
+            agent = self._agents[spec["name"]] = RecoveryAgent(spec, self._interface, protocol)
             self._ops.append(("add", agent))
             log.info("recovery agent %s (%s) at %s:%d", agent.domain, agent.protocol.name,
                      *agent.address)
@@ -229,6 +241,8 @@ def _guarded(agent: RecoveryAgent, step, *args) -> None:
             log.exception("recovery agent %s: error (counted from now on)", agent.domain)
 
 
-def host_name(node_id: str) -> str:
-    """The named AgentHost of a node."""
+def host_name(node_id: str, protocol: str) -> str:
+    """The named AgentHost of a node for `protocol` (the built-ins share one)."""
+    if protocol.startswith("sha256:"):
+        return f"scopecast:agents:{node_id}:{protocol[7:23]}"
     return f"scopecast:agents:{node_id}"

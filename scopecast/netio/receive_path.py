@@ -5,6 +5,7 @@ A part of `MemberRuntime` (runs on its I/O thread only); the state it uses is se
 
 from __future__ import annotations
 
+import bisect
 import logging
 import socket
 import time
@@ -18,6 +19,11 @@ from scopecast.netio.reassembly import ReassemblyError
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
+DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
+
+
+def _first(held: tuple) -> int:
+    return held[0]
 
 
 class ReceivePath:
@@ -27,7 +33,7 @@ class ReceivePath:
         # cheap slices of it, and a held datagram needs no copy
         recv = sock.recvfrom
         size = self._recv_size
-        while True:
+        for _ in range(DRAIN_BUDGET):
             try:
                 data, _addr = recv(size)
             except BlockingIOError:
@@ -213,13 +219,14 @@ class ReceivePath:
                 self._release_early(key, give_up=True)
             return False
         held = self._early.setdefault(key, [])
+        # (runs mostly come in order: found from the end, so thousands held stay cheap)
+        at = len(held) if not held or held[-1][0] < first else bisect.bisect(held, first, key=_first)
         if key[0] in self._reliable:  # a new hole ends just before this run: when did it open
-            marks = self._gap_at.setdefault(key, [])
-            if not any(h[0] + len(h[2][10]) == first for h in held):
-                marks.append((first - 1, time.monotonic()))
+            before = held[at - 1] if at else None
+            if before is None or before[0] + len(before[2][10]) != first:
+                self._gap_at.setdefault(key, []).append((first - 1, time.monotonic()))
                 self.hole_opened = True
-        held.append((first, time.monotonic(), run))
-        held.sort(key=lambda h: h[0])
+        held.insert(at, (first, time.monotonic(), run))
         self._early_bytes += size
         self.stats["held_early"] += 1
         return True
@@ -227,26 +234,30 @@ class ReceivePath:
     def _release_early(self, key: tuple, give_up: bool = False) -> None:
         """Take the held runs of `key` that are now next in order (all of them if `give_up`:
         the runs missing before them are not coming, which is counted as a gap)."""
+        held = self._early.get(key)
+        if not held:
+            return
+        taken = 0
         self._releasing = True
         try:
-            while held := self._early.get(key):
-                first, _t, run = held[0]
+            for first, _t, run in held:
                 expected = self._next_seq.get(key)
                 if expected is None or first > expected:
                     if not give_up:
-                        return
+                        break
                     if expected is not None:  # else it is where this member joined the stream
                         self.stats["gaps"] += 1
                     self._next_seq[key] = first
-                held.pop(0)
-                if not held:
-                    del self._early[key]
+                taken += 1
                 self._early_bytes -= sum(run[10])
                 self._take_run(*run)
                 if key in self._gap_at:
                     self._note_filled(key, give_up)
         finally:
             self._releasing = False
+            del held[:taken]  # (at once: one pop per run made long releases quadratic)
+            if not held:
+                del self._early[key]
 
     def _expire_early(self, now: float) -> None:
         """Give up waiting for what is missing before held runs — on reliable topics only where
@@ -331,10 +342,10 @@ class ReceivePath:
     def _on_control(self, header: wire.Header, body: memoryview) -> None:
         header, msg = wire.decode_control(body)
         if header.ptype == wire.PacketType.TOKEN:
-            if isinstance(msg, list) and len(msg) == 2 and msg[0] == "ins" \
-                    and isinstance(msg[1], dict):
+            if isinstance(msg, list) and len(msg) == 3 and msg[0] == "ins" \
+                    and isinstance(msg[1], dict) and isinstance(msg[2], str):
                 try:
-                    self._on_instructions(msg[1])
+                    self._on_instructions(msg[1], msg[2])
                 except (TypeError, ValueError, IndexError, AttributeError):
                     self._drop("bad_instructions")
             else:

@@ -6,6 +6,11 @@ its recovery agent: per sender stream the MaxContiguous position it holds everyt
 to, its NAKs, and (as a sender) its record. The agent's reply carries stability decided at the top
 (cleanup), the senders' records (which reveal tail losses), and repairs to push to peers.
 
+- **Several protocols**: a member has one agent per recovery protocol among its topics (each
+  protocol is a domain of its own). Every agent gets the same acknowledgements (MaxContiguous is
+  per stream, whatever the topics) but only the NAKs of its protocol's topics; a message is stable
+  when every agent says so, and a peer's cached copy goes when every agent that knows the stream
+  says so.
 - **Sender**: every message of a reliable topic stays in `_cache` until stable; the window is the
   bytes held there (`RuntimeConfig.stable_window_bytes`), and `publish()` blocks or raises
   `WindowFull` beyond it. `stable_sseq` is what `flush()` waits for.
@@ -52,7 +57,12 @@ class RecoveryPath:
 
     def _init_recovery(self) -> None:
         self._reliable: frozenset[int] = frozenset()
-        self._agent: tuple[str, int] | None = None
+        self._protocols: dict[int, str] = {}     # reliable topic -> its protocol's domain key
+        self._agents: dict[str, tuple[str, int]] = {}   # protocol -> this member's agent
+        self._downs: dict[str, dict[int, int]] = {}     # protocol -> {stream: stable}
+        self._his: dict[str, dict[int, int]] = {}       # protocol -> {stream: highest delivered}
+        self._periods: dict[str, float] = {}
+        self._cachers: dict[str, bool] = {}
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
         self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
@@ -61,7 +71,6 @@ class RecoveryPath:
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
         self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]}, when)
-        self._stable: dict[int, int] = {}
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
@@ -83,11 +92,16 @@ class RecoveryPath:
 
     # ------------------------------------------------------------------- control installs
 
-    def install_recovery(self, agent: tuple[str, int] | None, reliable: set[int],
+    def install_recovery(self, agents: dict[str, tuple[str, int]], protocols: dict[int, str],
                          cached: set[int] = frozenset()) -> None:
-        self._agent = agent
-        self._reliable = frozenset(reliable)
+        """This member's agents (per protocol) and its reliable topics' protocols."""
+        self._agents = agents
+        self._protocols = protocols
+        self._reliable = frozenset(protocols)
         self._cached_history = frozenset(cached)
+        for state in (self._downs, self._his, self._periods, self._cachers):
+            for key in [k for k in state if k not in agents]:
+                del state[key]
 
     # ------------------------------------------------------------------------- the sender
 
@@ -350,12 +364,15 @@ class RecoveryPath:
         missing = {(n[1], n[0], n[2]) for n in naks}
         for key in [k for k in self._nak_at if k not in missing]:
             del self._nak_at[key]
-        if self._agent is not None:
-            summary = {"acks": acks, "seen": dict(self._max_seen),
-                       "naks": [[*n, self.member_id, *self.address] for n in naks[:MAX_NAKS]]}
-            if self._tails or self._taken_sseq:
-                summary["recs"] = {self.member_id: self._own_record()}
-            self._send_control(wire.PacketType.TOKEN, ["sum", summary], self._agent)
+        record = {self.member_id: self._own_record()} if self._tails or self._taken_sseq else None
+        protocols = self._protocols
+        for key, agent in self._agents.items():
+            summary = {"acks": acks, "seen": self._max_seen,
+                       "naks": [[*n, self.member_id, *self.address] for n in naks[:MAX_NAKS]
+                                if protocols.get(n[1]) == key]}
+            if record is not None:
+                summary["recs"] = record
+            self._send_control(wire.PacketType.TOKEN, ["sum", summary], agent)
             self.stats["summaries_sent"] += 1
         # the sender holds everything not yet stable: pull from it (again once a period passed)
         due = {k for k, t in self._nak_at.items() if now - t >= self._period}
@@ -375,26 +392,40 @@ class RecoveryPath:
         for source in [s for s, r in self._records.items() if now - r[2] > RECORD_TTL]:
             del self._records[source]
 
-    def _on_instructions(self, ins: dict) -> None:
-        """The agent's reply: stability and records from above, repairs to push."""
+    def _on_instructions(self, ins: dict, key: str) -> None:
+        """Agent `key`'s reply: stability and records from above, repairs to push."""
+        if key not in self._agents:
+            self._drop("stale_instructions")  # from an agent this member no longer has
+            return
         now = time.monotonic()
+        downs = self._downs[key] = {}
         for source, (stable, record) in ins.get("down", {}).items():
-            source, stable = int(source), int(stable)
+            source = int(source)
+            downs[source] = int(stable)
             if record:
                 self._records[source] = (int(record[0]), {
                     (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in record[1]}, now)
+        for source in downs:
+            # stable where every agent says so (for a peer: every agent that knows its stream)
+            known = [d.get(source) for d in self._downs.values()]
             if source == self.member_id:
-                self._release_own(stable)
-            elif stable > self._stable.get(source, 0):
-                self._stable[source] = stable
-                self._prune_peer_cache(source, stable)
+                if len(self._downs) == len(self._agents):
+                    self._release_own(min(s or 0 for s in known))
+            else:
+                self._prune_peer_cache(source, min(s for s in known if s is not None))
         for nak in ins.get("push", ()):
             self.stats["pushes"] += 1
             self._serve(int(nak[0]), nak[1:7], (nak[8], int(nak[9])))
-        self._hi = {int(s): int(v) for s, v in ins.get("hi", {}).items()}
-        self._period = float(ins.get("period", self._period))
+        self._his[key] = {int(s): int(v) for s, v in ins.get("hi", {}).items()}
+        self._hi = {}
+        for his in self._his.values():
+            for source, v in his.items():
+                self._hi[source] = max(self._hi.get(source, v), v)
+        self._periods[key] = float(ins.get("period", self._period))
+        self._period = min(self._periods.values())
         self.stats["token_period_ms"] = round(self._period * 1000)
-        cacher = bool(ins.get("cacher"))
+        self._cachers[key] = bool(ins.get("cacher"))
+        cacher = any(self._cachers.values())
         if self._cacher and not cacher:
             self._peer_cache.clear()
             self._peer_heads.clear()

@@ -398,7 +398,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                       for (h, p), f in self._feeds.items()},
             "topics": sorted(self._subs),
             "backlog_bytes": max((s.backlog() for s in self._subscriptions), default=0),
-            "recovery": {"agent": "%s:%d" % self._agent if self._agent else None,
+            "recovery": {"agents": {p: "%s:%d" % a for p, a in self._agents.items()},
                          "reliable_topics": sorted(self._reliable),
                          "window_bytes": self.app_bytes - self.released_bytes,
                          "window_limit": self._window_limit, "stable_sseq": self.stable_sseq,

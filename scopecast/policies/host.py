@@ -34,7 +34,7 @@ class PolicyHost:
             from scopecast.policies.builtin import BUILTIN_POLICIES
             self._cls: type[ForwardingPolicy] = BUILTIN_POLICIES[policy]
         else:  # a plug-in: its package came with this actor's runtime_env (py_modules)
-            _confine(PLUGIN_MEMORY)
+            confine(PLUGIN_MEMORY)
             self._cls = getattr(importlib.import_module(module), cls)
         self._scope = scope
         self._instances: dict[int, ForwardingPolicy] = {}
@@ -67,7 +67,7 @@ class PolicyHost:
             return {"topic": topic, "ops": [], "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _confine(limit: int) -> None:
+def confine(limit: int) -> None:
     """Bound a plug-in's memory: RLIMIT_DATA (allocations beyond it fail with MemoryError) and a
     watchdog that ends the process if its resident size still grows past the bound (the scope
     then lays the plug-in's topics with its default policy)."""
@@ -81,7 +81,7 @@ def _confine(limit: int) -> None:
     def watch() -> None:
         while True:
             if proc.memory_info().rss > start.rss + limit:
-                log.error("policy plug-in exceeded %d MiB; ending its process", limit >> 20)
+                log.error("plug-in exceeded %d MiB; ending its process", limit >> 20)
                 os._exit(70)
             time.sleep(0.2)
 

@@ -12,7 +12,7 @@ import inspect
 import json
 import sys
 
-from scopecast.agents.api import DomainContext, RecoveryProtocol
+from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 from scopecast.policies.api import (
     API_VERSION,
     MULTICAST,
@@ -69,12 +69,27 @@ def _check_policy(cls) -> None:
 
 
 def _check_recovery(cls) -> None:
-    protocol = cls(DomainContext("selfcheck", 1, {}))
-    for out in (protocol.on_view(SELF_CHECK_MEMBERS, 1), protocol.on_summary("a", {})):
-        if not isinstance(out, list):
-            raise ValueError(f"{cls.__name__} returned {out!r:.100}, not a list of instructions")
-    if not isinstance(protocol.aggregate(), dict):
-        raise ValueError(f"{cls.__name__}.aggregate() is not a dict")
+    """A synthetic group of three agents, each told of a sender with unstable messages: replies
+    must be instruction dicts, and what it sends must be (peer index, body) pairs of the view."""
+    agents = [cls(DomainContext(f"selfcheck|{m}", 1, {})) for m in SELF_CHECK_MEMBERS]
+    summary = {"acks": {9: 10}, "seen": {9: 10}, "naks": [],
+               "recs": {9: [10, [[1, 1, 1, 1, 10, 10]]]}}
+    for i, agent in enumerate(agents):
+        agent.on_view(PeerView(1, tuple(SELF_CHECK_MEMBERS), i, False))
+        if not isinstance(agent.on_summary(summary, 0.0), dict):
+            raise ValueError(f"{cls.__name__}.on_summary() did not return an instructions dict")
+    for now in (0.5, 1.0, 2.0):
+        queue = [(i, out) for i, a in enumerate(agents) for out in a.on_tick(now)]
+        for _ in range(1000):  # a bounded exchange: a protocol that never goes quiet is fine
+            if not queue:
+                break
+            src, out = queue.pop(0)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2 and out[0] in range(len(agents))):
+                raise ValueError(f"{cls.__name__} sent {out!r:.100}, not (peer index, body)")
+            queue += [(out[0], o) for o in agents[out[0]].on_peer(src, out[1], now)]
+    for agent in agents:
+        if not isinstance(agent.on_summary(summary, 3.0), dict):
+            raise ValueError(f"{cls.__name__}.on_summary() did not return an instructions dict")
 
 
 def main(argv: list[str]) -> int:

@@ -178,8 +178,8 @@ class ClusterScopeManager(ScopeManager):
                            root: str = "", exist_ok: bool = True,
                            options: dict | None = None, history: str = "from_join") -> TopicInfo:
         check_topic_name(name)
-        plugin = self._policy_plugin(policy)
-        _check_recovery(recovery)
+        plugin = self._plugin_digest(policy, "policy")
+        recovery_plugin = self._plugin_digest(recovery, "recovery")
         if history not in HISTORIES:
             raise InvalidConfig(f"unknown history {history!r}: {' or '.join(HISTORIES)}")
         root = check_scope_path(root)
@@ -192,8 +192,8 @@ class ClusterScopeManager(ScopeManager):
             return existing
         tid = self._store.next_id("topic")
         info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, history=history,
-                         root=root,
-                         session=1, plugin=plugin, options=dict(options or {}))
+                         root=root, session=1, plugin=plugin, recovery_plugin=recovery_plugin,
+                         options=dict(options or {}))
         self._save(info)
         log.info("topic %s created (id %d, policy %s, root %r)", name, tid, policy, root)
         return info
@@ -205,9 +205,9 @@ class ClusterScopeManager(ScopeManager):
         info = await self.topic(name)
         policy = policy or info.policy
         recovery = recovery or info.recovery
-        plugin = self._policy_plugin(policy)
-        _check_recovery(recovery)
-        info = replace(info, policy=policy, recovery=recovery, plugin=plugin,
+        info = replace(info, policy=policy, recovery=recovery,
+                       plugin=self._plugin_digest(policy, "policy"),
+                       recovery_plugin=self._plugin_digest(recovery, "recovery"),
                        session=info.session + 1)
         self._save(info)
         log.info("topic %s: session %d (policy %s, recovery %s)", name, info.session, policy,
@@ -242,17 +242,19 @@ class ClusterScopeManager(ScopeManager):
 
     # ----------------------------------------------------------------------------- plug-ins
 
-    def _policy_plugin(self, policy: str) -> str:
-        """"" for a built-in policy, else the digest of the plug-in `policy` names."""
-        if policy in BUILTIN_POLICIES:
+    def _plugin_digest(self, ref: str, kind: str) -> str:
+        """"" for a built-in forwarding policy or recovery protocol (`kind`), else the digest of
+        the plug-in of that kind `ref` names."""
+        builtins, what = ((BUILTIN_POLICIES, "forwarding policy") if kind == "policy"
+                          else (KNOWN_RECOVERY, "recovery protocol"))
+        if ref in builtins:
             return ""
-        if not isinstance(policy, str) or ("@" not in policy and not policy.startswith("sha256:")):
-            raise InvalidConfig(f"unknown forwarding policy {policy!r}: built-ins are "
-                                f"{', '.join(BUILTIN_POLICIES)}; a plug-in is named name@version "
-                                "or sha256:<hex>")
-        record = self._library.find(policy)
-        if record["kind"] != "policy":
-            raise InvalidConfig(f"{policy} is a {record['kind']} plug-in, not a forwarding policy")
+        if not isinstance(ref, str) or ("@" not in ref and not ref.startswith("sha256:")):
+            raise InvalidConfig(f"unknown {what} {ref!r}: built-ins are {', '.join(builtins)}; "
+                                "a plug-in is named name@version or sha256:<hex>")
+        record = self._library.find(ref)
+        if record["kind"] != kind:
+            raise InvalidConfig(f"{ref} is a {record['kind']} plug-in, not a {what}")
         return record["sha256"]
 
     async def submit_plugin(self, files: dict[str, bytes],
@@ -268,8 +270,7 @@ class ClusterScopeManager(ScopeManager):
 
     async def plugin(self, ref: str) -> dict:
         record = self._library.find(ref)
-        used = [t.name for t in self.topics.values() if t.plugin == record["sha256"]]
-        return {**record, "used_by": used}
+        return {**record, "used_by": self._used_by(record["sha256"])}
 
     async def plugin_files(self, sha: str) -> tuple[str, str, dict[str, bytes]]:
         """(module name, policy class, files) of the plug-in `sha`, for the scopes that run it."""
@@ -278,8 +279,10 @@ class ClusterScopeManager(ScopeManager):
 
     async def remove_plugin(self, ref: str) -> PluginRef:
         record = self._library.find(ref)
-        used = [t.name for t in self.topics.values() if t.plugin == record["sha256"]]
-        return self._library.remove(ref, used)
+        return self._library.remove(ref, self._used_by(record["sha256"]))
+
+    def _used_by(self, sha: str) -> list[str]:
+        return [t.name for t in self.topics.values() if sha in (t.plugin, t.recovery_plugin)]
 
     async def status(self) -> dict:
         tree = await super().status()
@@ -321,8 +324,3 @@ def _check_settings(settings: dict) -> None:
         raise InvalidConfig("token_period (while senders are active) must not exceed "
                             "idle_token_period")
 
-
-def _check_recovery(recovery: str) -> None:
-    if recovery not in KNOWN_RECOVERY:
-        raise InvalidConfig(f"unknown recovery protocol {recovery!r}; built-ins are "
-                            f"{', '.join(KNOWN_RECOVERY)}")

@@ -185,9 +185,8 @@ class ControlledElement:
             log.warning("member %d demoted to client by scope %r: %s; its publishers no longer "
                         "wait for it and it may miss messages", self.member_id, self.scope,
                         self.demoted)
-        agent = view.get("agent")
-        rt.install_recovery((agent[0], int(agent[1])) if agent else None,
-                            set(view.get("reliable", ())), set(view.get("cached", ())))
+        rt.install_recovery({p: (a[0], int(a[1])) for p, a in view.get("agents", {}).items()},
+                            dict(view.get("protocols", {})), set(view.get("cached", ())))
 
     def _resolve_peers(self) -> None:
         """Look up in the directory the members whose datagrams the runtime is holding."""

@@ -10,6 +10,9 @@ chain; the chain ends at the node's `AgentHost`, which runs the agent. The scope
 through that host: it ensures they exist (a recreated agent has a new address and incarnation, so
 the ring is laid again) and installs versioned views; views go one level down only (an agent learns
 its peers, never their members).
+
+A scope has one domain per recovery protocol its topics use (`RecoveryDomains`): a domain's agents
+all run the same protocol, and a member takes part in the domain of each protocol among its topics.
 """
 
 from __future__ import annotations
@@ -42,15 +45,17 @@ class AgentRecord:
                 "incarnation": f"{self.incarnation:012x}", "pid": self.pid}
 
 
-def agent_name(path: str, member: str) -> str:
-    return f"{AGENT_PREFIX}{path}|{member}"
+def agent_name(path: str, member: str, protocol: str) -> str:
+    return f"{AGENT_PREFIX}{path}|{member}|{protocol}"
 
 
 class RecoveryDomain:
-    """The domain one scope owns (see the module docstring); driven by the scope's tick."""
+    """The domain of one protocol one scope owns (see the module docstring); driven by the
+    scope's tick."""
 
-    def __init__(self, path: str, top: bool) -> None:
+    def __init__(self, path: str, protocol: str, top: bool) -> None:
         self.path = path
+        self.protocol = protocol
         self.top = top  # the root's domain decides stability; any other waits for its upper
         self.members: list[str] = []
         self.agents: dict[str, AgentRecord] = {}
@@ -68,8 +73,8 @@ class RecoveryDomain:
         for name in members:
             if name not in self.agents:
                 self.agents[name] = await place(name)
-                log.info("scope %r: recovery agent for %s placed along %s", self.path, name,
-                         " > ".join(self.agents[name].chain))
+                log.info("scope %r: %s agent for %s placed along %s", self.path, self.protocol,
+                         name, " > ".join(self.agents[name].chain))
         for name in [n for n in self.agents if n not in members]:
             rec = self.agents.pop(name)
             rec.host.drop.remote(rec.spec["name"])
@@ -123,3 +128,46 @@ class RecoveryDomain:
 
     def describe(self) -> dict:
         return {"version": self.version, "members": self.members, "upper": self.upper}
+
+
+class RecoveryDomains:
+    """A scope's domains, one per recovery protocol (key: a built-in's name or a plug-in's
+    "sha256:<hex>"), made when a protocol's first member appears and dropped with its last."""
+
+    def __init__(self, path: str, top: bool) -> None:
+        self.path = path
+        self.top = top
+        self.domains: dict[str, RecoveryDomain] = {}
+        self.upper: dict[str, list] = {}  # per protocol: this scope's agent in the parent's group
+
+    def leader(self, protocol: str) -> str | None:
+        d = self.domains.get(protocol)
+        return d.members[0] if d is not None and d.members else None
+
+    def addresses(self, member: str) -> dict[str, list]:
+        """The agents of `member`, per protocol (only those placed and reachable)."""
+        return {p: a for p, d in self.domains.items() if (a := d.address(member)) is not None}
+
+    def set_upper(self, upper: dict | None) -> None:
+        self.upper = dict(upper or {})
+        for p, d in self.domains.items():
+            d.upper = self.upper.get(p)
+
+    async def update(self, members: dict[str, list[str]], place) -> bool:
+        """Bring every protocol's domain in line with its `members`; `place(protocol, name)`
+        delegates an agent. True when an agent's address changed."""
+        changed = False
+        for protocol in sorted(set(members) | set(self.domains)):
+            d = self.domains.get(protocol)
+            if d is None:
+                d = self.domains[protocol] = RecoveryDomain(self.path, protocol, self.top)
+                d.upper = self.upper.get(protocol)
+            names = members.get(protocol, [])
+            changed |= await d.update(names, lambda name, p=protocol: place(p, name))
+            if not names:
+                del self.domains[protocol]
+        return changed
+
+    async def describe(self) -> dict:
+        return {p: {**d.describe(), "agents": await d.agent_status()}
+                for p, d in self.domains.items()}

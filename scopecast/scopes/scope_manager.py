@@ -37,7 +37,7 @@ from scopecast.policies.library import materialize, plugin_cache, shipped
 from scopecast.policies.registry import digest
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
-from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomain, agent_name
+from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains, agent_name
 from scopecast.scopes.topic_table import TopicTable
 from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
@@ -71,7 +71,7 @@ class Child:
     handle: object = None          # child scopes: their actor
     depth: int = 1
     regular: bool = True           # has forwarding duty (not only client subscriptions)
-    recovering: bool = False       # child scopes: their recovery domain has members
+    recovering: tuple = ()         # child scopes: protocols whose domain there has members
     offers: dict[int, Offer] = field(default_factory=dict)
     joined: dict[str, list[int]] = field(default_factory=dict)
     incarnation: int = 0
@@ -140,7 +140,7 @@ class ScopeManager:
         self._recovering: asyncio.Task | None = None
         self._recovery_again = False
         self._started = time.time()
-        self.recovery = RecoveryDomain(path, top=parent is None)
+        self.recovery = RecoveryDomains(path, top=parent is None)
         self._hello: dict | None = None
         self._delegated: dict[str, dict] = {}   # the last layout's part for each child
 
@@ -313,7 +313,8 @@ class ScopeManager:
             state = (int(body["depth"]), {int(k): str(v) for k, v in body["subs"].items()},
                      {int(t) for t in body["pubs"]},
                      {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
-                     dict(body["joined"]), bool(body["regular"]), bool(body.get("recovering")))
+                     dict(body["joined"]), bool(body["regular"]),
+                     tuple(str(p) for p in body.get("recovering", ())))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("scope %r: malformed report from %r ignored: %s", self.path, name, exc)
             return
@@ -344,7 +345,7 @@ class ScopeManager:
                 self._topics_changed()
         self.settings.update(delegation["settings"])
         self.delegation = delegation
-        self.recovery.upper = delegation.get("upper")
+        self.recovery.set_upper(delegation.get("upper"))
         self._pending_version = version
         for child in self.children.values():
             if child.kind == "member":
@@ -386,8 +387,7 @@ class ScopeManager:
                 "covered_here": self.delegation.get("covered", {}),
                 "policy_rejections": dict(self.container.rejected),
                 "failed_policies": {f"{p} topic {t}": why for (p, t), why in self._failed.items()},
-                "recovery": {**self.recovery.describe(),
-                             "agents": await self.recovery.agent_status()},
+                "recovery": await self.recovery.describe(),
                 "scopes": [{**c.record(), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
@@ -515,15 +515,20 @@ class ScopeManager:
         if not policy.startswith("sha256:"):
             handle = declare.get_or_create(PolicyHost, name, self.path, policy)
         else:
-            sha = policy[len("sha256:"):]
-            module, cls, files = await self._root_call("plugin_files", sha)
-            if digest(files) != sha:
-                raise PluginRejected(f"plug-in {sha[:12]} does not match its digest")
-            package = materialize(files, plugin_cache() / sha, module)
+            module, cls, env = await self._plugin(policy)
             handle = declare.get_or_create(PolicyHost, name, self.path, policy, module, cls,
-                                           ray_options={"runtime_env": shipped(package)})
+                                           ray_options={"runtime_env": env})
         self._hosts[policy] = handle
         return handle
+
+    async def _plugin(self, ref: str) -> tuple[str, str, dict]:
+        """(module, class, runtime_env) of plug-in `ref` ("sha256:<hex>"): fetched from the
+        root's library, checked against its digest, shipped in the runtime_env."""
+        sha = ref[len("sha256:"):]
+        module, cls, files = await self._root_call("plugin_files", sha)
+        if digest(files) != sha:
+            raise PluginRejected(f"plug-in {sha[:12]} does not match its digest")
+        return module, cls, shipped(materialize(files, plugin_cache() / sha, module))
 
     def _length(self) -> int:
         """L: the length of the labels of channels laid in this scope."""
@@ -614,7 +619,7 @@ class ScopeManager:
         content = {"settings": self.settings,
                    "topics": self.table.ref,
                    "exits": body["exits"], "covered": body["covered"],
-                   "upper": self.recovery.address(child.name)}
+                   "upper": self.recovery.addresses(child.name)}
         if content == child.sent:
             return
         self._version += 1
@@ -629,7 +634,7 @@ class ScopeManager:
         child.sent, child.sent_version = view, self._version
         # a member joins its groups for the senders once it can also hold their messages back:
         # with reliable topics, once its recovery agent is in place
-        listed = child.regular and (view["agent"] is not None or not view["reliable"])
+        listed = child.regular and set(view["protocols"].values()) <= set(view["agents"])
         joined = {"%s:%d" % tuple(g): [child.id] for g in view["groups"]} if listed else {}
         if joined != child.joined:  # senders to those groups wait for it: lay again
             child.joined = joined
@@ -656,9 +661,9 @@ class ScopeManager:
         reliable = self._reliable_topics(member)
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
-                "agent": self.recovery.address(member.name),
+                "agents": self.recovery.addresses(member.name),
                 "demoted": member.demoted,
-                "reliable": sorted(reliable),
+                "protocols": reliable,
                 "cached": sorted(t for t in reliable if self.topics[t].history == "cached"),
                 "topics": self.table.ref,
                 "groups": sorted(list(g) for g in groups), "routes": routes,
@@ -705,7 +710,7 @@ class ScopeManager:
                 "offers": {str(t): o.to_wire() for t, o in self._offers(subs).items()},
                 "joined": {k: sorted(v) for k, v in joined.items()},
                 "regular": any(c.regular for c in self.children.values()),
-                "recovering": bool(self._domain_members())}
+                "recovering": sorted(self._domain_members())}
 
     def _offers(self, subs: dict[int, str]) -> dict[int, Offer]:
         """For each topic this scope receives from its parent: where that traffic enters."""
@@ -757,15 +762,21 @@ class ScopeManager:
 
     # ---------------------------------------------------------------------- recovery domain
 
-    def _reliable_topics(self, member: Child) -> set[int]:
-        """Topics a member process takes part in recovering: subscribed as a member, or
-        published, with a recovery protocol."""
+    def _reliable_topics(self, member: Child) -> dict[int, str]:
+        """Topics a member process takes part in recovering (subscribed as a member, or
+        published, with a recovery protocol), each with its protocol's domain key."""
         mine = {t for t, role in member.subs.items() if role == "member"} | member.pubs
-        return {t for t in mine if t in self.topics and self.topics[t].recovery != "none"}
+        return {t: key for t in mine if t in self.topics
+                and (key := self.topics[t].recovery_key) != "none"}
 
-    def _domain_members(self) -> list[str]:
-        return sorted(c.name for c in self.children.values()
-                      if (c.recovering if c.kind == "scope" else self._reliable_topics(c)))
+    def _domain_members(self) -> dict[str, list[str]]:
+        """Per protocol, the children in its domain (ring order)."""
+        out: dict[str, list[str]] = {}
+        for c in sorted(self.children.values(), key=lambda c: c.name):
+            keys = c.recovering if c.kind == "scope" else set(self._reliable_topics(c).values())
+            for key in keys:
+                out.setdefault(key, []).append(c.name)
+        return out
 
     async def _recovery_tick(self) -> None:
         try:
@@ -778,47 +789,54 @@ class ScopeManager:
             if self._dirty:  # a member's groups changed with it: senders wait for it
                 self._kick()
 
-    async def _place_for(self, name: str) -> AgentRecord:
-        """Delegate the agent of member `name` of this scope's domain (thesis 3.2.13)."""
+    async def _place_for(self, protocol: str, name: str) -> AgentRecord:
+        """Delegate the agent of member `name` of this scope's `protocol` domain (3.2.13)."""
         child = self.children[name]
         if self._hello is None:
             self._hello = await self._root_call("hello")
-        spec = {"name": agent_name(self.path, name), "domain": f"{self.path or '/'}|{name}",
-                "level": 1 if child.kind == "member" else child.depth, "protocol": "token_ring",
+        spec = {"name": agent_name(self.path, name, protocol),
+                "domain": f"{self.path or '/'}|{name}",
+                "level": 1 if child.kind == "member" else child.depth, "protocol": protocol,
                 "options": {"active_period": self.settings["token_period"],
                             "idle_period": self.settings["idle_token_period"]},
                 "key": self._hello["key"], "mac": self._hello["mac"],
                 "interface": self._hello.get("interface")}
         if child.kind == "member":
-            return AgentRecord(await self._agent_host(child.node), spec, [self.path or "/", name])
+            return AgentRecord(await self._agent_host(child.node, protocol), spec,
+                               [self.path or "/", name])
         host, chain = await asyncio.wait_for(child.handle.place_agent.remote(spec),
                                              self.settings["scope_timeout"])
         return AgentRecord(host, spec, [self.path or "/", *chain])
 
     async def place_agent(self, spec: dict) -> list:
-        """Place an agent of the parent's domain on the host of this domain's leader: delegated
-        down to the child that leads, and run by the AgentHost of its member's node. Returns
-        [agent host, chain]."""
-        leader = self.children.get(self.recovery.members[0]) if self.recovery.members else None
+        """Place an agent of the parent's domain on the host of the leader of this scope's
+        domain of the same protocol: delegated down to the child that leads, and run by the
+        AgentHost of its member's node. Returns [agent host, chain]."""
+        protocol = spec["protocol"]
+        leader = self.children.get(self.recovery.leader(protocol) or "")
         if leader is not None and leader.kind == "scope":
             host, chain = await leader.handle.place_agent.remote(spec)
             return [host, [self.name, *chain]]
         node = leader.node if leader is not None else _node_id()
-        return [await self._agent_host(node),
+        return [await self._agent_host(node, protocol),
                 [self.name, *([leader.name] if leader is not None else [])]]
 
-    @staticmethod
-    async def _agent_host(node: str):
-        """The AgentHost of `node` (created on first use, pinned there)."""
+    async def _agent_host(self, node: str, protocol: str):
+        """The AgentHost of `node` for `protocol` (created on first use, pinned there): the
+        built-ins share one per node; each plug-in protocol runs in one of its own."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from scopecast.agents.agent import AgentHost, host_name
 
         node = node or _node_id()
         opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
+        args: tuple = ()
+        if protocol.startswith("sha256:"):
+            module, cls, opts["runtime_env"] = await self._plugin(protocol)
+            args = (module, cls)
         # (a named-actor lookup is a blocking GCS call: off the event loop)
-        return await asyncio.to_thread(declare.get_or_create, AgentHost, host_name(node),
-                                       ray_options=opts)
+        return await asyncio.to_thread(declare.get_or_create, AgentHost, host_name(node, protocol),
+                                       *args, ray_options=opts)
 
     # ---------------------------------------------------------------------------- helpers
 

@@ -48,8 +48,14 @@ class TopicInfo:
     root: str = ""
     session: int = 1
     plugin: str = ""            # sha256 of the plug-in module `policy` names ("" for built-ins)
+    recovery_plugin: str = ""   # sha256 of the plug-in module `recovery` names ("" for built-ins)
     schema: dict | None = None
     options: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def recovery_key(self) -> str:
+        """Which recovery domain serves the topic: a built-in's name or "sha256:<hex>"."""
+        return f"sha256:{self.recovery_plugin}" if self.recovery_plugin else self.recovery
