@@ -17,6 +17,7 @@ from benchmarks.loss import available, dropped, udp_loss
 from scopecast import FlushTimeout, RuntimeConfig, WindowFull
 from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
 from scopecast.scopes.status import members, walk
+from tests.conftest import TOKEN_PERIOD
 
 pytestmark = pytest.mark.ray
 needs_iptables = pytest.mark.skipif(not available(), reason="needs root and iptables")
@@ -251,7 +252,7 @@ while True:
 
 
 @needs_iptables
-@pytest.mark.parametrize("policy", ["lan_multicast"])
+@pytest.mark.parametrize("policy", ["lan_multicast", "chain"])
 def test_after_the_publisher_is_killed_the_survivors_agree_on_one_gap_free_prefix(
         cluster, ray_address, topic_name, policy):
     cluster.create_topic(topic_name, policy=policy)
@@ -358,3 +359,44 @@ def test_a_late_joiner_starts_at_its_join_point_or_replays_what_is_cached_then_i
     assert late_member["counters"]["role"] == "regular"
     assert late_member["counters"]["stats"].get("joins_caught_up", 0) >= 1
     ray.get([a.close.remote() for a in (early, late)])
+
+
+@needs_iptables
+def test_status_counts_per_member_drops_naks_repairs_window_token_period_and_role(cluster, topic_name):
+    import socket
+
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    actors = _consumers(topic_name, 2)
+    pids = {_pid(a) for a in actors}
+    n = N // 5
+    pending = [a.consume.remote(n, 300.0) for a in actors]
+    with udp_loss(0.05):
+        expected = _stream(cluster, topic_name, n)
+        results = ray.get(pending, timeout=300)
+    _check_all(results, n, expected)
+    subs = [m for m in members(cluster.status()) if m["pid"] in pids]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # forged: no valid MAC
+        for m in subs:
+            host, port = m["address"].rsplit(":", 1)
+            s.sendto(b"SC" + os.urandom(62), (host, int(port)))
+
+    def shown() -> list[dict] | None:
+        """The subscribers' counters in status, once they show the forged datagram."""
+        got = [m["counters"] for m in members(cluster.status()) if m["pid"] in pids]
+        return got if len(got) == 2 and all(c.get("drops", {}).get("bad_mac") for c in got) \
+            else None
+
+    deadline = time.monotonic() + 30
+    while (counters := shown()) is None:
+        assert time.monotonic() < deadline, "status never showed the dropped datagram"
+        time.sleep(0.5)
+    for c in counters:
+        assert c["role"] == "regular"
+        assert c["stats"]["naks_sent"] > 0 and c["stats"]["repair_datagrams_in"] > 0
+        assert c["stats"]["token_period_ms"] in (TOKEN_PERIOD * 1000, 1000)  # active, or idle
+        assert c["recovery"]["window_limit"] == RuntimeConfig().stable_window_bytes
+    # the sender (this process) answered NAKs with repairs, and holds nothing once flushed
+    senders = [c for c in cluster.counters().values() if c["stats"].get("naks_received")]
+    assert senders and all(c["stats"]["repairs_sent"] > 0 for c in senders)
+    assert all(c["recovery"]["window_bytes"] == 0 for c in senders)
+    ray.get([a.close.remote() for a in actors])

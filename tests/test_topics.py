@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import scopecast
@@ -21,6 +23,11 @@ def test_unknown_policy_or_recovery_is_refused(cluster, topic_name):
         cluster.create_topic(topic_name, policy="no_such_policy")
     with pytest.raises(scopecast.InvalidConfig, match="built-ins are"):
         cluster.create_topic(topic_name, recovery="no_such_protocol")
+    with pytest.raises(scopecast.InvalidConfig, match="from_join or cached"):
+        cluster.create_topic(topic_name, history="everything")
+    ring = cluster.submit_plugin(str(Path(__file__).parent.parent / "examples" / "ring_policy.py"))
+    with pytest.raises(scopecast.InvalidConfig, match="not a recovery protocol"):
+        cluster.create_topic(topic_name, recovery=f"{ring.name}@{ring.version}")
 
 
 def test_create_is_idempotent_but_not_with_other_settings(cluster, topic_name):
