@@ -56,7 +56,8 @@ def token_rounds(cluster, stamp: str, counts: list[int], seconds: float) -> list
                         pub.publish(PAYLOAD)
                     if time.monotonic() >= next_sample:
                         next_sample += SAMPLE_EVERY
-                        agents = scope(cluster.status(), path).get("recovery", {}).get("agents", {})
+                        domain = scope(cluster.status(), path).get("recovery", {}).get("token_ring")
+                        agents = domain["agents"] if domain else {}
                         rounds += [a["protocol_stats"]["round_time"] for a in agents.values()
                                    if a.get("leader") and a.get("protocol_stats", {}).get("rounds")]
                 pub.flush(timeout=120)

@@ -41,7 +41,10 @@ REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forward
 REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
-REPAIR_BURST = 4 << 20               # bytes one NAK may trigger at once (the rest: its next NAK)
+REPAIR_BURST = 1 << 20               # bytes one NAK may trigger at once (the rest: its next NAK):
+REPAIR_ENTRY_COST = 64               # per message too, so that serving one never stalls the loop
+TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
+                                     # tail is a datagram or two; more is data still in flight)
 TAIL_TRIES = 20                      # tail NAKs for one sender without progress before giving up
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
@@ -66,6 +69,7 @@ class RecoveryPath:
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
         self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
+        self._stalls: dict[tuple, int] = {}      # key -> last sseq received at the last summary
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> entries, as _cache
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
@@ -133,8 +137,10 @@ class RecoveryPath:
         self._space.set()
 
     def _own_record(self) -> list:
+        """[what is on the wire, the unstable runs per topic]: a receiver NAKs a tail only up to
+        the first (what is still queued here is not lost, only not sent yet)."""
         topics = [[t, s, *tail] for (t, s), tail in list(self._tails.items())[:MAX_RECORD_TOPICS]]
-        return [self._taken_sseq, topics]
+        return [self.handed, topics]
 
     def _look_up(self, member_id: int) -> None:
         """A member this one must talk to but does not know (in another scope): the control
@@ -246,10 +252,15 @@ class RecoveryPath:
         cache.extend(entries)
 
     def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
-        """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses."""
+        """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses.
+
+        What a sender's record names beyond the last run received is NAKed only once the stream
+        has stalled since the last summary: while runs keep coming it is in flight (or in this
+        member's socket buffer), and asking for it would only make the sender send it twice."""
         acks: dict[int, int] = {}
         naks: list[list] = []
         early = self._early
+        stalls, self._stalls = self._stalls, {}
         for source, (top, topics, _when) in self._records.items():
             if source == self.member_id:
                 continue
@@ -271,7 +282,9 @@ class RecoveryPath:
                         self._release_early(key)
                         nxt = self._next_seq[key]
                 last = self._last_sseq.get(key, fss - 1)
-                if self._nak_holes(key, nxt, last, naks, (ls, lss)):
+                self._stalls[key] = last
+                tail = (ls, min(lss, top)) if stalls.get(key) == last else None
+                if self._nak_holes(key, nxt, last, naks, tail) or last < lss:
                     a = min(a, last)
             acks[source] = a
         # gaps no record names (it has not come yet): pulled from the sender all the same
@@ -321,8 +334,8 @@ class RecoveryPath:
             n = len(run[10])
             if first + n > nxt:
                 nxt, last = first + n, run[7] + n - 1
-        if tail is not None and nxt <= tail[0]:
-            out.append([nxt, tail[0], last + 1, tail[1]])
+        if tail is not None and nxt <= tail[0] and last < tail[1]:
+            out.append([nxt, min(tail[0], nxt + TAIL_SPAN - 1), last + 1, tail[1]])
         return out
 
     def _tail_naks(self, now: float) -> list[list]:
@@ -473,7 +486,7 @@ class RecoveryPath:
                 break
             if e[1] == topic and e[2] == session and lo <= e[3] <= hi:
                 picked.append(e)
-                budget -= len(e[5])
+                budget -= len(e[5]) + REPAIR_ENTRY_COST
         if picked:
             self._send_repair(source, picked, address)
 
