@@ -19,6 +19,7 @@ from scopecast.netio.reassembly import ReassemblyError
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
+ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
 
 
@@ -131,7 +132,7 @@ class ReceivePath:
         key = (header.sender, header.channel)
         pos = self._recv_pos.get(key)
         if pos is None:
-            self._recv_pos[key] = [header.dseq, 0, 0.0]
+            self._recv_pos[key] = [header.dseq, 0, 0.0, 0.0]
         elif header.dseq > pos[0]:
             pos[0] = header.dseq
 
@@ -401,8 +402,13 @@ class ReceivePath:
                     self.stats["acks_withheld"] += 1
                     return
         for (sender, channel), pos in self._recv_pos.items():
-            if pos[0] == pos[1] and now - pos[2] < 0.5:
-                continue
+            if pos[0] == pos[1]:
+                # repeated: a lost ack must not leave a sender's full window stalled (often for
+                # a second after the last new data, then rarely)
+                if now - pos[2] < (ACK_REPEAT if now - pos[3] < 1.0 else ACK_REPEAT_IDLE):
+                    continue
+            else:
+                pos[3] = now
             member = self._members.get(sender)
             if member is None:
                 continue

@@ -161,7 +161,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._stalled: tuple[Feed, bytes] | None = None
         self._active: deque[Feed] = deque()
         self._next_seq: dict[tuple[int, int, int], int] = {}
-        self._recv_pos: dict[tuple[int, int], list] = {}  # (sender, channel) -> [dseq, acked, t]
+        # (sender, channel) -> [dseq, dseq acked, when acked, when new data was last acked]
+        self._recv_pos: dict[tuple[int, int], list] = {}
         self._held: deque[tuple[float, int, bytes]] = deque()
         self._early: dict[tuple, list] = {}  # (topic, source, session) -> runs held, in order
         self._early_bytes = 0
