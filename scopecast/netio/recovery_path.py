@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
@@ -55,6 +56,17 @@ def _sseq(entry: tuple) -> int:
     return entry[0]
 
 
+@dataclass(slots=True)
+class _Reply:
+    """What the latest instructions of one of this member's agents (one per protocol) say that
+    outlives them: combined over the agents into stability, `hi`, the period and caching."""
+
+    down: dict[int, int]    # stream -> stable
+    hi: dict[int, int]      # stream -> highest any member delivered
+    period: float
+    cacher: bool
+
+
 class RecoveryPath:
     """Caches, MaxContiguous, NAKs and repairs (see module docstring)."""
 
@@ -62,10 +74,7 @@ class RecoveryPath:
         self._reliable: frozenset[int] = frozenset()
         self._protocols: dict[int, str] = {}     # reliable topic -> its protocol's domain key
         self._agents: dict[str, tuple[str, int]] = {}   # protocol -> this member's agent
-        self._downs: dict[str, dict[int, int]] = {}     # protocol -> {stream: stable}
-        self._his: dict[str, dict[int, int]] = {}       # protocol -> {stream: highest delivered}
-        self._periods: dict[str, float] = {}
-        self._cachers: dict[str, bool] = {}
+        self._replies: dict[str, _Reply] = {}           # protocol -> its agent's latest reply
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
         self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
@@ -103,9 +112,7 @@ class RecoveryPath:
         self._protocols = protocols
         self._reliable = frozenset(protocols)
         self._cached_history = frozenset(cached)
-        for state in (self._downs, self._his, self._periods, self._cachers):
-            for key in [k for k in state if k not in agents]:
-                del state[key]
+        self._replies = {k: r for k, r in self._replies.items() if k in agents}
 
     # ------------------------------------------------------------------------- the sender
 
@@ -411,34 +418,34 @@ class RecoveryPath:
             self._drop("stale_instructions")  # from an agent this member no longer has
             return
         now = time.monotonic()
-        downs = self._downs[key] = {}
+        reply = self._replies[key] = _Reply(
+            {}, {int(s): int(v) for s, v in ins.get("hi", {}).items()},
+            float(ins.get("period", self._period)), bool(ins.get("cacher")))
+        replies = self._replies.values()
         for source, (stable, record) in ins.get("down", {}).items():
             source = int(source)
-            downs[source] = int(stable)
+            reply.down[source] = int(stable)
             if record:
                 self._records[source] = (int(record[0]), {
                     (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in record[1]}, now)
-        for source in downs:
+        for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)
-            known = [d.get(source) for d in self._downs.values()]
+            known = [r.down.get(source) for r in replies]
             if source == self.member_id:
-                if len(self._downs) == len(self._agents):
+                if len(self._replies) == len(self._agents):
                     self._release_own(min(s or 0 for s in known))
             else:
                 self._prune_peer_cache(source, min(s for s in known if s is not None))
         for nak in ins.get("push", ()):
             self.stats["pushes"] += 1
             self._serve(int(nak[0]), nak[1:7], (nak[8], int(nak[9])))
-        self._his[key] = {int(s): int(v) for s, v in ins.get("hi", {}).items()}
         self._hi = {}
-        for his in self._his.values():
-            for source, v in his.items():
+        for r in replies:
+            for source, v in r.hi.items():
                 self._hi[source] = max(self._hi.get(source, v), v)
-        self._periods[key] = float(ins.get("period", self._period))
-        self._period = min(self._periods.values())
+        self._period = min(r.period for r in replies)
         self.stats["token_period_ms"] = round(self._period * 1000)
-        self._cachers[key] = bool(ins.get("cacher"))
-        cacher = any(self._cachers.values())
+        cacher = any(r.cacher for r in replies)
         if self._cacher and not cacher:
             self._peer_cache.clear()
             self._peer_heads.clear()
