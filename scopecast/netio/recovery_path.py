@@ -388,8 +388,8 @@ class RecoveryPath:
         protocols = self._protocols
         for key, agent in self._agents.items():
             summary = {"acks": acks, "seen": self._max_seen,
-                       "naks": [[*n, self.member_id, *self.address] for n in naks[:MAX_NAKS]
-                                if protocols.get(n[1]) == key]}
+                       "naks": [[*n, self.member_id, *self.address] for n in naks
+                                if protocols.get(n[1]) == key][:MAX_NAKS]}
             if record is not None:
                 summary["recs"] = record
             self._send_control(wire.PacketType.TOKEN, ["sum", summary], agent)
