@@ -3,6 +3,9 @@ sockets, ticked once per simulated period (shared by the protocols' unit tests).
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from scopecast.agents.api import DomainContext, PeerView
 
 PERIOD = 0.06
@@ -37,9 +40,6 @@ def summary(acks: dict, naks=(), recs=None) -> dict:
 
 def load_example(name: str):
     """A module of examples/ (not a package), loaded from its file."""
-    import importlib.util
-    from pathlib import Path
-
     spec = importlib.util.spec_from_file_location(
         name, Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

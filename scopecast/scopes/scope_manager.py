@@ -374,8 +374,8 @@ class ScopeManager:
     async def status(self) -> dict:
         scopes = [c for c in self.children.values() if c.kind == "scope"]
         below = await self._ask(scopes, lambda c: c.handle.status.remote())
-        sub = {c.name: (b if isinstance(b, dict) else {"path": "/".join(filter(None, (self.path, c.name))),
-                                                       "error": str(b)})
+        sub = {c.name: b if isinstance(b, dict)
+               else {"path": "/".join(filter(None, (self.path, c.name))), "error": str(b)}
                for c, b in zip(scopes, below, strict=True)}
         return {"path": self.path or "/", "kind": self.kind, "pid": os.getpid(),
                 "node": _node_id(), "incarnation": f"{self.incarnation:012x}",
