@@ -83,7 +83,8 @@ class RecoveryPath:
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
-        self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]}, when)
+        self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]},
+                                                 #            when received, when max_sseq moved)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
@@ -268,7 +269,7 @@ class RecoveryPath:
         naks: list[list] = []
         early = self._early
         stalls, self._stalls = self._stalls, {}
-        for source, (top, topics, _when) in self._records.items():
+        for source, (top, topics, *_when) in self._records.items():
             if source == self.member_id:
                 continue
             a = top
@@ -355,8 +356,8 @@ class RecoveryPath:
             if seen is None or hi <= seen or source == self.member_id:
                 continue
             record = self._records.get(source)
-            if record is not None and now - record[2] < 3 * max(self._period, 0.05):
-                continue  # the sender still speaks: its own record names what is missing
+            if record is not None and now - record[3] < 3 * max(self._period, 0.05):
+                continue  # the sender still sends: its own record names what is missing
             asked = self._tail_asks.setdefault(source, [seen, 0])
             if asked[0] != seen:
                 asked[:] = [seen, 0]
@@ -426,8 +427,12 @@ class RecoveryPath:
             source = int(source)
             reply.down[source] = int(stable)
             if record:
-                self._records[source] = (int(record[0]), {
-                    (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in record[1]}, now)
+                # a dead sender's last record may still come down (its agent keeps folding the
+                # last summary in until the scope drops it): quiet is when it stops moving
+                top, old = int(record[0]), self._records.get(source)
+                moved = old[3] if old is not None and old[0] == top else now
+                self._records[source] = (top, {
+                    (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in record[1]}, now, moved)
         for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)
             known = [r.down.get(source) for r in replies]

@@ -1,0 +1,70 @@
+"""The member's side of recovery, as pure logic on one runtime (no agent, no peers): what a
+member asks for when a sender goes quiet."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from scopecast.netio.delivery import Subscription
+from scopecast.netio.recovery_path import TAIL_SEQ
+from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
+
+T, SOURCE = 3, 9
+PROTOCOL = "token_ring"
+
+
+@pytest.fixture
+def member():
+    rt = MemberRuntime(1, "m", os.urandom(32), RuntimeConfig())
+    rt.call_wait(rt.install_members, [MemberInfo(SOURCE, "src", "127.0.0.1", 9)])
+    rt.call_wait(rt.install_topics, {T: "T"})
+    rt.call_wait(rt.add_subscription, Subscription(frozenset([T])))
+    rt.call_wait(rt.install_recovery, {PROTOCOL: ("127.0.0.1", 9)}, {T: PROTOCOL})
+    yield rt
+    rt.close()
+
+
+def _deliver(rt: MemberRuntime, first: int, count: int) -> None:
+    payloads = [b"%d" % s for s in range(first, first + count)]
+
+    def take():
+        rt._take_run(b"".join(payloads), [()], T, SOURCE, 1, first, SOURCE, first, 0, 0,
+                     tuple(len(p) for p in payloads), 0)
+        rt._deliver()
+    rt.call_wait(take)
+
+
+def _instructions(top: int, hi: int) -> dict:
+    """What the agent passes down: the sender's record (unstable from 1 to `top`) and the
+    furthest any member delivered."""
+    return {"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]]]]}, "hi": {str(SOURCE): hi},
+            "period": 0.02}
+
+
+def _tail_naks_after(rt: MemberRuntime, instructions, seconds: float) -> list:
+    """Feed the member its agent's replies every 10 ms for `seconds`; its tail NAKs then."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        rt.call_wait(rt._on_instructions, instructions(), PROTOCOL)
+        time.sleep(0.01)
+    return rt.call_wait(lambda: rt._tail_naks(time.monotonic()))
+
+
+def test_a_member_behind_its_peers_asks_them_for_the_tail_once_the_senders_record_stops_moving(
+        member):
+    """A killed sender's agent keeps passing its last record down until the scope drops it
+    (seconds later): the record still arrives, but no longer moves. The survivor behind the
+    others must not wait for the record to vanish (it used to, and a consumer's idle timeout
+    could run out first)."""
+    _deliver(member, 1, 400)
+    naks = _tail_naks_after(member, lambda: _instructions(300, 500), 0.3)
+    assert naks == [[SOURCE, T, 1, 401, TAIL_SEQ, 401, 500]]
+
+
+def test_no_tail_nak_while_the_senders_record_keeps_moving(member):
+    _deliver(member, 1, 400)
+    tops = iter(range(300, 10_000))
+    assert _tail_naks_after(member, lambda: _instructions(next(tops), 500), 0.3) == []
