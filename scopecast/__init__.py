@@ -18,6 +18,7 @@ from scopecast.actors.errors import (
     PluginRejected,
     PublisherClosed,
     ScopecastError,
+    SparkUnavailable,
     TopicExists,
     TopicNotFound,
     WindowFull,
@@ -35,7 +36,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cluster", "Connect", "Disconnect", "FlushTimeout", "ForwardingPolicy", "InvalidConfig",
-    "MemberExpired", "Message", "MessageTooLarge", "NotConnected", "PluginRef",
-    "PluginRejected", "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
-    "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
+    "MemberExpired", "Message", "MessageTooLarge", "NotConnected", "PluginRef", "PluginRejected",
+    "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
+    "SparkUnavailable", "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig",
+    "WindowFull", "connect",
 ]

@@ -40,3 +40,14 @@ def topic_name(request) -> str:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+@pytest.fixture(scope="session")
+def spark(cluster):
+    """One Spark (RayDP) on the session's Ray, shared by every test that uses DataFrames: starting
+    Spark takes seconds, and RayDP allows one per process."""
+    from scopecast.ray_cluster.spark import init_spark, stop_spark
+
+    session = init_spark("scopecast-tests", num_executors=1, executor_cores=1, executor_memory="1G")
+    yield session
+    stop_spark()

@@ -59,3 +59,8 @@ class InvalidConfig(ScopecastError, ValueError):
 
 class MessageTooLarge(ScopecastError, ValueError):
     """A message above the configured maximum message size."""
+
+
+class SparkUnavailable(ScopecastError):
+    """Spark cannot start on this Ray cluster (no Java 17+, not enough free CPUs for the executors,
+    or already running); the message says what to change."""
