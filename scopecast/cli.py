@@ -1,6 +1,7 @@
 """The `scopecast` command. It mirrors the Python API; commands other than `demo` attach to a
 running cluster (`--address`, `RAY_ADDRESS`, or a Ray started on this machine) and fail with
-NotConnected rather than start an embedded Ray."""
+NotConnected rather than start an embedded Ray; `pipeline` talks to the cluster's Ray dashboard
+(Ray's Jobs API), found the same way or in the record `scopecast up` leaves."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def cmd_up(args) -> int:
           f"state {info['state']})")
     print(f"attach with: scopecast status --address {info['address']}  |  "
           f"scopecast.connect(address={info['address']!r})  |  RAY_ADDRESS={info['address']}")
+    if info.get("dashboard"):
+        print(f"Ray dashboard (jobs: `scopecast pipeline submit SCRIPT`): {info['dashboard']}")
     return 0
 
 
@@ -166,6 +169,87 @@ def cmd_subscribe(args) -> int:
         return 0
 
 
+def cmd_pipeline(args) -> int:
+    from scopecast.ray_cluster import jobs
+
+    if not args.verbose:  # Ray's INFO lines about uploads and websockets, on every command
+        import ray.job_submission  # noqa: F401  (its loggers set themselves to INFO on import)
+
+        for name in ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                     "ray._private.runtime_env.packaging"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        # "'.venv' is now ignored by default": we exclude it (and more) on purpose
+        logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)
+    if args.action == "submit":
+        bad = [kv for kv in args.env or () if "=" not in kv]
+        if bad:
+            raise jobs.PipelineError(f"--env takes NAME=VALUE, not {bad[0]!r}")
+        env = dict(kv.split("=", 1) for kv in args.env or ())
+        job_id = jobs.submit_pipeline(args.script, address=args.address, args=args.args,
+                                      working_dir=args.working_dir, env=env or None,
+                                      job_id=args.job_id, python=args.python)
+        print(job_id, flush=True)
+        if args.no_wait:
+            print(f"scopecast: submitted; follow it with `scopecast pipeline logs {job_id} --follow`",
+                  file=sys.stderr)
+            return 0
+        try:
+            try:
+                _write_logs(jobs.pipeline_logs(job_id, address=args.address, follow=True))
+            except jobs.PipelineError as exc:  # lost the log stream: the job's end still decides
+                print(f"scopecast: {exc}", file=sys.stderr)
+            info = jobs.wait_pipeline(job_id, address=args.address)
+        except KeyboardInterrupt:
+            print(f"\nscopecast: stopped following; pipeline {job_id} still runs "
+                  f"(`scopecast pipeline stop {job_id}` stops it)", file=sys.stderr)
+            return 130
+        print(f"scopecast: pipeline {job_id} {info['status']}"
+              + ("" if info["status"] == "SUCCEEDED" else f": {_first_line(info['message'])}"),
+              file=sys.stderr)
+        return 0 if info["status"] == "SUCCEEDED" else 1
+    if args.action == "status":
+        info = jobs.pipeline_status(args.job_id, address=args.address)
+        if args.json:
+            print(json.dumps(info, indent=2, default=str))
+        else:
+            for key in ("job_id", "status", "message", "entrypoint", "start_time", "end_time",
+                        "exit_code"):
+                if info.get(key) is not None:
+                    print(f"{key + ':':<12}{info[key]}")
+        return 0
+    if args.action == "logs":
+        if args.follow:
+            try:
+                _write_logs(jobs.pipeline_logs(args.job_id, address=args.address, follow=True))
+            except KeyboardInterrupt:
+                return 130
+        else:
+            _write_logs([jobs.pipeline_logs(args.job_id, address=args.address)])
+        return 0
+    if args.action == "list":
+        rows = jobs.list_pipelines(address=args.address)
+        if args.json:
+            print(json.dumps(rows, indent=2, default=str))
+        for r in [] if args.json else rows:
+            print(f"{r['job_id']:<30} {r['status']:<10} {r['start_time'] or '-':<26} {r['entrypoint']}")
+        return 0
+    stopped = jobs.stop_pipeline(args.job_id, address=args.address)
+    print(f"stopping pipeline {args.job_id}" if stopped else
+          f"pipeline {args.job_id} had ended already "
+          f"({jobs.pipeline_status(args.job_id, address=args.address)['status']})")
+    return 0
+
+
+def _write_logs(chunks) -> None:
+    for chunk in chunks:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
 SCOPE_HELP = "the member's parent scope, e.g. X/Q, created on first use (default: its host's)"
 
 
@@ -250,11 +334,74 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--timeout", type=float, default=None,
                     help="stop after this many idle seconds (default: wait forever)")
     sb.set_defaults(func=cmd_subscribe)
+
+    pp = sub.add_parser(
+        "pipeline", help="run a pipeline script as a Ray job on the cluster and manage it",
+        description="Pipelines are Python scripts run as Ray jobs (Ray's Jobs API, served by the "
+                    "head's dashboard). The script's directory is shipped with the job (without "
+                    ".venv, .git, caches and files over 10 MiB); the driver runs on the head node "
+                    "with RAY_ADDRESS set, so `scopecast.connect()` in it attaches to that cluster.")
+    actions = pp.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def job_target(sp):
+        sp.add_argument("--address",
+                        help="the cluster: its Ray dashboard URL (http://HOST:8265) or its head's "
+                             "HOST:PORT (default: RAY_ADDRESS, else the cluster `scopecast up` "
+                             "started)")
+        sp.set_defaults(func=cmd_pipeline)
+        return sp
+
+    ps = job_target(actions.add_parser(
+        "submit", help="submit a script as a Ray job; follow its output until it ends",
+        description="Submit SCRIPT as a Ray job, print its id, then print its output until it ends "
+                    "and exit 0 if it SUCCEEDED, 1 otherwise (--no-wait: print the id and return). "
+                    "Arguments after `--` go to the script. Ctrl-C stops following, not the job.",
+        usage="scopecast pipeline submit SCRIPT [options] [-- ARGS...]"))
+    ps.add_argument("script", metavar="SCRIPT", help="the pipeline, a Python script")
+    ps.add_argument("args", nargs="*", metavar="ARGS", help="arguments of the script (after `--`)")
+    ps.add_argument("--no-wait", action="store_true",
+                    help="print the job id and return without following the job")
+    ps.add_argument("--working-dir", metavar="DIR",
+                    help="the directory shipped with the job, which holds SCRIPT "
+                         "(default: SCRIPT's directory)")
+    ps.add_argument("--env", action="append", metavar="NAME=VALUE",
+                    help="an environment variable of the job (repeatable)")
+    ps.add_argument("--job-id", help="the job's id (default: one Ray makes, raysubmit_...)")
+    ps.add_argument("--python", metavar="PATH",
+                    help="the interpreter that runs SCRIPT on the head node (default: the one the "
+                         "cluster was started with if `scopecast up` started it here, else this "
+                         "one for a cluster on this machine, else `python` on the head's PATH)")
+
+    st = job_target(actions.add_parser("status", help="a job's status, message, entrypoint and "
+                                                      "start/end time"))
+    st.add_argument("job_id", metavar="ID", help="the job id `submit` printed")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    lg = job_target(actions.add_parser("logs", help="a job's output (stdout and stderr of its "
+                                                    "driver)"))
+    lg.add_argument("job_id", metavar="ID", help="the job id `submit` printed")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing until the job ends")
+
+    ls = job_target(actions.add_parser("list", help="the jobs submitted to the cluster"))
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sp_ = job_target(actions.add_parser("stop", help="stop a running job (SIGTERM to its driver, "
+                                                     "then SIGKILL)"))
+    sp_.add_argument("job_id", metavar="ID", help="the job id `submit` printed")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, script_args = argv, []
+    if "--" in argv:  # `pipeline submit SCRIPT [options] -- ARGS`: ARGS go to the script verbatim
+        cut = argv.index("--")
+        if any(argv[i:i + 2] == ["pipeline", "submit"] for i in range(cut)):
+            head, script_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(head)
+    if script_args:
+        args.args = [*args.args, *script_args]
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "topic" and args.action != "list" and not args.name:

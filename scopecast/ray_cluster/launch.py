@@ -1,6 +1,8 @@
 """`scopecast up` and `scopecast down`: a persistent local cluster (a Ray head started with
 `ray start`, plus the scope managers) that later commands and drivers attach to, or scopecast
-deployed onto an existing Ray cluster; and its removal."""
+deployed onto an existing Ray cluster; and its removal. A head `up` starts runs Ray's dashboard
+(the Jobs API `scopecast pipeline` uses); `$SCOPECAST_HOME/up.json` records its address, its
+dashboard and the Python it runs."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -55,7 +58,11 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
         status = cluster.status()
         info = {"address": cluster.address, "started_ray": started_ray,
                 "session_dir": _session_dir(), "cluster_id": status["cluster_id"],
-                "state": status["manager"]["state"]}
+                "state": status["manager"]["state"],
+                # what `scopecast pipeline` needs: the Jobs API's address, and the Python the
+                # head (hence a job's driver) runs
+                "dashboard": _dashboard_url(wait=30.0 if started_ray else 0.0),
+                "python": sys.executable if started_ray else None}
     finally:
         cluster.shutdown()
     if started_ray:
@@ -89,13 +96,34 @@ def down(address: str | None = None, stop_ray: bool = False) -> dict:
 def _start_head(port: int) -> None:
     opts = embedded_ray_options()
     ray_bin = Path(sys.executable).parent / "ray"
+    # the dashboard serves Ray's Jobs API (`scopecast pipeline`): on loopback, on the first free
+    # port from 8265 (Ray's choice), its agent on any free port (a fixed one may be taken by
+    # another Ray on this machine, which would silently disable job submission)
     cmd = [str(ray_bin), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={opts['num_cpus']}", f"--object-store-memory={opts['object_store_memory']}",
-           "--include-dashboard=false", "--disable-usage-stats"]
+           "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+           "--dashboard-agent-listen-port=0", "--disable-usage-stats"]
     log.info("starting a local Ray head: %s", " ".join(cmd))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if out.returncode != 0:
         raise ScopecastError(f"`ray start` failed ({out.returncode}): {out.stderr[-2000:]}")
+
+
+def _dashboard_url(wait: float = 0.0) -> str | None:
+    """The URL of the Ray dashboard of the cluster this process is attached to (None if it runs
+    none), waiting up to `wait` seconds for a dashboard that is still starting."""
+    from ray._private.services import get_webui_url_from_internal_kv
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            url = get_webui_url_from_internal_kv()
+        except Exception as exc:  # an internal Ray API: never fail `up` over it
+            log.info("could not read the dashboard's address: %s", exc)
+            return None
+        if url or time.monotonic() >= deadline:
+            return (url if "://" in url else f"http://{url}") if url else None
+        time.sleep(0.5)
 
 
 def _session_dir() -> str:
