@@ -37,11 +37,11 @@ def _deliver(rt: MemberRuntime, first: int, count: int) -> None:
     rt.call_wait(take)
 
 
-def _instructions(top: int, hi: int) -> dict:
-    """What the agent passes down: the sender's record (unstable from 1 to `top`) and the
-    furthest any member delivered."""
-    return {"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]]]]}, "hi": {str(SOURCE): hi},
-            "period": 0.02}
+def _instructions(top: int, hi: int, beat: int = 7) -> dict:
+    """What the agent passes down: the sender's record (unstable from 1 to `top`, with its
+    heartbeat) and the furthest any member delivered."""
+    return {"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]], beat]]},
+            "hi": {str(SOURCE): hi}, "period": 0.02}
 
 
 def _tail_naks_after(rt: MemberRuntime, instructions, seconds: float) -> list:
@@ -53,18 +53,20 @@ def _tail_naks_after(rt: MemberRuntime, instructions, seconds: float) -> list:
     return rt.call_wait(lambda: rt._tail_naks(time.monotonic()))
 
 
-def test_a_member_behind_its_peers_asks_them_for_the_tail_once_the_senders_record_stops_moving(
-        member):
+def test_a_member_behind_its_peers_asks_them_for_the_tail_once_the_senders_heartbeat_stops(member):
     """A killed sender's agent keeps passing its last record down until the scope drops it
-    (seconds later): the record still arrives, but no longer moves. The survivor behind the
-    others must not wait for the record to vanish (it used to, and a consumer's idle timeout
-    could run out first)."""
+    (seconds later): the record still arrives, but its heartbeat no longer moves. The survivor
+    behind the others must not wait for the record to vanish (it used to, and a consumer's idle
+    timeout could run out first)."""
     _deliver(member, 1, 400)
     naks = _tail_naks_after(member, lambda: _instructions(300, 500), 0.3)
     assert naks == [[SOURCE, T, 1, 401, TAIL_SEQ, 401, 500]]
 
 
-def test_no_tail_nak_while_the_senders_record_keeps_moving(member):
+def test_no_tail_nak_while_the_sender_lives_even_when_it_waits_on_its_window(member):
+    """A sender whose window is full sends nothing new, but its heartbeat moves: it will serve
+    the NAKs of its own record, so peers are not asked as well (that doubled the repairs and
+    stalled a 5% loss benchmark on stability)."""
     _deliver(member, 1, 400)
-    tops = iter(range(300, 10_000))
-    assert _tail_naks_after(member, lambda: _instructions(next(tops), 500), 0.3) == []
+    beats = iter(range(10_000))
+    assert _tail_naks_after(member, lambda: _instructions(300, 500, next(beats)), 0.3) == []

@@ -23,7 +23,8 @@ Summary (all keys optional)::
 A *stream* is a sender's sequence space (the wire format's stream id, here the sending member's id);
 `max_contiguous` is the stream position up to which the bottom holds everything it is owed. A
 *record* is what a sender says of its unstable messages: ``[max_sseq, [[topic, session, first_seq,
-first_sseq, last_seq, last_sseq], ...]]``. A NAK's `hi` of 2**32-1 asks for everything of the topic
+first_sseq, last_seq, last_sseq], ...], heartbeat]``; the heartbeat moves with every summary (a
+protocol passes records on as they are). A NAK's `hi` of 2**32-1 asks for everything of the topic
 in the sseq range (a survivor catching up with another after the sender is gone).
 
 Instructions::

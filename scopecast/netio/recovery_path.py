@@ -84,7 +84,9 @@ class RecoveryPath:
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
         self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]},
-                                                 #            when received, when max_sseq moved)
+                                                 # when received, when its heartbeat last moved,
+                                                 # (max_sseq, heartbeat))
+        self._beat = 0                           # own summaries with a record (its heartbeat)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
@@ -145,10 +147,13 @@ class RecoveryPath:
         self._space.set()
 
     def _own_record(self) -> list:
-        """[what is on the wire, the unstable runs per topic]: a receiver NAKs a tail only up to
-        the first (what is still queued here is not lost, only not sent yet)."""
+        """[what is on the wire, the unstable runs per topic, a heartbeat]: a receiver NAKs a tail
+        only up to the first (what is still queued here is not lost, only not sent yet); the
+        heartbeat moves with every summary, so receivers tell a sender that waits (on its window)
+        from one that is gone."""
+        self._beat += 1
         topics = [[t, s, *tail] for (t, s), tail in list(self._tails.items())[:MAX_RECORD_TOPICS]]
-        return [self.handed, topics]
+        return [self.handed, topics, self._beat]
 
     def _look_up(self, member_id: int) -> None:
         """A member this one must talk to but does not know (in another scope): the control
@@ -357,7 +362,7 @@ class RecoveryPath:
                 continue
             record = self._records.get(source)
             if record is not None and now - record[3] < 3 * max(self._period, 0.05):
-                continue  # the sender still sends: its own record names what is missing
+                continue  # the sender lives: its own record names what is missing
             asked = self._tail_asks.setdefault(source, [seen, 0])
             if asked[0] != seen:
                 asked[:] = [seen, 0]
@@ -428,11 +433,13 @@ class RecoveryPath:
             reply.down[source] = int(stable)
             if record:
                 # a dead sender's last record may still come down (its agent keeps folding the
-                # last summary in until the scope drops it): quiet is when it stops moving
-                top, old = int(record[0]), self._records.get(source)
-                moved = old[3] if old is not None and old[0] == top else now
-                self._records[source] = (top, {
-                    (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in record[1]}, now, moved)
+                # last summary in until the scope drops it): gone is when its heartbeat stops
+                old = self._records.get(source)
+                beat = (int(record[0]), int(record[2]) if len(record) > 2 else 0)
+                moved = old[3] if old is not None and old[4] == beat else now
+                runs = record[1][:MAX_RECORD_TOPICS]
+                self._records[source] = (beat[0], {
+                    (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs}, now, moved, beat)
         for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)
             known = [r.down.get(source) for r in replies]
