@@ -10,11 +10,15 @@ agents; QuickSilver's fast multicast), data over UDP, control through Ray actors
 """
 
 from scopecast.actors.errors import (
+    CollectIncomplete,
+    DataFrameRejected,
     FlushTimeout,
     InvalidConfig,
     MemberExpired,
     MessageTooLarge,
     NotConnected,
+    PipelineError,
+    PipelineNotFound,
     PluginRejected,
     PublisherClosed,
     ScopecastError,
@@ -35,9 +39,9 @@ from scopecast.scopes.topics import TopicInfo
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "Connect", "Disconnect", "FlushTimeout", "ForwardingPolicy", "InvalidConfig",
-    "MemberExpired", "Message", "MessageTooLarge", "NotConnected", "PluginRef", "PluginRejected",
-    "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig", "ScopecastError",
-    "SparkUnavailable", "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig",
-    "WindowFull", "connect",
+    "Cluster", "CollectIncomplete", "Connect", "DataFrameRejected", "Disconnect", "FlushTimeout",
+    "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message", "MessageTooLarge", "NotConnected",
+    "PipelineError", "PipelineNotFound", "PluginRef", "PluginRejected", "PolicyContext", "Publisher",
+    "PublisherClosed", "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber",
+    "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
 ]

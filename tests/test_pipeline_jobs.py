@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from scopecast import PipelineError
 from scopecast.ray_cluster import jobs
 
 pytestmark = pytest.mark.ray
@@ -165,5 +166,5 @@ def test_working_dir_leaves_out_environments_and_large_files(tmp_path, monkeypat
     assert ".venv/" in excludes and ".git/" in excludes and "__pycache__/" in excludes
     assert "/data\\[1\\].bin" in excludes
     monkeypatch.setattr(jobs, "MAX_WORKING_DIR_BYTES", 1000)
-    with pytest.raises(jobs.PipelineError, match="code.py"):
+    with pytest.raises(PipelineError, match="code.py"):
         jobs.working_dir_excludes(tmp_path)

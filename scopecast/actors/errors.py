@@ -64,3 +64,21 @@ class MessageTooLarge(ScopecastError, ValueError):
 class SparkUnavailable(ScopecastError):
     """Spark cannot start on this Ray cluster (no Java 17+, not enough free CPUs for the executors,
     or already running); the message says what to change."""
+
+
+class DataFrameRejected(ScopecastError, ValueError):
+    """A DataFrame that cannot be published to topics (a map column, nesting too deep, a row over the
+    maximum message size, too many `topic_column` values, ...); the message names the column."""
+
+
+class CollectIncomplete(ScopecastError):
+    """A collector got a publisher's end message but not every message before it (possible only
+    on a topic without recovery, or after a member failure)."""
+
+
+class PipelineError(ScopecastError):
+    """A pipeline could not be submitted or managed (the message says why)."""
+
+
+class PipelineNotFound(PipelineError, LookupError):
+    """No job with that id on the cluster."""

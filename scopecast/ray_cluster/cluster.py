@@ -215,6 +215,11 @@ class Cluster:
         end the old one and continue in the new one (seq from 1) once every member knows it."""
         return call(self._manager.update_topic, name, policy, recovery)
 
+    def set_topic_schema(self, name: str, schema: dict | None) -> TopicInfo:
+        """Record what the topic's messages hold as `TopicInfo.schema` (a JSON object of at most
+        64 KiB, e.g. what `publish_dataframe` records; None clears it)."""
+        return call(self._manager.set_schema, name, schema)
+
     # ---------------------------------------------------------------------------- plug-ins
 
     def submit_plugin(self, path: str, sign: str | None = None) -> PluginRef:

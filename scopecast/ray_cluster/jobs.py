@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from scopecast.actors.errors import NotConnected, ScopecastError
+from scopecast.actors.errors import NotConnected, PipelineError, PipelineNotFound
 from scopecast.ray_cluster.cluster import _use_ray_token, check_reachable
 from scopecast.scopes.state import state_path
 
@@ -47,14 +47,6 @@ LARGE_FILE_BYTES = 10 << 20       # larger files are left out (Ray warns about t
 MAX_WORKING_DIR_BYTES = 100 << 20  # Ray refuses packages over 512 MiB; code belongs here, data not
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 UNREACHABLE_HELP = "start one with `scopecast up` or pass --address"
-
-
-class PipelineError(ScopecastError):
-    """A pipeline could not be submitted or managed (the message says why)."""
-
-
-class PipelineNotFound(PipelineError, LookupError):
-    """No job with that id on the cluster."""
 
 
 # ----------------------------------------------------------------------------------- addresses

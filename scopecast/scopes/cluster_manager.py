@@ -16,6 +16,7 @@ gets a host scope pinned to it; nodes that join later get theirs within a few he
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
 DEFAULT_LAN = "lan0"
 NODE_CHECK_PERIOD = 2.0
+MAX_SCHEMA_BYTES = 64 << 10  # a topic's recorded schema, as JSON
 
 
 class ClusterScopeManager(ScopeManager):
@@ -212,6 +214,24 @@ class ClusterScopeManager(ScopeManager):
         self._save(info)
         log.info("topic %s: session %d (policy %s, recovery %s)", name, info.session, policy,
                  recovery)
+        return info
+
+    async def set_schema(self, name: str, schema: dict | None) -> TopicInfo:
+        """Record what the topic's messages hold (`TopicInfo.schema`, e.g. the Spark schema of the
+        DataFrame published to it; None clears it): a JSON object of at most MAX_SCHEMA_BYTES."""
+        info = await self.topic(name)
+        if schema is not None:
+            if not isinstance(schema, dict):
+                raise InvalidConfig(f"a topic schema is a dict, not {type(schema).__name__}")
+            try:
+                size = len(json.dumps(schema))
+            except (TypeError, ValueError) as exc:
+                raise InvalidConfig(f"topic {name!r}: the schema must be JSON ({exc})") from None
+            if size > MAX_SCHEMA_BYTES:
+                raise InvalidConfig(f"topic {name!r}: schema of {size} bytes as JSON exceeds "
+                                    f"{MAX_SCHEMA_BYTES}; record a smaller description")
+        info = replace(info, schema=schema)
+        self._save(info)
         return info
 
     def _save(self, info: TopicInfo) -> None:
