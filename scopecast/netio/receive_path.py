@@ -119,7 +119,14 @@ class ReceivePath:
             else:
                 # runs are validated as they are read: the runs before a malformed one in an
                 # authenticated datagram are kept
+                members, me = self._members, self.member_id
                 for run in wire.iter_runs(body, off, header.count, len(routes)):
+                    if run[1] not in members and run[1] != me:
+                        # a source not known yet (forwarded from another scope): held until it
+                        # is, so that its messages name it from the first (runs taken already
+                        # come again as duplicates, and are dropped as such)
+                        self._hold(run[1], data)
+                        return
                     self._take_run(data, routes, *run)
         finally:
             self._deliver()

