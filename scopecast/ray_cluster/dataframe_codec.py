@@ -1,0 +1,198 @@
+"""How DataFrame rows travel as messages: which Spark schemas can (no maps, bounded nesting), the
+Arrow schema a recorded Spark schema stands for, and the msgpack form of each value.
+
+mode="rows": one msgpack map `{column: value}` per row, values in a msgpack-native form that the
+recorded Spark schema turns back into the exact value: timestamps as integer microseconds since the
+epoch (UTC), dates as days since the epoch, decimals as strings, binary as msgpack bin, structs as
+maps, arrays as lists. mode="arrow": one Arrow IPC stream holding one record batch per message,
+sliced to fit the maximum message size.
+
+End of stream. Every publisher ends its stream on every topic of the run with one in-band *end
+message*, a msgpack list `["scopecast.end", run, publisher, publishers, messages, rows, status]`,
+then closes (flush until stable, then the runtime's own end-of-stream marker). The in-band
+message is what collectors wait for: it is numbered, repaired and forwarded like any message, and
+FIFO delivery puts it after everything the publisher sent before it. The runtime's marker is not
+enough here: it is a single datagram, not repaired when lost, sent only along the publisher's own
+channels and not forwarded (with the tree policy, subscribers below the first level never see it).
+Other subscribers of these topics see the end messages too: lists, where rows are maps (rows mode)
+or Arrow (arrow mode).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from scopecast.actors.errors import DataFrameRejected
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+MAX_NESTING = 32            # levels of struct/array (msgpack-python packs at most 511)
+MAX_PARALLELISM = 256
+END_TAG = "scopecast.end"
+
+
+# --------------------------------------------------------------------------- Spark schema checks
+
+_ATOMIC = {"boolean", "byte", "short", "integer", "long", "float", "double", "string", "binary",
+           "date", "timestamp", "timestamp_ntz", "void", "null"}
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)\Z")
+CHAR_TYPES = re.compile(r"(var)?char\(\d+\)\Z")
+
+
+def check_schema(schema: dict, max_nesting: int = MAX_NESTING) -> None:
+    """Refuse (DataFrameRejected) a Spark schema (`df.schema.jsonValue()`) that topics cannot carry:
+    a map anywhere, nesting deeper than `max_nesting` levels of struct/array, types without an Arrow
+    form (intervals, user-defined types), duplicate field names."""
+    _check_type(schema, "", 0, max_nesting)
+
+
+def _check_type(t: Any, path: str, depth: int, max_nesting: int) -> None:
+    where = f"column {path!r}" if path else "the DataFrame"
+    if isinstance(t, str):
+        if t in _ATOMIC or _DECIMAL.match(t) or CHAR_TYPES.match(t):
+            return
+        raise DataFrameRejected(f"{where} has type {t!r}, which topics cannot carry; cast it "
+                                "(e.g. to string or long) before publishing")
+    kind = t.get("type") if isinstance(t, dict) else None
+    if kind == "map":
+        raise DataFrameRejected(f"{where} is a map ({type_name(t)}): maps are not supported; turn it "
+                                "into an array of structs first, e.g. with map_entries()")
+    if kind not in ("struct", "array"):
+        raise DataFrameRejected(f"{where} has type {type_name(t)}, which topics cannot carry")
+    if path and depth + 1 > max_nesting:
+        top = re.split(r"[.\[]", path, maxsplit=1)[0]
+        raise DataFrameRejected(f"column {top!r} nests structs/arrays deeper than {max_nesting} "
+                                "levels; flatten it (or serialize it, e.g. with to_json()) before "
+                                "publishing")
+    inner = depth + 1 if path else depth
+    if kind == "array":
+        _check_type(t["elementType"], f"{path}[]" if path else "[]", inner, max_nesting)
+        return
+    names = [f["name"] for f in t["fields"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise DataFrameRejected(f"{where} has duplicate field names {dupes}; rename them (rows are "
+                                "maps keyed by name)")
+    for f in t["fields"]:
+        _check_type(f["type"], f"{path}.{f['name']}" if path else f["name"], inner, max_nesting)
+
+
+def type_name(t: Any) -> str:
+    if isinstance(t, str):
+        return t
+    kind = t.get("type")
+    if kind == "map":
+        return f"map<{type_name(t['keyType'])},{type_name(t['valueType'])}>"
+    if kind == "array":
+        return f"array<{type_name(t['elementType'])}>"
+    if kind == "struct":
+        return "struct<" + ",".join(f"{f['name']}:{type_name(f['type'])}" for f in t["fields"]) + ">"
+    return str(kind)
+
+
+def arrow_schema(spark_schema: dict) -> pa.Schema:
+    """The Arrow schema of a Spark schema (as JSON), the way Spark converts it: timestamps in
+    microseconds (with a UTC zone; timestamp_ntz without), decimals as decimal128."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f["name"], _arrow_type(f["type"]), f.get("nullable", True))
+                      for f in spark_schema["fields"]])
+
+
+def _arrow_type(t: Any) -> pa.DataType:
+    import pyarrow as pa
+
+    if isinstance(t, str):
+        simple = {"boolean": pa.bool_(), "byte": pa.int8(), "short": pa.int16(), "integer": pa.int32(),
+                  "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+                  "string": pa.string(), "binary": pa.binary(), "date": pa.date32(),
+                  "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+                  "void": pa.null(), "null": pa.null()}
+        if t in simple:
+            return simple[t]
+        m = _DECIMAL.match(t)
+        if m:
+            return pa.decimal128(int(m.group(1)), int(m.group(2)))
+        if CHAR_TYPES.match(t):
+            return pa.string()
+    elif t.get("type") == "array":
+        return pa.list_(pa.field("element", _arrow_type(t["elementType"]), t.get("containsNull", True)))
+    elif t.get("type") == "struct":
+        return pa.struct([pa.field(f["name"], _arrow_type(f["type"]), f.get("nullable", True))
+                          for f in t["fields"]])
+    raise DataFrameRejected(f"type {type_name(t)} has no Arrow form")
+
+
+def wire_type(t: pa.DataType) -> pa.DataType:
+    """The msgpack-native Arrow type rows mode sends a value of type `t` as (every field nullable):
+    timestamp -> int64 microseconds, date -> int32 days, decimal -> string."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_date32(t):
+        return pa.int32()
+    if pa.types.is_decimal(t):
+        return pa.string()
+    if pa.types.is_list(t):
+        return pa.list_(wire_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, wire_type(f.type)) for f in t])
+    return t
+
+
+def wire_schema(schema: pa.Schema) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.name, wire_type(f.type)) for f in schema])
+
+
+def cast_array(arr: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """Cast an Arrow array (or chunked array) to `target` field by field: unlike pyarrow's struct
+    cast, the children of a null struct are masked first (they hold placeholders such as "" that a
+    string -> decimal cast refuses)."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        return pa.chunked_array([cast_array(c, target) for c in arr.chunks], type=target)
+    if arr.type.equals(target):
+        return arr
+    mask = arr.is_null() if arr.null_count else None
+    if pa.types.is_struct(target):
+        children = [cast_array(child, f.type) for child, f in zip(arr.flatten(), target, strict=True)]
+        if not children:
+            return pa.array([None if m else {} for m in mask.to_pylist()] if mask is not None
+                            else [{}] * len(arr), type=target)
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    if pa.types.is_list(target) and pa.types.is_list(arr.type):
+        values = cast_array(arr.values, target.value_type)
+        return pa.ListArray.from_arrays(arr.offsets, values, type=target, mask=mask)
+    return arr.cast(target)
+
+
+def cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with the columns, types and field nullability of `schema` (same column names)."""
+    import pyarrow as pa
+
+    columns = [cast_array(table.column(f.name), f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def to_msgpack_rows(batch: pa.RecordBatch | pa.Table, wire: pa.Schema) -> list[dict]:
+    """Rows of `batch` as dicts of msgpack-native values (see `wire_type`)."""
+    import pyarrow as pa
+
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    return table.cast(wire).to_pylist()
+
+
+def from_msgpack_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """The rows `to_msgpack_rows` made, back as an Arrow table of `schema`."""
+    import pyarrow as pa
+
+    return cast_table(pa.Table.from_pylist(rows, schema=wire_schema(schema)), schema)
+
+

@@ -1,0 +1,557 @@
+"""`publish_dataframe`: a Spark DataFrame's rows to topics, through `ray.data.from_spark` and
+publisher actors (private Ray actors, `num_cpus=0`, each a scopecast member of its own). The wire
+form of rows and the end messages: `dataframe_codec`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import ray
+
+from scopecast.actors.errors import (
+    DataFrameRejected,
+    InvalidConfig,
+    MessageTooLarge,
+    ScopecastError,
+    SparkUnavailable,
+    typed_cause,
+)
+from scopecast.netio.runtime import RuntimeConfig
+from scopecast.ray_cluster.dataframe_codec import (
+    CHAR_TYPES,
+    END_TAG,
+    MAX_PARALLELISM,
+    arrow_schema,
+    check_schema,
+    to_msgpack_rows,
+    type_name,
+    wire_schema,
+)
+from scopecast.scopes.cluster_manager import MAX_SCHEMA_BYTES
+from scopecast.scopes.topics import MAX_TOPIC_NAME, check_topic_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from scopecast.ray_cluster.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+MODES = ("rows", "arrow")
+MAX_ROUTED_TOPICS = 10_000  # distinct topic_column values
+NULL_PART = "__null__"      # the topic part of a null topic_column value
+EMPTY_PART = "__empty__"    # ... and of an empty string
+ARROW_MESSAGE_BYTES = 1 << 20  # arrow mode aims at messages of this size (a single row may be larger)
+ROWS_PER_BATCH = 4096
+_PART_COLUMN = "__scopecast_publisher"
+_VALID_PART = re.compile(r"[A-Za-z0-9_.\-]")
+
+
+@dataclass
+class PublishReport:
+    """What `publish_dataframe` published: rows, messages (end messages not counted), payload bytes,
+    wall-clock seconds, and rows per destination topic."""
+
+    rows: int = 0
+    messages: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    topics: dict[str, int] = field(default_factory=dict)
+
+
+def topic_part(value: Any) -> str:
+    """The topic-name part a `topic_column` value routes to: the value as text with every character
+    outside [A-Za-z0-9_.-] escaped as `_` plus the hex of its UTF-8 bytes ("New York" ->
+    "New_20York"); null -> "__null__", "" -> "__empty__"; booleans as "true"/"false"."""
+    if value is None:
+        return NULL_PART
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if text == "":
+        return EMPTY_PART
+    return "".join(c if _VALID_PART.match(c) else "".join(f"_{b:02x}" for b in c.encode())
+                   for c in text)
+
+
+def routed_topics(topic: str, values: list) -> dict[Any, str]:
+    """topic_column value -> topic name (`f"{topic}/{topic_part(value)}"`); DataFrameRejected when
+    two values map to one name or a name is too long."""
+    out: dict[Any, str] = {}
+    seen: dict[str, Any] = {}
+    for value in values:
+        name = f"{topic}/{topic_part(value)}"
+        if name in seen:
+            raise DataFrameRejected(f"topic_column values {seen[name]!r} and {value!r} both route to "
+                                    f"topic {name!r}; make them distinct after escaping")
+        if len(name) > MAX_TOPIC_NAME:
+            raise DataFrameRejected(f"topic_column value {value!r} makes a topic name of {len(name)} "
+                                    f"characters (at most {MAX_TOPIC_NAME})")
+        seen[name] = value
+        out[value] = name
+    return out
+
+
+# -------------------------------------------------------------------------------- publishing
+
+
+def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = None,
+                      key_column: str | None = None, parallelism: int = 2, mode: str = "rows",
+                      progress: bool | Callable[[int], None] | None = None,
+                      cluster: Cluster | None = None, config: RuntimeConfig | None = None,
+                      flush_timeout: float = 120.0) -> PublishReport:
+    """Publish every row of the Spark DataFrame `df` to `topic` (which must exist) and return a
+    PublishReport once every message is stable (held by every regular subscriber).
+
+    The DataFrame goes to Ray through `ray.data.from_spark`; its blocks are split among
+    `parallelism` publisher actors spread over the nodes, each a scopecast member that publishes
+    one msgpack map per row (mode="rows") or Arrow record batches of up to ~1 MiB (mode="arrow",
+    for bulk), then ends its stream on every topic of the run with an end message (see the module
+    docstring) and closes. Subscribers get each publisher's rows in the DataFrame's order.
+
+    - `topic_column`: each row goes to `f"{topic}/{part}"` where part is the column's value as a
+      topic-name part: characters outside [A-Za-z0-9_.-] are escaped (not refused) as `_` plus
+      their UTF-8 hex, null -> "__null__", "" -> "__empty__" (two values that escape to one name,
+      or more than 10,000 distinct values, are refused). The column must be a string, integer or
+      boolean column. Missing topics are created up front with the base topic's policy, recovery,
+      root, history and options; the base topic gets the end messages too but no rows. Finding
+      the values is a Spark job of its own (cache() a DataFrame that is costly to compute).
+    - `key_column`: all rows of one key go through one publisher (Spark's hash of the key modulo
+      `parallelism`), so subscribers get a key's rows in the DataFrame's order. Each publisher then
+      reads every block and keeps its keys: the whole DataFrame is read `parallelism` times.
+    - `progress`: a tqdm bar over rows when stderr is a terminal (False: never); a callable gets
+      the number of rows published so far, about four times a second.
+    - `config`: the publishers' RuntimeConfig (its max_message_bytes bounds a message).
+
+    Before anything is created or published the schema is checked (DataFrameRejected for a map
+    anywhere, nesting deeper than 32 struct/array levels, intervals and user-defined types,
+    duplicate names) and the DataFrame is converted; then the topics are created and the schema
+    recorded on each (`TopicInfo.schema`: Spark schema JSON, mode, publishers, topic_column,
+    key_column, run id).
+
+    A row larger than the maximum message size (say a binary value of 20 MB) is found while
+    publishing: that publisher stops before the row, the others stop after their current batch,
+    every publisher still ends its streams (status "aborted"), and DataFrameRejected names the
+    column and the row's size; its `report` attribute holds what was published. Subscribers get
+    every message published before the abort exactly once, in order, and collectors end.
+
+    A Spark executor that dies while the DataFrame is converted (Spark computes and caches the
+    partitions, then Ray tasks fetch them from the executors: `ray.data.from_spark` returns only
+    once every block is in Ray's object store) makes the conversion fail: SparkUnavailable, raised
+    before any topic is created or anything published, and Spark on Ray may need a restart
+    (stop_spark() / init_spark()). Once converted, the executors are no longer needed: one that
+    dies while the blocks are published changes nothing. (RayDP retries a failed fetch without
+    end; an executor lost during the short fetch phase may leave the conversion waiting.)
+    """
+    from scopecast.ray_cluster.cluster import connect
+
+    started = time.monotonic()
+    if mode not in MODES:
+        raise InvalidConfig(f"unknown mode {mode!r}: {' or '.join(MODES)}")
+    if not isinstance(parallelism, int) or not 1 <= parallelism <= MAX_PARALLELISM:
+        raise InvalidConfig(f"parallelism must be an integer from 1 to {MAX_PARALLELISM}")
+    check_topic_name(topic)
+    cluster = cluster or connect(start=False)
+    base = cluster.topic(topic)  # TopicNotFound
+    spark_schema = df.schema.jsonValue()
+    check_schema(spark_schema)
+    columns = {f["name"]: f["type"] for f in spark_schema["fields"]}
+    for what, name in (("topic_column", topic_column), ("key_column", key_column)):
+        if name is not None and name not in columns:
+            raise DataFrameRejected(f"{what} {name!r} is not a column of the DataFrame "
+                                    f"(columns: {sorted(columns)})")
+    if key_column is not None and not isinstance(columns[key_column], str):
+        raise DataFrameRejected(f"key_column {key_column!r} is a {type_name(columns[key_column])}; "
+                                "use an atomic column")
+    max_bytes = (config or RuntimeConfig()).max_message_bytes
+
+    routes: dict[Any, str] = {}
+    if topic_column is not None:
+        if columns[topic_column] not in ("string", "byte", "short", "integer", "long", "boolean") \
+                and not CHAR_TYPES.match(str(columns[topic_column])):
+            raise DataFrameRejected(f"topic_column {topic_column!r} is a {type_name(columns[topic_column])}"
+                                    "; use a string, integer or boolean column")
+        values = _spark_job("finding the topic_column values", lambda: [
+            r[0] for r in df.select(topic_column).distinct().limit(MAX_ROUTED_TOPICS + 1).collect()])
+        if len(values) > MAX_ROUTED_TOPICS:
+            raise DataFrameRejected(f"topic_column {topic_column!r} has more than {MAX_ROUTED_TOPICS} "
+                                    "distinct values; route on a coarser column")
+        routes = routed_topics(topic, values)
+    destinations = sorted(set(routes.values())) if topic_column is not None else [topic]
+    run_topics = sorted({topic, *destinations})
+
+    run = uuid.uuid4().hex[:16]
+    schema = {"spark": df.schema.json(), "mode": mode, "publishers": parallelism,
+              "topic_column": topic_column, "key_column": key_column, "run": run}
+    size = len(json.dumps(schema))
+    if size > MAX_SCHEMA_BYTES:
+        raise DataFrameRejected(f"the DataFrame's schema takes {size} bytes as JSON, more than a topic "
+                                f"records ({MAX_SCHEMA_BYTES}); publish fewer columns")
+
+    source = df
+    part = None
+    if key_column is not None and parallelism > 1:
+        from pyspark.sql import functions as F
+
+        part = _PART_COLUMN
+        while part in columns:
+            part += "_"
+        source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
+    refs, total = _convert(source)
+    try:
+        for name in destinations:
+            if name != topic:
+                cluster.create_topic(name, policy=base.policy, recovery=base.recovery, root=base.root,
+                                     options=base.options, history=base.history)
+        for name in run_topics:
+            cluster.set_topic_schema(name, schema)
+        plan = _Plan(run=run, mode=mode, publishers=parallelism, topics=run_topics, base=topic,
+                     topic_column=topic_column, routes=routes, part_column=part,
+                     max_message_bytes=max_bytes, flush_timeout=flush_timeout,
+                     spark_schema=spark_schema)
+        if part is not None:
+            shares = [refs] * parallelism  # every publisher reads every block and keeps its keys
+        else:
+            shares = [refs[i::parallelism] for i in range(parallelism)]
+        report = _run_publishers(plan, shares, total, progress, config)
+    finally:
+        _release(source)
+    report.seconds = time.monotonic() - started
+    log.info("published %d rows of a DataFrame to %d topic(s) in %d messages (%.1f s, run %s)",
+             report.rows, len(report.topics), report.messages, report.seconds, run)
+    return report
+
+
+def _convert(df) -> tuple[list, int]:
+    """Block references of the DataFrame in Ray's object store, and the row count."""
+    def convert():
+        ds = ray.data.from_spark(df)
+        return ds.to_arrow_refs(), ds.count()
+
+    return _spark_job("converting the DataFrame to Ray blocks", convert)
+
+
+def _spark_job(what: str, job: Callable[[], Any]) -> Any:
+    """Run a Spark job for publish_dataframe (before anything is created or published); its failure
+    (typically a lost executor) as SparkUnavailable."""
+    try:
+        return job()
+    except ScopecastError:
+        raise
+    except Exception as exc:
+        java = getattr(exc, "java_exception", None)  # py4j's error: the JVM's exception says more
+        text = str(java) if java is not None else str(exc)
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        raise SparkUnavailable(f"{what} failed ({type(exc).__name__}: {first[:300]}); nothing was "
+                               "published. If a Spark executor was lost, restart Spark (stop_spark(), "
+                               "init_spark()) and publish again") from exc
+
+
+def _release(df) -> None:
+    """Unpin what `from_spark` cached in Spark to rebuild lost blocks (they are published now)."""
+    try:
+        from raydp.spark.dataset import release_spark_recoverable
+
+        release_spark_recoverable(df)
+    except Exception as exc:  # another RayDP, or Spark gone (its cache went with it)
+        log.debug("releasing the converted DataFrame: %s", exc)
+
+
+@dataclass
+class _Plan:
+    """What every publisher of one run needs to know."""
+
+    run: str
+    mode: str
+    publishers: int
+    topics: list[str]
+    base: str
+    topic_column: str | None
+    routes: dict
+    part_column: str | None
+    max_message_bytes: int
+    flush_timeout: float
+    spark_schema: dict
+
+
+def _run_publishers(plan: _Plan, shares: list[list], total: int, progress, config) -> PublishReport:
+    remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_DataFramePublisher)
+    actors = [remote.options(scheduling_strategy="SPREAD").remote(plan, i, config)
+              for i in range(plan.publishers)]
+    callback = progress if callable(progress) else None
+    bar = None
+    if progress is not False and callback is None and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="rows", desc=f"publishing to {plan.base}")
+    pending = {a.run.remote(share): a for a, share in zip(actors, shares, strict=True)}
+    results: dict[int, dict] = {}
+    error: BaseException | None = None
+    shown = 0
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.25)
+            for ref in done:
+                del pending[ref]
+                try:
+                    out = ray.get(ref)
+                except Exception as exc:
+                    cause = typed_cause(exc) if isinstance(exc, ray.exceptions.RayTaskError) else None
+                    partial = getattr(cause, "counts", None)
+                    if partial:
+                        results[partial["publisher"]] = partial
+                    if error is None:
+                        error = cause or exc
+                        for other in pending.values():
+                            other.stop.remote(f"another publisher failed: {error}")
+                else:
+                    results[out["publisher"]] = out
+            if bar is not None or callback is not None:
+                rows = sum(r["rows"] for r in results.values()) + _progress(pending.values())
+                if bar is not None and rows > shown:
+                    bar.update(rows - shown)
+                if callback is not None and rows != shown:
+                    callback(rows)
+                shown = rows
+    finally:
+        if bar is not None:
+            bar.close()
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    report = PublishReport()
+    counts: dict[str, int] = {}
+    for out in results.values():
+        report.rows += out["rows"]
+        report.messages += out["messages"]
+        report.bytes += out["bytes"]
+        for name, n in out["topics"].items():
+            counts[name] = counts.get(name, 0) + n
+    destinations = [t for t in plan.topics if t != plan.base] if plan.topic_column else [plan.base]
+    report.topics = {t: counts.get(t, 0) for t in destinations}
+    if error is not None:
+        if isinstance(error, ScopecastError):
+            error.report = report  # what was published before the run stopped
+        raise error
+    return report
+
+
+def _progress(actors) -> int:
+    """Rows the running publishers have published so far."""
+    total = 0
+    for ref in [a.progress.remote() for a in actors]:
+        try:
+            total += ray.get(ref, timeout=5)
+        except Exception:  # gone or busy: counted when its result comes
+            pass
+    return total
+
+
+class _DataFramePublisher:
+    """One publisher of a `publish_dataframe` run: a scopecast member that publishes its share of
+    the blocks to the run's topics and ends every one of them (a private Ray actor)."""
+
+    def __init__(self, plan: _Plan, index: int, config: RuntimeConfig | None) -> None:
+        import scopecast
+
+        self._plan = plan
+        self._index = index
+        self._stop: str | None = None
+        self._rows = 0
+        self._cluster = scopecast.connect(config=config, name=f"dataframe-{plan.run}-p{index}")
+        self._pubs = {}
+        try:
+            for name in plan.topics:
+                self._pubs[name] = self._cluster.publisher(name)
+        except BaseException:
+            self._cluster.shutdown()
+            raise
+        self._messages = dict.fromkeys(plan.topics, 0)
+        self._topic_rows = dict.fromkeys(plan.topics, 0)
+        self._bytes = 0
+        self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
+
+    def progress(self) -> int:
+        return self._rows
+
+    def stop(self, reason: str) -> None:
+        self._stop = reason
+
+    def run(self, refs: list) -> dict:
+        """Publish the blocks `refs` (in order), then end every topic of the run."""
+        error: BaseException | None = None
+        try:
+            for ref in refs:
+                if self._stop is not None:
+                    break
+                self._publish_block(ray.get(ref))
+        except BaseException as exc:
+            error = exc
+        if error is not None:
+            status = f"aborted: {error}"
+        elif self._stop is not None:
+            status = f"aborted: {self._stop}"
+        else:
+            status = "ok"
+        try:
+            self._end(status)
+        except BaseException as exc:
+            error = error or exc
+        finally:
+            self._cluster.shutdown()
+        counts = self._counts()
+        if error is not None:
+            if isinstance(error, ScopecastError):
+                error.counts = counts  # travels with the error to the driver
+            raise error
+        return counts
+
+    def _counts(self) -> dict:
+        plan = self._plan
+        return {"publisher": self._index, "rows": self._rows, "messages": sum(self._messages.values()),
+                "bytes": self._bytes, "topics": {t: n for t, n in self._topic_rows.items()
+                                                 if t != plan.base or not plan.topic_column}}
+
+    def _publish_block(self, table) -> None:
+        import pyarrow.compute as pc
+
+        plan = self._plan
+        if plan.part_column is not None:
+            table = table.filter(pc.equal(table.column(plan.part_column), self._index))
+            table = table.drop_columns([plan.part_column])
+        if table.num_rows == 0:
+            return
+        if plan.mode == "rows":
+            for batch in table.to_batches(max_chunksize=ROWS_PER_BATCH):
+                if self._stop is not None:
+                    return
+                self._publish_rows(batch, self._wire)
+        else:
+            for batch in table.to_batches(max_chunksize=64 * ROWS_PER_BATCH):
+                if self._stop is not None:
+                    return
+                for name, group in self._groups(batch):
+                    self._publish_arrow(name, group)
+
+    def _route(self, batch) -> list[str]:
+        plan = self._plan
+        if plan.topic_column is None:
+            return [plan.base] * batch.num_rows
+        routes = plan.routes
+        return [routes[v] for v in batch.column(plan.topic_column).to_pylist()]
+
+    def _publish_rows(self, batch, wire) -> None:
+        packb = msgpack.packb
+        pubs = self._pubs
+        names = self._route(batch)
+        for name, row in zip(names, to_msgpack_rows(batch, wire), strict=True):
+            size = len(packb(row, use_bin_type=True))
+            if size > self._plan.max_message_bytes:
+                raise _too_large(row, size, self._plan.max_message_bytes, self._rows)
+            pubs[name].publish(row)
+            self._bytes += size
+            self._messages[name] += 1
+            self._topic_rows[name] += 1
+            self._rows += 1
+
+    def _groups(self, batch):
+        """(topic, rows of the batch routed to it), rows in their order."""
+        plan = self._plan
+        if plan.topic_column is None:
+            yield plan.base, batch
+            return
+        import numpy as np
+        import pyarrow.compute as pc
+
+        encoded = pc.dictionary_encode(batch.column(plan.topic_column), null_encoding="encode")
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        values = encoded.dictionary.to_pylist()
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        ends = np.r_[starts[1:], len(ordered)]
+        for s, e in zip(starts, ends, strict=True):
+            yield plan.routes[values[ordered[s]]], batch.take(order[s:e])
+
+    def _publish_arrow(self, name: str, batch) -> None:
+        """Publish `batch` as record batches that each fit the message size."""
+        import pyarrow as pa
+
+        limit = self._plan.max_message_bytes
+        overhead = _ipc_overhead(batch.schema)
+        target = max(1, min(limit, ARROW_MESSAGE_BYTES) - overhead)
+        per_row = max(1, pa.ipc.get_record_batch_size(batch) // max(1, batch.num_rows))
+        step = max(1, target // per_row)
+        start = 0
+        while start < batch.num_rows:
+            if self._stop is not None:
+                return
+            piece = batch.slice(start, step)
+            size = pa.ipc.get_record_batch_size(piece) + overhead
+            if size > limit and piece.num_rows > 1:
+                step = max(1, piece.num_rows // 2)
+                continue
+            if size > limit:
+                raise _too_large(piece.to_pylist()[0], size, limit, self._rows)
+            try:
+                self._pubs[name].publish(piece)
+            except MessageTooLarge as exc:
+                if piece.num_rows == 1:
+                    raise _too_large(piece.to_pylist()[0], size, limit, self._rows) from exc
+                step = max(1, piece.num_rows // 2)
+                continue
+            self._bytes += size
+            self._messages[name] += 1
+            self._topic_rows[name] += piece.num_rows
+            self._rows += piece.num_rows
+            start += piece.num_rows
+
+    def _end(self, status: str) -> None:
+        """One end message per topic, then close (flush, the runtime's marker, leave)."""
+        plan = self._plan
+        errors = []
+        for name, pub in self._pubs.items():
+            try:
+                pub.publish([END_TAG, plan.run, self._index, plan.publishers, self._messages[name],
+                             self._topic_rows[name], status])
+            except Exception as exc:  # closed by a session move, ...: the others still end
+                errors.append(exc)
+        for pub in self._pubs.values():
+            try:
+                pub.close(plan.flush_timeout)
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def _ipc_overhead(schema) -> int:
+    """Bytes an Arrow IPC stream adds around one record batch of `schema`."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema):
+        pass
+    return len(sink.getvalue()) + 64
+
+
+def _too_large(row: dict, size: int, limit: int, before: int) -> DataFrameRejected:
+    """The error for a row over the message size, naming its largest column."""
+    sizes = {k: len(msgpack.packb(v, use_bin_type=True, default=str)) for k, v in row.items()}
+    column = max(sizes, key=sizes.get) if sizes else "?"
+    return DataFrameRejected(
+        f"a row of {size} bytes exceeds max_message_bytes={limit}: column {column!r} holds "
+        f"{sizes.get(column, 0)} bytes of it; split or shrink that column (or raise "
+        f"RuntimeConfig.max_message_bytes). This publisher had published {before} rows; the run "
+        "stopped and every publisher ended its streams")
+
+
