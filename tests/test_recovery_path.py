@@ -70,3 +70,12 @@ def test_no_tail_nak_while_the_sender_lives_even_when_it_waits_on_its_window(mem
     _deliver(member, 1, 400)
     beats = iter(range(10_000))
     assert _tail_naks_after(member, lambda: _instructions(300, 500, next(beats)), 0.3) == []
+
+
+def test_a_member_behind_keeps_asking_for_the_tail_while_it_makes_no_progress(member):
+    """Under load a repair can take many periods (a token round, a lost push): the survivor
+    must not give up after a few tries (it did after 20 periods, and ended on a shorter prefix
+    than its peers)."""
+    _deliver(member, 1, 400)
+    naks = _tail_naks_after(member, lambda: _instructions(300, 500), 1.5)  # 75 periods of 20 ms
+    assert naks == [[SOURCE, T, 1, 401, TAIL_SEQ, 401, 500]]

@@ -48,7 +48,8 @@ REPAIR_SCAN_COST = 16                # per cached message looked at, so that ser
                                      # the loop (a storm of NAKs once kept it busy for seconds)
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
-TAIL_TRIES = 20                      # tail NAKs for one sender without progress before giving up
+TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
+                                     # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
@@ -97,7 +98,7 @@ class RecoveryPath:
         self._gap_at: dict[tuple, list] = {}      # key -> [(hole's last seq, opened at)]
         self._max_seen: dict[int, int] = {}      # source -> highest sseq delivered (reliable)
         self._hi: dict[int, int] = {}            # source -> highest any member delivered
-        self._tail_asks: dict[int, list] = {}    # source -> [seen when last asked, times]
+        self._tail_asks: dict[int, list] = {}    # source -> [seen when first asked, when]
         self.stable_sseq = 0      # own stream: everything up to here is stable (read by the app)
         self.released_bytes = 0   # own bytes no longer held for the window (read by the app)
         self._period = 0.05
@@ -356,8 +357,9 @@ class RecoveryPath:
 
     def _tail_naks(self, now: float) -> list[list]:
         """Ask peers for what another member delivered beyond this one, from a sender whose
-        record went quiet (it is gone or stalled): so survivors of a sender's crash end on the
-        same prefix. A few tries without progress, then it stops asking."""
+        heartbeat stopped (it is gone): so survivors of a sender's crash end on the same prefix.
+        Every period until it catches up; it stops asking after TAIL_PATIENCE without progress
+        (no peer holds it any more)."""
         out = []
         for source, hi in self._hi.items():
             seen = self._max_seen.get(source)
@@ -366,11 +368,10 @@ class RecoveryPath:
             record = self._records.get(source)
             if record is not None and now - record[3] < 3 * max(self._period, 0.05):
                 continue  # the sender lives: its own record names what is missing
-            asked = self._tail_asks.setdefault(source, [seen, 0])
+            asked = self._tail_asks.setdefault(source, [seen, now])
             if asked[0] != seen:
-                asked[:] = [seen, 0]
-            if asked[1] < TAIL_TRIES:
-                asked[1] += 1
+                asked[:] = [seen, now]
+            if now - asked[1] < TAIL_PATIENCE:
                 # per topic this member takes from that sender: only what it is owed comes back
                 for (topic, src, session), nxt in self._next_seq.items():
                     if src == source and topic in self._reliable:
