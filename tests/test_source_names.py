@@ -1,5 +1,6 @@
 """A message names its source from the first: runs forwarded from a source this member has not
-been told of yet (a publisher in another scope) wait until the control plane names it."""
+been told of yet (a publisher in another scope) wait until the control plane names it; runs of a
+source that has left (repairs of a killed publisher's stream) keep its name and are not held."""
 
 from __future__ import annotations
 
@@ -43,5 +44,11 @@ def test_runs_of_a_source_not_known_yet_are_delivered_under_its_name_once_it_is_
         got = _received(sub, 3)
         assert [(m.source, m.seq, m.payload) for m in got] == \
             [("publisher", 1, b"m1"), ("publisher", 2, b"m2"), ("publisher", 3, b"m3")]
+        # the source leaves (killed): what peers still repair of its stream comes under its name
+        rt.call_wait(rt.install_members, [forwarder])
+        late = wire.WireMessage(T, SOURCE, 1, 4, SOURCE, 4, 0, (("A", "A"),), b"m4")
+        body = wire.encode_datagram(wire.PacketType.REPAIR, FORWARDER, 0, 0, [late])
+        rt.call_wait(rt._on_datagram, body + rt._auth.sign(body))
+        assert [(m.source, m.seq) for m in _received(sub, 1)] == [("publisher", 4)]
     finally:
         rt.close()

@@ -119,11 +119,11 @@ class ReceivePath:
             else:
                 # runs are validated as they are read: the runs before a malformed one in an
                 # authenticated datagram are kept
-                members, me = self._members, self.member_id
+                names, me = self._names, self.member_id
                 for run in wire.iter_runs(body, off, header.count, len(routes)):
-                    if run[1] not in members and run[1] != me:
-                        # a source not known yet (forwarded from another scope): held until it
-                        # is, so that its messages name it from the first (runs taken already
+                    if run[1] not in names and run[1] != me:
+                        # a source never known yet (forwarded from another scope): held until
+                        # it is, so that its messages name it from the first (runs taken already
                         # come again as duplicates, and are dropped as such)
                         self._hold(run[1], data)
                         return
@@ -202,9 +202,8 @@ class ReceivePath:
             off = stop
         route = routes[ridx]
         if subs:
-            member = self._members.get(source)
             topic_name = self._topic_names.get(topic) or str(topic)
-            source_name = member.name if member is not None else str(source)
+            source_name = self._names.get(source) or str(source)
             out = [Message(topic_name, source_name, session, seq, payload, ctype, route)
                    for seq, payload in enumerate(payloads, first)]
             self._offer(subs, out, sum(lengths) + MESSAGE_COST * len(lengths))
@@ -386,10 +385,9 @@ class ReceivePath:
 
     def _on_end_of_stream(self, sender: int, topic: int, session: int, last_seq: int) -> None:
         subs = self._subs.get(topic, ())
-        member = self._members.get(sender)
         for sub in subs:
             sub.ends[(self._topic_names.get(topic, str(topic)),
-                      member.name if member else str(sender), session)] = last_seq
+                      self._names.get(sender) or str(sender), session)] = last_seq
             if sub.waiting:
                 sub.event.set()
 

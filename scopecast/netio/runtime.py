@@ -43,6 +43,7 @@ LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-
 HOLE_DELAY = 0.005  # a hole is NAKed this soon (runs reordered across paths come within it)
 IDLE_FROM = 0.1    # a token period this long is the idle one: a moving stream reports at once
 MAX_MESSAGE = 0xFFFFFFFF
+MAX_NAMES = 4096   # names of members remembered, current and gone
 HEADER = wire.HEADER
 
 
@@ -146,6 +147,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                                         self.config.reassembly_timeout)
         # protocol state, owned by the I/O thread
         self._members: dict[int, MemberInfo] = {}
+        self._names: dict[int, str] = {}  # member -> name, kept a while after it left (its
+                                          # messages still come as repairs: they keep its name)
         self._topic_names: dict[int, str] = {}
         self._sessions: dict[int, int] = {}      # topic -> latest session announced (I/O thread)
         self.publish_sessions: dict[int, int] = {}  # topic -> session publishers use (control)
@@ -305,6 +308,12 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
 
     def install_members(self, members: list[MemberInfo]) -> None:
         self._members = {m.id: m for m in members}
+        names = self._names
+        for m in members:
+            names.pop(m.id, None)
+            names[m.id] = m.name
+        while len(names) > MAX_NAMES:
+            del names[next(iter(names))]  # the longest gone
         for key in [k for k in self._recv_pos if k[0] not in self._members]:
             del self._recv_pos[key]
         self._release_held()
