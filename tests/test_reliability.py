@@ -259,7 +259,7 @@ def test_after_the_publisher_is_killed_the_survivors_agree_on_one_gap_free_prefi
         cluster, ray_address, topic_name, policy):
     cluster.create_topic(topic_name, policy=policy)
     actors = _consumers(topic_name)
-    pending = [a.consume.remote(None, 240.0, 12.0) for a in actors]
+    pending = [a.consume.remote(None, 240.0, 30.0) for a in actors]  # idle: a liveness bound
     with udp_loss(0.05):
         publisher = subprocess.Popen([sys.executable, "-c", PUBLISHER, ray_address, topic_name],
                                      stdout=subprocess.PIPE, text=True)

@@ -187,8 +187,11 @@ class TokenRing(RecoveryProtocol):
                 self.stats["naks_served"] += 1
             else:
                 left.append(nak)
-        left += [n for n in source.get("naks", ()) if n not in left]
-        token["naks"] = left[:MAX_TOKEN_NAKS]
+        # each agent's fresh NAKs, up to its share of the token, go before the older ones (its
+        # bottom asks again next period): one member's many holes never starve the others'
+        share = max(1, MAX_TOKEN_NAKS // len(ring.members))
+        own = [n for n in source.get("naks", ()) if n not in left][:share]
+        token["naks"] = (own + left)[:MAX_TOKEN_NAKS]
         if token["naks"] or any(r[1] for r in token["recs"].values()):
             token["act"] = True
 
