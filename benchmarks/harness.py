@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import analysis, loss, machine, recovery_curves, report
+from benchmarks import analysis, loss, machine, recovery_curves, report, spark_pipeline
 from benchmarks.cases import Case, Wiring, failed_result, run_case
 from benchmarks.procs import REPO_ROOT
 
@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "iptables drops this share of loopback UDP datagrams (default 0.01,0.05; "
                         "needs root and iptables; 0 or --quick: none); then the recovery curves: "
                         "token round time for 3-17 members, publisher memory per byte in flight")
+    p.add_argument("--spark-rows", type=int, default=None, metavar="N",
+                   help="Spark pipeline suite: N rows of ~1 KB from a DataFrame through "
+                        "publish_dataframe (parallelism 1 and 2) to a subscriber, beside the "
+                        "conversion ceiling (default 100000; 0 or --quick: none)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -123,6 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--seconds must be positive and --warmup not negative")
     if args.loss is None:
         args.loss = [] if args.quick else [0.01, 0.05]
+    if args.spark_rows is None:
+        args.spark_rows = 0 if args.quick else 100_000
     if args.case_timeout is None:
         args.case_timeout = 150.0 + 3 * args.seconds
     return args
@@ -232,6 +238,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
             print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
         lossy = _loss_cases(args, cluster, address, stamp, log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds) if lossy else {}
+        pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
     finally:
         cluster.shutdown()
     analysis.attach_ratios(cases)
@@ -260,8 +267,9 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "loss_suite": loss_rows,
         "loss_cases": lossy,
         "recovery_curves": curves,
+        "spark_pipeline": pipeline,
         "table_markdown": report.markdown_table(cases, targets) + report.loss_table(loss_rows)
-        + report.curves_table(curves),
+        + report.curves_table(curves) + spark_pipeline.table(pipeline),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
 
