@@ -87,8 +87,7 @@ class RecoveryPath:
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
         self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]},
-                                                 # when received, when its heartbeat last moved,
-                                                 # (max_sseq, heartbeat))
+                                                 # when received, when it last moved, heartbeat)
         self._beat = 0                           # own summaries with a record (its heartbeat)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
@@ -440,10 +439,10 @@ class RecoveryPath:
                 # a dead sender's last record may still come down (its agent keeps folding the
                 # last summary in until the scope drops it): gone is when its heartbeat stops
                 old = self._records.get(source)
-                beat = (int(record[0]), int(record[2]) if len(record) > 2 else 0)
-                moved = old[3] if old is not None and old[4] == beat else now
+                top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
+                moved = old[3] if old is not None and (old[0], old[4]) == (top, beat) else now
                 runs = record[1][:MAX_RECORD_TOPICS]
-                self._records[source] = (beat[0], {
+                self._records[source] = (top, {
                     (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs}, now, moved, beat)
         for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)

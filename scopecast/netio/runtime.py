@@ -312,8 +312,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         for m in members:
             names.pop(m.id, None)
             names[m.id] = m.name
-        while len(names) > MAX_NAMES:
-            del names[next(iter(names))]  # the longest gone
+        if len(names) > MAX_NAMES:  # forget the longest gone (never a current member)
+            for gone in [k for k in names if k not in self._members][:len(names) - MAX_NAMES]:
+                del names[gone]
         for key in [k for k in self._recv_pos if k[0] not in self._members]:
             del self._recv_pos[key]
         self._release_held()

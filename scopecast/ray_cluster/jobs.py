@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from scopecast.actors.errors import NotConnected, PipelineError, PipelineNotFound
 from scopecast.ray_cluster.cluster import _use_ray_token, check_reachable
-from scopecast.scopes.state import state_path
+from scopecast.ray_cluster.launch import record_path
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ UNREACHABLE_HELP = "start one with `scopecast up` or pass --address"
 
 def _record() -> dict | None:
     """What `scopecast up` recorded about the local cluster it started, if anything."""
-    path = state_path().parent / "up.json"
+    path = record_path()
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -137,7 +137,7 @@ def _recorded(record: dict) -> tuple[str, str | None]:
         check_reachable(address)
     except NotConnected:
         raise NotConnected(f"the cluster `scopecast up` started at {address} (recorded in "
-                           f"{state_path().parent / 'up.json'}) is not running: "
+                           f"{record_path()}) is not running: "
                            f"{UNREACHABLE_HELP}") from None
     return record.get("dashboard") or _dashboard_of_gcs(address), record.get("python")
 

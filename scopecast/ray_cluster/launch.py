@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 6390  # not Ray's 6379, which a Redis server on the same machine may hold
 
 
-def _record_path() -> Path:
+def record_path() -> Path:
+    """Where `up` records the local cluster it started (read by `scopecast pipeline` too)."""
     return state_path().parent / "up.json"
 
 
@@ -66,7 +67,7 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
     finally:
         cluster.shutdown()
     if started_ray:
-        _record_path().write_text(json.dumps(info))
+        record_path().write_text(json.dumps(info))
     return info
 
 
@@ -136,7 +137,7 @@ def _session_dir() -> str:
 def _stop_head() -> int:
     """Kill the processes of the Ray head `up` started (found by its session directory and port);
     returns how many."""
-    path = _record_path()
+    path = record_path()
     if not path.exists():
         return 0
     info = json.loads(path.read_text())
