@@ -394,7 +394,9 @@ def test_status_counts_per_member_drops_naks_repairs_window_token_period_and_rol
         time.sleep(0.5)
     for c in counters:
         assert c["role"] == "regular"
-        assert c["stats"]["naks_sent"] > 0 and c["stats"]["repair_datagrams_in"] > 0
+        # holes go to the agent with each summary and, a period later, to the sender directly
+        naks = c["stats"].get("naks_reported", 0) + c["stats"].get("naks_sent", 0)
+        assert naks > 0 and c["stats"]["repair_datagrams_in"] > 0
         assert c["stats"]["token_period_ms"] in (TOKEN_PERIOD * 1000, 1000)  # active, or idle
         assert c["recovery"]["window_limit"] == RuntimeConfig().stable_window_bytes
     # the sender (this process) answered NAKs with repairs, and holds nothing once flushed

@@ -404,6 +404,7 @@ class RecoveryPath:
                 summary["recs"] = record
             self._send_control(wire.PacketType.TOKEN, ["sum", summary], agent)
             self.stats["summaries_sent"] += 1
+            self.stats["naks_reported"] += len(summary["naks"])
         # the sender holds everything not yet stable: pull from it (again once a period passed)
         due = {k for k, t in self._nak_at.items() if now - t >= self._period}
         for nak in naks[:MAX_NAKS]:
