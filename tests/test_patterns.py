@@ -51,3 +51,27 @@ def test_pattern_subscriber_gets_existing_and_new_topics_from_the_first_message(
     member = next(m for m in members(status) if f"{base}/*" in m["subscriptions"])
     assert other.id not in member["subscribes"]
     ray.get(consumer.close.remote())
+
+
+def test_pattern_subscribers_in_other_scopes_get_a_new_topic_from_its_first_message(cluster,
+                                                                                   topic_name):
+    """A topic created after the subscription and published to at once: subscribers in two LAN
+    scopes (not the publisher's host scope) learn of it only through the scope tree, and the
+    publisher's first message must still wait for them."""
+    base = topic_name + "/flights"
+    lans = [f"patlan{i}" for i in range(2)]
+    consumers = [ray.remote(num_cpus=0)(TopicConsumer).remote(f"{base}/*", scope=lan)
+                 for lan in lans]
+    ray.get([c.ready.remote() for c in consumers])
+    origins = [f"O{i}" for i in range(4)]
+    pending = [c.consume.remote(len(origins) * 100, 120.0) for c in consumers]
+    for origin in origins:
+        cluster.create_topic(f"{base}/{origin}")
+        with cluster.publisher(f"{base}/{origin}") as pub:
+            for i in range(100):
+                pub.publish({"origin": origin, "n": i})
+            pub.flush()
+    for got in ray.get(pending, timeout=180):
+        assert got["count"] == len(origins) * 100 and got["gaps"] == 0
+        assert all(seq == 100 for seq in got["last_seq"].values())
+    ray.get([c.close.remote() for c in consumers])

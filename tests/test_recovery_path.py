@@ -79,3 +79,18 @@ def test_a_member_behind_keeps_asking_for_the_tail_while_it_makes_no_progress(me
     _deliver(member, 1, 400)
     naks = _tail_naks_after(member, lambda: _instructions(300, 500), 1.5)  # 75 periods of 20 ms
     assert naks == [[SOURCE, T, 1, 401, TAIL_SEQ, 401, 500]]
+
+
+def test_a_member_that_joined_after_all_its_sender_named_owes_no_ack_of_it(member):
+    """A member told it joined a stream past everything the sender's record names (it came in
+    after those messages) is owed none of them: it must acknowledge them, or they never become
+    stable and the sender's flush times out (seen with pattern subscribers of a new topic)."""
+    key = (T, SOURCE, 1)
+
+    def joined_after_100():
+        member._asks[key] = [1, time.monotonic()]
+        member._on_join_point(SOURCE, T, 1, 101, 101)
+        member._on_instructions(_instructions(100, 0), PROTOCOL)
+        return member._owed(time.monotonic())
+    acks, naks = member.call_wait(joined_after_100)
+    assert acks[SOURCE] == 100 and naks == []

@@ -297,6 +297,8 @@ class RecoveryPath:
                     if held:
                         self._release_early(key)
                         nxt = self._next_seq[key]
+                if nxt > ls:  # joined after all the record names: owed nothing of it
+                    continue
                 last = self._last_sseq.get(key, fss - 1)
                 self._stalls[key] = last
                 tail = (ls, min(lss, top)) if stalls.get(key) == last else None

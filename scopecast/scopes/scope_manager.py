@@ -131,6 +131,7 @@ class ScopeManager:
         self.applied = 0                 # version of the parent's delegation in place
         self._pending_version = 0        # version of the parent's delegation last received
         self._reported = None
+        self._report_ref = None  # the last report's call: done once the parent has taken it in
         self._hosts: dict[str, object] = {}
         # (plug-in policy, topic) -> why the plug-in no longer lays that topic here
         self._failed: dict[tuple[str, int], str] = {}
@@ -353,16 +354,32 @@ class ScopeManager:
         self._kick()
 
     async def check(self, version: int | None = None) -> bool:
-        """Whether this subtree has in place what was last sent to it (`version`: the parent's)."""
+        """Whether this subtree has in place what was last sent to it (`version`: the parent's),
+        and this scope has heard back from every child what it makes of that: a child scope's
+        report after applying it carries the subscriptions resolved against the topics sent
+        (a pattern subscriber below learns of a new topic only so); nothing may have been sent
+        down meanwhile, nor be about to be."""
         await self._settle()
-        if version is not None and self.applied != version:
+        sent = self._version
+        if version is not None and self.applied != version or not await self._reported_up():
             return False
-        for child in self.children.values():
-            if child.kind == "member" and child.acked != child.sent_version:
-                return False
+        if any(c.acked != c.sent_version for c in self.children.values()):
+            return False
         scopes = [c for c in self.children.values() if c.kind == "scope"]
         results = await self._ask(scopes, lambda c: c.handle.check.remote(c.sent_version))
-        return all(r is True for r in results)
+        return all(r is True for r in results) and self._version == sent and not self._dirty \
+            and (self._task is None or self._task.done())
+
+    async def _reported_up(self) -> bool:
+        """Whether the parent has taken in this scope's last report (so a layout it asks for is
+        under way there, and the parent's own check sees it)."""
+        if self._report_ref is None:
+            return True
+        try:
+            await asyncio.wait_for(self._report_ref, self.settings["scope_timeout"])
+            return True
+        except Exception:  # the parent is gone or restarting: its check cannot pass either
+            return False
 
     async def _ask(self, children: list[Child], call) -> list:
         """Call every child scope at once; a child that does not answer within the scope timeout
@@ -684,8 +701,8 @@ class ScopeManager:
                 return
         self._reported = body
         try:
-            self._parent_handle().report.remote(self.name, body,
-                                                ray.get_runtime_context().current_actor)
+            self._report_ref = self._parent_handle().report.remote(
+                self.name, body, ray.get_runtime_context().current_actor)
         except Exception as exc:
             log.warning("scope %r: cannot report to %r: %s", self.path, self._parent_name, exc)
             self._parent = None
