@@ -394,7 +394,8 @@ def arrow_to_spark(spark: SparkSession, table: pa.Table, schema) -> DataFrame:
     from pyspark.sql import DataFrame as SparkDataFrame
 
     table = cast_table(table, arrow_schema(schema.jsonValue()))
-    batches = table.to_batches(max_chunksize=10_000)
+    # an empty batch would end the stream for Spark's reader: the rows after it were lost
+    batches = [b for b in table.to_batches(max_chunksize=10_000) if b.num_rows]
     if not batches:
         batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
     try:
