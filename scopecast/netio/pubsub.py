@@ -72,9 +72,15 @@ class Publisher:
 
         Blocks while this process has more than `RuntimeConfig.queue_bytes` queued for sending."""
         if value.__class__ is bytes:
-            ctype, payload = RAW, value
-        else:
-            ctype, payload = encode_value(value)
+            return self._send(RAW, value)
+        return self._send(*encode_value(value))
+
+    def publish_msgpack(self, payload: bytes) -> int:
+        """Queue a value its caller already msgpack-encoded (subscribers see it decoded, as if
+        published with `publish`): for callers that encode anyway, e.g. to measure it."""
+        return self._send(ContentType.MSGPACK, payload)
+
+    def _send(self, ctype: int, payload: bytes) -> int:
         if len(payload) > self._max:
             raise MessageTooLarge(f"message of {len(payload)} bytes exceeds max_message_bytes="
                                   f"{self._max}; split it or raise the limit in RuntimeConfig")

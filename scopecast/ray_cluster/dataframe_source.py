@@ -454,10 +454,11 @@ class _DataFramePublisher:
         pubs = self._pubs
         names = self._route(batch)
         for name, row in zip(names, to_msgpack_rows(batch, wire), strict=True):
-            size = len(packb(row, use_bin_type=True))
+            data = packb(row, use_bin_type=True)
+            size = len(data)
             if size > self._plan.max_message_bytes:
                 raise _too_large(row, size, self._plan.max_message_bytes, self._rows)
-            pubs[name].publish(row)
+            pubs[name].publish_msgpack(data)
             self._bytes += size
             self._messages[name] += 1
             self._topic_rows[name] += 1
