@@ -207,14 +207,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
         while part in columns:
             part += "_"
         source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
-    # the publisher actors start (a worker process each, scopecast imported, connected) while
-    # Spark converts: on a small cluster that start-up is a good part of a run
-    actors = _start_publishers(run, parallelism, config)
-    try:
-        refs, total = _convert(source)
-    except BaseException:
-        _kill(actors)
-        raise
+    refs, total = _convert(source)
     try:
         for name in destinations:
             if name != topic:
@@ -230,9 +223,8 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
             shares = [refs] * parallelism  # every publisher reads every block and keeps its keys
         else:
             shares = [refs[i::parallelism] for i in range(parallelism)]
-        report = _run_publishers(actors, plan, shares, total, progress)
+        report = _run_publishers(plan, shares, total, progress, config)
     finally:
-        _kill(actors)
         _release(source)
     report.seconds = time.monotonic() - started
     log.info("published %d rows of a DataFrame to %d topic(s) in %d messages (%.1f s, run %s)",
@@ -292,26 +284,17 @@ class _Plan:
     spark_schema: dict
 
 
-def _start_publishers(run: str, parallelism: int, config) -> list:
+def _run_publishers(plan: _Plan, shares: list[list], total: int, progress, config) -> PublishReport:
     remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_DataFramePublisher)
-    return [remote.options(scheduling_strategy="SPREAD").remote(run, i, config)
-            for i in range(parallelism)]
-
-
-def _kill(actors: list) -> None:
-    for a in actors:
-        ray.kill(a, no_restart=True)
-
-
-def _run_publishers(actors: list, plan: _Plan, shares: list[list], total: int,
-                    progress) -> PublishReport:
+    actors = [remote.options(scheduling_strategy="SPREAD").remote(plan, i, config)
+              for i in range(plan.publishers)]
     callback = progress if callable(progress) else None
     bar = None
     if progress is not False and callback is None and sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="rows", desc=f"publishing to {plan.base}")
-    pending = {a.run.remote(plan, share): a for a, share in zip(actors, shares, strict=True)}
+    pending = {a.run.remote(share): a for a, share in zip(actors, shares, strict=True)}
     results: dict[int, dict] = {}
     error: BaseException | None = None
     shown = 0
@@ -343,6 +326,8 @@ def _run_publishers(actors: list, plan: _Plan, shares: list[list], total: int,
     finally:
         if bar is not None:
             bar.close()
+        for a in actors:
+            ray.kill(a, no_restart=True)
     report = PublishReport()
     counts: dict[str, int] = {}
     for out in results.values():
@@ -375,15 +360,25 @@ class _DataFramePublisher:
     """One publisher of a `publish_dataframe` run: a scopecast member that publishes its share of
     the blocks to the run's topics and ends every one of them (a private Ray actor)."""
 
-    def __init__(self, run: str, index: int, config: RuntimeConfig | None) -> None:
+    def __init__(self, plan: _Plan, index: int, config: RuntimeConfig | None) -> None:
         import scopecast
 
+        self._plan = plan
         self._index = index
         self._stop: str | None = None
         self._rows = 0
-        self._cluster = scopecast.connect(config=config, name=f"dataframe-{run}-p{index}")
+        self._cluster = scopecast.connect(config=config, name=f"dataframe-{plan.run}-p{index}")
         self._pubs = {}
+        try:
+            for name in plan.topics:
+                self._pubs[name] = self._cluster.publisher(name)
+        except BaseException:
+            self._cluster.shutdown()
+            raise
+        self._messages = dict.fromkeys(plan.topics, 0)
+        self._topic_rows = dict.fromkeys(plan.topics, 0)
         self._bytes = 0
+        self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
 
     def progress(self) -> int:
         return self._rows
@@ -391,16 +386,10 @@ class _DataFramePublisher:
     def stop(self, reason: str) -> None:
         self._stop = reason
 
-    def run(self, plan: _Plan, refs: list) -> dict:
-        """Publish the blocks `refs` (in order) to the run's topics, then end every one of them."""
-        self._plan = plan
-        self._messages = dict.fromkeys(plan.topics, 0)
-        self._topic_rows = dict.fromkeys(plan.topics, 0)
-        self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
+    def run(self, refs: list) -> dict:
+        """Publish the blocks `refs` (in order), then end every topic of the run."""
         error: BaseException | None = None
         try:
-            for name in plan.topics:
-                self._pubs[name] = self._cluster.publisher(name)
             for ref in refs:
                 if self._stop is not None:
                     break
