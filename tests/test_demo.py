@@ -16,7 +16,12 @@ pytestmark = pytest.mark.ray
 def test_the_main_job_delivers_every_row_to_both_lans(cluster, spark, tmp_path):
     out = io.StringIO()
     plot = tmp_path / "demo.png"
-    code = demo.run(out=out, plot=str(plot), rows=20_000, spark=spark, timeout=300.0)
+    try:
+        code = demo.run(out=out, plot=str(plot), rows=20_000, spark=spark, timeout=300.0)
+    finally:  # the demo's topics leave the session's cluster as they were (its plug-in unused)
+        for t in cluster.topics():
+            if t.name in ("flights", "routes") or t.name.startswith("flights/"):
+                cluster.delete_topic(t.name)
     text = out.getvalue()
     assert code == 0, text
     assert "Spark read 20,000 flights" in text and "every subscriber got every row" in text
