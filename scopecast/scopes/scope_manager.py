@@ -361,7 +361,7 @@ class ScopeManager:
         down meanwhile, nor be about to be."""
         await self._settle()
         sent = self._version
-        if version is not None and self.applied != version or not await self._reported_up():
+        if (version is not None and self.applied != version) or not await self._reported_up():
             return False
         if any(c.acked != c.sent_version for c in self.children.values()):
             return False
