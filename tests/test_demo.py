@@ -8,11 +8,17 @@ import io
 
 import pytest
 
+import scopecast
 from scopecast.ray_cluster import demo
 
-pytestmark = pytest.mark.ray
+
+@pytest.mark.parametrize("rows", [0, -5, 2.5])
+def test_a_bad_row_count_is_refused_before_anything_starts(rows):
+    with pytest.raises(scopecast.InvalidConfig, match="rows must be a positive integer"):
+        demo.run(out=io.StringIO(), rows=rows)
 
 
+@pytest.mark.ray
 def test_the_main_job_delivers_every_row_to_both_lans(cluster, spark, tmp_path):
     out = io.StringIO()
     plot = tmp_path / "demo.png"

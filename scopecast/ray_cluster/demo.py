@@ -128,6 +128,9 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
     from scopecast.ray_cluster.dataframes import TopicCollector, publish_dataframe
     from scopecast.ray_cluster.spark import init_spark, stop_spark
 
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        raise scopecast.InvalidConfig(f"rows must be a positive integer, not {rows!r}")
+
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
