@@ -78,20 +78,72 @@ def wanted(members, sources, policy_name="chain", candidates=None):
 
 def run(container: PolicyContainer, host: PolicyHost, w: dict) -> None:
     for phase in ("choices", "events"):
-        for _policy, items in container.requests(w, phase).items():
+        for policy, items in container.requests(w, phase).items():
             public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
-            for item, result in zip(items, host.apply(public), strict=True):
+            for item, result in zip(items, host.apply("X", policy, public), strict=True):
                 container.apply(item, result)
 
 
 def test_container_lays_what_the_policy_asks_and_follows_events():
-    container, host = PolicyContainer("X", False), PolicyHost("X", "chain")
+    container, host = PolicyContainer("X", False), PolicyHost()
     run(container, host, wanted(["P", "Q", "R"], ["P"]))
     lay = container.topics[7]
     assert set(lay.channels) == {("P", "Q", "P"), ("Q", "R", "P")}
     assert lay.entry == "P" and lay.exits == {1: ["R"]}
     run(container, host, wanted(["P", "R"], ["P"]))
     assert set(container.topics[7].channels) == {("P", "R", "P")}
+
+
+def test_one_host_runs_every_builtin_and_a_topic_that_changes_policy_starts_afresh():
+    """The built-ins share a scope's policy actor: a topic moved from chain to star is laid by a
+    new star instance (the chain one is dropped), not by the chain instance's leftovers."""
+    container, host = PolicyContainer("X", False), PolicyHost()
+    run(container, host, wanted(["P", "Q", "R"], ["P"]))
+    assert set(container.topics[7].channels) == {("P", "Q", "P"), ("Q", "R", "P")}
+    run(container, host, wanted(["P", "Q", "R"], ["P"], policy_name="star"))
+    assert set(container.topics[7].channels) == {("P", "Q", "P"), ("P", "R", "P")}
+    assert list(host._instances) == [("X", "star", 7)]
+
+
+def test_a_replaced_policy_actor_gets_each_of_its_topics_whole_state_again():
+    container, host = PolicyContainer("X", False), PolicyHost()
+    run(container, host, wanted(["P", "Q"], ["P"]))
+    assert container.requests(wanted(["P", "Q"], ["P"]), "events") == {}
+    container.host_lost(lambda policy: policy == "chain")
+    (item,) = container.requests(wanted(["P", "Q"], ["P"]), "events")["chain"]
+    assert item["reset"] is True and item["events"] == [("member_added", "P"), ("member_added", "Q"),
+                                                        ("source_added", "P")]
+    run(container, PolicyHost(), wanted(["P", "Q"], ["P"]))  # the new actor rebuilds it
+    assert set(container.topics[7].channels) == {("P", "Q", "P")}
+
+
+def test_a_restarted_policy_actor_answers_lost_and_is_sent_the_whole_state():
+    """Ray restarts a dead policy actor empty: changes to an instance it no longer has are not
+    applied to a fresh one (its earlier events would be missing) but answered `lost`."""
+    container, host = PolicyContainer("X", False), PolicyHost()
+    run(container, host, wanted(["P", "Q"], ["P"]))
+    restarted = PolicyHost()
+    (choice,) = container.requests(wanted(["P", "Q", "R"], ["P"]), "choices")["chain"]
+    restarted.apply("X", "chain", [choice])  # a choice asked of it keeps no instance
+    (item,) = container.requests(wanted(["P", "Q", "R"], ["P"]), "events")["chain"]
+    assert "reset" not in item
+    (result,) = restarted.apply("X", "chain", [item])
+    assert result.get("lost") is True and not restarted._instances
+    container.apply(item, result)
+    run(container, restarted, wanted(["P", "Q", "R"], ["P"]))
+    assert set(container.topics[7].channels) == {("P", "Q", "P"), ("Q", "R", "P")}
+
+
+def test_scopes_sharing_the_builtin_actor_keep_apart_instances():
+    host = PolicyHost()
+    a, b = PolicyContainer("A", False), PolicyContainer("B", False)
+    for container, scope, members in ((a, "A", ["P", "Q", "R"]), (b, "B", ["P", "R"])):
+        for phase in ("choices", "events"):
+            for policy, items in container.requests(wanted(members, ["P"]), phase).items():
+                for item, result in zip(items, host.apply(scope, policy, items), strict=True):
+                    container.apply(item, result)
+    assert set(a.topics[7].channels) == {("P", "Q", "P"), ("Q", "R", "P")}
+    assert set(b.topics[7].channels) == {("P", "R", "P")}
 
 
 def test_container_ignores_operations_naming_non_members():

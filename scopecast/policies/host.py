@@ -1,9 +1,12 @@
-"""The policy actor: hosts every topic's instance of one policy module for one scope.
+"""The policy actors: one per node hosts every scope's instances of the built-in policies; each
+plug-in has one per scope, confined.
 
-A scope manager never runs policy code itself; it sends each policy actor one batch per re-layout
-(`apply`) with, per topic, the events since the last batch and the entry/exit choices it needs, and
-gets back the operations and choices. Instances keep their state between batches; a restarted actor
-gets the whole current state again (`reset=True`) and rebuilds it from the events.
+A scope manager never runs policy code itself; it sends a policy actor one batch per policy and
+re-layout (`apply`) with, per topic, the events since the last batch and the entry/exit choices it
+needs, and gets back the operations and choices. Instances keep their state between batches. The
+built-ins are our own code, so the scopes of a node share their actor (an actor per scope cost every
+scope another Ray worker process); a restarted actor has lost its instances and answers `lost` for
+a topic it is sent changes of, and the scope sends that topic's whole state again (`reset`).
 """
 
 from __future__ import annotations
@@ -26,31 +29,40 @@ PLUGIN_MEMORY = 1 << 30  # what a plug-in's actor may allocate beyond its start-
 
 
 class PolicyHost:
-    """One Ray actor per (scope, policy module)."""
+    """The built-ins' actor of a node (`module` None), or one plug-in's actor of a scope."""
 
-    def __init__(self, scope: str, policy: str, module: str | None = None,
-                 cls: str | None = None) -> None:
+    def __init__(self, module: str | None = None, cls: str | None = None) -> None:
         if module is None:
             from scopecast.policies.builtin import BUILTIN_POLICIES
-            self._cls: type[ForwardingPolicy] = BUILTIN_POLICIES[policy]
+            self._classes: dict[str, type[ForwardingPolicy]] = dict(BUILTIN_POLICIES)
         else:  # a plug-in: its package came with this actor's runtime_env (py_modules)
             confine(PLUGIN_MEMORY)
-            self._cls = getattr(importlib.import_module(module), cls)
-        self._scope = scope
-        self._instances: dict[int, ForwardingPolicy] = {}
+            self._classes = {"": getattr(importlib.import_module(module), cls)}
+        self._instances: dict[tuple[str, str, int], ForwardingPolicy] = {}
 
-    def apply(self, batch: list[dict]) -> list[dict]:
-        return [self._apply_one(item) for item in batch]
+    def apply(self, scope: str, policy: str, batch: list[dict]) -> list[dict]:
+        """Scope `scope`'s batch for `policy` (a built-in's name; "" in a plug-in's actor)."""
+        cls = self._classes.get(policy) or self._classes.get("")
+        return [self._apply_one(scope, cls, policy, item) for item in batch]
 
-    def _apply_one(self, item: dict) -> dict:
+    def _apply_one(self, scope: str, cls: type[ForwardingPolicy] | None, policy: str,
+                   item: dict) -> dict:
         topic = item["topic"]
+        key = (scope, policy, topic)
         if item.get("drop"):
-            self._instances.pop(topic, None)
+            self._instances.pop(key, None)
             return {"topic": topic, "ops": []}
+        inst = self._instances.get(key)
+        events = item.get("events")
+        if inst is None and events is not None and not item.get("reset"):
+            return {"topic": topic, "ops": [], "lost": True}  # changes to an instance not here
         try:
-            inst = self._instances.get(topic)
+            if cls is None:
+                raise LookupError(f"no built-in policy {policy!r}")
             if inst is None or item.get("reset"):
-                inst = self._instances[topic] = self._cls(PolicyContext(**item["context"]))
+                inst = cls(PolicyContext(**item["context"]))
+                if events is not None:  # only a whole state makes an instance worth keeping
+                    self._instances[key] = inst
             ops = []
             for kind, member in item.get("events", ()):
                 if kind in EVENTS:
@@ -62,8 +74,8 @@ class PolicyHost:
                 out["exits"] = [inst.exits(members, n) for n in item.get("replicas", ())]
             return out
         except Exception as exc:  # a faulty policy must not take the scope down with it
-            log.exception("policy %s for topic %d in scope %r failed", self._cls.name, topic,
-                          self._scope)
+            log.exception("policy %s for topic %d in scope %r failed",
+                          getattr(cls, "name", policy), topic, scope)
             return {"topic": topic, "ops": [], "error": f"{type(exc).__name__}: {exc}"}
 
 

@@ -106,6 +106,9 @@ class PolicyContainer:
             layout.error = (result or {}).get("error") or "policy actor did not answer"
             layout.fresh = True  # send the whole state again next time
             return []
+        if result.get("lost"):  # the policy actor restarted without the instance: send it all
+            layout.fresh = True
+            return []
         layout.error = None
         if "_choices" in item:
             return self._apply_choices(layout, item, result)
@@ -121,6 +124,13 @@ class PolicyContainer:
                     or k[2] not in layout.sources]:
             del layout.channels[key]
         return rejected
+
+    def host_lost(self, hosted) -> None:
+        """The policy actor of the topics whose policy satisfies `hosted` was replaced: their
+        instances went with it, so each is sent its whole state again next time."""
+        for layout in self.topics.values():
+            if hosted(layout.policy):
+                layout.fresh = True
 
     def _apply_choices(self, layout: TopicLayout, item: dict, result: dict) -> list[str]:
         layout.choices_for = item["_choices"]

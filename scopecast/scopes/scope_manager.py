@@ -48,6 +48,7 @@ DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeo
                     "token_period": 0.01, "idle_token_period": 1.0}
 POLICY_TIMEOUT = 10.0
 DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
+BUILTIN_HOST = "builtin"  # the key of the node's policy actor that hosts the built-in policies
 WATCH_TIMEOUT = 1.0
 MULTICAST_KINDS = ("lan", "host", "user")
 
@@ -498,21 +499,28 @@ class ScopeManager:
     async def _run_policies(self, batches: dict[str, list[dict]]) -> None:
         async def one(policy: str, items: list[dict]) -> None:
             public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
+            plugin = policy.startswith("sha256:")
             host = None
             try:
                 host = await self._policy_host(policy)
-                results = await asyncio.wait_for(host.apply.remote(public), POLICY_TIMEOUT)
+                results = await asyncio.wait_for(
+                    host.apply.remote(self.path, "" if plugin else policy, public), POLICY_TIMEOUT)
             except Exception as exc:  # hung, died, or never came up: its topics here fall back
                 why = ("did not answer within %.0fs" % POLICY_TIMEOUT
                        if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}")
                 log.warning("scope %r: policy actor %s failed: %s", self.path, policy, why)
-                self._hosts.pop(policy, None)
-                if host is not None:  # a fresh actor hosts the plug-in's other topics
-                    ray.kill(host, no_restart=True)
+                key = _host_key(policy)
+                self._hosts.pop(key, None)
+                if host is not None:  # its topics here get their whole state again next time
+                    self.container.host_lost(lambda p: _host_key(p) == key)
+                    if plugin:  # a fresh actor hosts the plug-in's other topics
+                        ray.kill(host, no_restart=True)
                 results = [{"topic": it["topic"], "ops": [], "error": f"policy actor {why}"}
                            for it in items]
             for item, result in zip(items, results, strict=True):
                 rejected = self.container.apply(item, result)
+                if result.get("lost"):
+                    self._dirty = True
                 why = result.get("error") or (
                     f"returned malformed operations ({', '.join(rejected)})" if rejected else None)
                 if why and policy != DEFAULT_POLICY:
@@ -522,20 +530,29 @@ class ScopeManager:
         await asyncio.gather(*(one(p, items) for p, items in batches.items() if items))
 
     async def _policy_host(self, policy: str):
-        """The policy actor of this scope for a built-in policy or a plug-in (made on first use;
-        a plug-in's module is fetched from the root's library, checked against its digest and
-        shipped to the actor in its runtime_env)."""
-        handle = self._hosts.get(policy)
+        """The policy actor for a built-in policy (the node's, shared by its scopes) or for a
+        plug-in (this scope's own: its module is fetched from the root's library, checked against
+        its digest and shipped to the actor in its runtime_env). Made on first use."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        key = _host_key(policy)
+        handle = self._hosts.get(key)
         if handle is not None:
             return handle
-        name = f"scopecast:policy:{self.path}:{policy[:23]}"
-        if not policy.startswith("sha256:"):
-            handle = declare.get_or_create(PolicyHost, name, self.path, policy)
+        args: tuple = ()
+        if key == BUILTIN_HOST:
+            node = _node_id()
+            name = f"scopecast:policy:{node}"
+            opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} \
+                if node else {}
         else:
             module, cls, env = await self._plugin(policy)
-            handle = declare.get_or_create(PolicyHost, name, self.path, policy, module, cls,
-                                           ray_options={"runtime_env": env})
-        self._hosts[policy] = handle
+            name, args, opts = f"scopecast:policy:{self.path}:{key[:23]}", (module, cls), \
+                {"runtime_env": env}
+        # (a named-actor lookup is a blocking GCS call: off the event loop)
+        handle = await asyncio.to_thread(declare.get_or_create, PolicyHost, name, *args,
+                                         ray_options=opts)
+        self._hosts[key] = handle
         return handle
 
     async def _plugin(self, ref: str) -> tuple[str, str, dict]:
@@ -929,6 +946,11 @@ class ScopeManager:
             if cause is not None:
                 raise cause from None
             raise
+
+
+def _host_key(policy: str) -> str:
+    """Which policy actor runs `policy`: the node's built-ins' or the plug-in's own."""
+    return policy if policy.startswith("sha256:") else BUILTIN_HOST
 
 
 def _channels(view: dict | None) -> dict:
