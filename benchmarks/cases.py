@@ -14,32 +14,38 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import analysis
+from benchmarks.peers import PEERS
 from benchmarks.procs import READY, CaseError, ChildGroup, module_argv
 
 
 @dataclass(slots=True, frozen=True)
 class Case:
-    system: str          # "scopecast" or "baseline"
+    system: str          # "scopecast", "baseline" or a peer (`peers.PEERS`)
     size: int            # payload bytes
     subscribers: int     # receiving processes
     seconds: float       # how long the sender sends
     warmup: float        # receiver warm-up before the measured window
     ready_timeout: float
     timeout: float       # whole case, from the first process start
+    rate: float = 0.0    # offered msgs/s (0: flat out); scopecast is paced only with latency
+    latency: bool = False  # stamped payloads, receivers report send-to-delivery percentiles
 
     @property
     def label(self) -> str:
-        return f"{self.system} {self.size}B 1->{self.subscribers}"
+        paced = f" at {self.rate:,.0f}/s" if self.rate else ""
+        paced += " (latency)" if self.latency else ""
+        return f"{self.system} {self.size}B 1->{self.subscribers}{paced}"
 
 
 @dataclass(slots=True, frozen=True)
 class Wiring:
-    """Where a case's processes meet: the scopecast cluster, or a multicast group (baseline)."""
+    """Where a case's processes meet: the scopecast cluster, a multicast group (baseline), a
+    peer's server or PUB port, or the Ray cluster (the Ray peer)."""
 
-    address: str = ""            # Ray GCS address (scopecast)
-    topic: str = ""              # fresh topic per case (scopecast)
+    address: str = ""            # Ray GCS address (scopecast, ray)
+    topic: str = ""              # fresh topic / channel / subject per case
     group: str = ""              # fresh multicast group per case (baseline)
-    port: int = 0
+    port: int = 0                # baseline group port, peer server port, ZeroMQ PUB port
     interface: str = "127.0.0.1"
     ttl: int = 1
     loop: bool = True
@@ -70,32 +76,13 @@ def run_case(case: Case, wiring: Wiring, log_dir: Path) -> dict:
 
 def _run(case: Case, wiring: Wiring, group: ChildGroup,
          deadline: float) -> tuple[dict, list[dict], dict]:
-    parent = ["--parent-pid", str(os.getpid())]
-    receivers = []
-    for i in range(case.subscribers):
-        if case.system == "scopecast":
-            argv = module_argv("benchmarks.throughput", "subscribe", "--address", wiring.address,
-                               "--topic", wiring.topic, "--warmup", str(case.warmup),
-                               "--timeout", str(case.timeout), *parent)
-        else:
-            argv = module_argv("benchmarks.baseline", "receive", "--group", wiring.group,
-                               "--port", str(wiring.port), "--interface", wiring.interface,
-                               "--rcvbuf", str(wiring.rcvbuf), "--warmup", str(case.warmup),
-                               "--timeout", str(case.timeout), *parent)
-        receivers.append(group.start(f"{case.system}-{case.size}-{case.subscribers}-recv{i}", argv))
+    receivers = [group.start(f"{case.system}-{case.size}-{case.subscribers}-recv{i}",
+                             _argv(case, wiring, sender=False))
+                 for i in range(case.subscribers)]
     ready_by = min(deadline, time.monotonic() + case.ready_timeout)
     for r in receivers:
         r.expect(READY, ready_by)
-    if case.system == "scopecast":
-        argv = module_argv("benchmarks.throughput", "publish", "--address", wiring.address,
-                           "--topic", wiring.topic, "--size", str(case.size),
-                           "--seconds", str(case.seconds), *parent)
-    else:
-        argv = module_argv("benchmarks.baseline", "send", "--group", wiring.group,
-                           "--port", str(wiring.port), "--interface", wiring.interface,
-                           "--size", str(case.size), "--seconds", str(case.seconds),
-                           "--ttl", str(wiring.ttl), "--loop", str(int(wiring.loop)),
-                           "--sndbuf", str(wiring.sndbuf), *parent)
+    argv = _argv(case, wiring, sender=True)
     others = analysis.other_processes(set(group.pids()))
     before, t0 = analysis.cpu_snapshot(others), time.monotonic()
     sender = group.start(f"{case.system}-{case.size}-{case.subscribers}-send", argv)
@@ -108,6 +95,31 @@ def _run(case: Case, wiring: Wiring, group: ChildGroup,
         if code != 0:
             raise CaseError(f"{child.name}: exited with code {code}{child.diagnostics()}")
     return sender_result, receiver_results, background
+
+
+def _argv(case: Case, wiring: Wiring, sender: bool) -> list[str]:
+    """The command line of a case's sender or of one of its receivers."""
+    parent = ["--parent-pid", str(os.getpid())]
+    if sender:
+        role = ["--size", str(case.size), "--seconds", str(case.seconds), *parent]
+    else:
+        role = ["--warmup", str(case.warmup), "--timeout", str(case.timeout), *parent]
+        role += ["--latency"] if case.latency else []
+    if case.system == "scopecast":
+        paced = ["--rate", str(case.rate)] if sender and case.latency else []
+        return module_argv("benchmarks.throughput", "publish" if sender else "subscribe",
+                           "--address", wiring.address, "--topic", wiring.topic, *paced, *role)
+    if case.system == "baseline":
+        where = ["--group", wiring.group, "--port", str(wiring.port), "--interface", wiring.interface]
+        extra = (["--ttl", str(wiring.ttl), "--loop", str(int(wiring.loop)), "--sndbuf",
+                  str(wiring.sndbuf)] if sender else ["--rcvbuf", str(wiring.rcvbuf)])
+        return module_argv("benchmarks.baseline", "send" if sender else "receive", *where, *extra,
+                           *role)
+    where = ["--address", wiring.address] if case.system == "ray" else ["--port", str(wiring.port)]
+    extra = ["--rate", str(case.rate), "--subscribers", str(case.subscribers),
+             *(["--stamped"] if case.latency else [])] if sender else []
+    return module_argv(PEERS[case.system], "send" if sender else "receive", *where,
+                       "--topic", wiring.topic, *extra, *role)
 
 
 def failed_result(case: Case, error: str, started: float | None = None) -> dict:

@@ -3,9 +3,11 @@
 Starts one embedded scopecast cluster (`scopecast.connect()`, which starts Ray) and runs, for every
 message size and subscriber count, the baseline (plain `sendto` per message on a multicast socket,
 receivers counting with `recv_into`) and then scopecast (one publisher process, N subscriber
-processes, a fresh topic per case). Writes `<out>/<timestamp>.json`, `<out>/<timestamp>.png` and
-`latest.json` / `latest.png`, prints progress and a markdown summary (also stored in the JSON as
-"table_markdown"). Exit status 0 when every case ran (targets are reported, never asserted).
+processes, a fresh topic per case); then the peer suite (`peer_suite`), the loss suite and the Spark
+pipeline suite. Writes `<out>/<timestamp>.json`, `<out>/<timestamp>.png` (and `-peers.png`) and
+`latest.json` / `latest.png` / `latest-peers.png`, prints progress and a markdown summary (also
+stored in the JSON as "table_markdown"). Exit status 0 when every case ran (targets are reported,
+never asserted; a peer that keeps up at no offered rate is a result, not a failure).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import analysis, loss, machine, recovery_curves, report, spark_pipeline
+from benchmarks import analysis, loss, machine, peer_suite, recovery_curves, report, spark_pipeline
 from benchmarks.cases import Case, Wiring, failed_result, run_case
 from benchmarks.procs import REPO_ROOT
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 SYSTEMS = ("baseline", "scopecast")
-QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1)
+QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
+             peer_subscribers=[1])
 
 
 def _int_list(text: str) -> list[int]:
@@ -54,12 +57,14 @@ def _float_list(text: str) -> list[float]:
     return [v for v in values if v > 0]
 
 
-def _systems(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in SYSTEMS]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"systems are {', '.join(SYSTEMS)}; got {text!r}")
-    return [s for s in SYSTEMS if s in values]
+def _names(known: tuple[str, ...], empty_ok: bool = False):
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in known]
+        if (not values and not empty_ok) or bad:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}; got {text!r}")
+        return [s for s in known if s in values]
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, metavar="S",
                    help="a receiver's measured window opens at its first delivery S seconds after "
                         "its first message (default 0.5)")
-    p.add_argument("--systems", type=_systems, default=list(SYSTEMS), metavar="NAME,...",
+    p.add_argument("--systems", type=_names(SYSTEMS), default=list(SYSTEMS), metavar="NAME,...",
                    help="which systems to run: baseline,scopecast (default both; ratios and targets "
                         "need both)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
@@ -109,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Spark pipeline suite: N rows of ~1 KB from a DataFrame through "
                         "publish_dataframe (parallelism 1 and 2) to a subscriber, beside the "
                         "conversion ceiling (default 100000; 0 or --quick: none)")
+    p.add_argument("--peers", type=_names(peer_suite.SYSTEMS, empty_ok=True),
+                   default=list(peer_suite.SYSTEMS), metavar="NAME,...",
+                   help="peer suite: throughput at saturation of these systems side by side "
+                        f"(default {','.join(peer_suite.SYSTEMS)}; '' for none; a peer whose "
+                        "server or client is not installed is skipped and the results say why)")
+    p.add_argument("--peer-sizes", type=_int_list, default=None, metavar="B,B,...",
+                   help="message sizes of the peer suite (default 100,1000)")
+    p.add_argument("--peer-subscribers", type=_int_list, default=None, metavar="N,N,...",
+                   help="subscriber process counts of the peer suite (default 1,4,8)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -119,7 +133,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if argv[:1] == ["--"]:  # `scopecast bench -- --quick` passes the separator through
         argv = argv[1:]
     args = build_parser().parse_args(argv)
-    defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5)
+    defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
+                    peer_sizes=[100, 1000], peer_subscribers=[1, 4, 8])
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else value)
@@ -167,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, old_handler)
         if log_dir.exists() and not any(log_dir.iterdir()):
             log_dir.rmdir()  # nothing ran (e.g. scopecast failed to import): no empty dir left
-    failed = [c for c in results["cases"] if c.get("error")]
+    failed = [c for c in results["cases"] + results["peers"].get("rows", []) if c.get("error")
+              and c.get("failed", True)]
     if failed or args.keep_logs:
         results["logs"] = str(log_dir)
     else:
@@ -236,6 +252,12 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
             result["busy_before_percent"] = quiet
             cases.append(result)
             print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
+        peers = peer_suite.run(cluster, stamp, log_dir, systems=args.peers, sizes=args.peer_sizes,
+                               subscribers=args.peer_subscribers, seconds=args.seconds,
+                               warmup=args.warmup, case_timeout=args.case_timeout,
+                               policy=args.policy,
+                               latency_shares=(0.5,) if args.quick else peer_suite.LATENCY_SHARES,
+                               ) if args.peers else {}
         lossy = _loss_cases(args, cluster, address, stamp, log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
@@ -248,7 +270,9 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "timestamp": stamp,
         "config": {"sizes": args.sizes, "subscribers": args.subscribers, "seconds": args.seconds,
                    "warmup": args.warmup, "systems": args.systems, "quick": args.quick,
-                   "case_timeout": args.case_timeout, "mac": args.mac, "policy": args.policy},
+                   "case_timeout": args.case_timeout, "mac": args.mac, "policy": args.policy,
+                   "peers": args.peers, "peer_sizes": args.peer_sizes,
+                   "peer_subscribers": args.peer_subscribers},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "
@@ -268,7 +292,9 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "loss_cases": lossy,
         "recovery_curves": curves,
         "spark_pipeline": pipeline,
-        "table_markdown": report.markdown_table(cases, targets) + report.loss_table(loss_rows)
+        "peers": peers,
+        "table_markdown": report.markdown_table(cases, targets) + peer_suite.table(peers)
+        + report.loss_table(loss_rows)
         + report.curves_table(curves) + spark_pipeline.table(pipeline),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
@@ -315,13 +341,19 @@ def _write(results: dict, out: Path, stamp: str) -> None:
     m = results["machine"]
     title = (f"scopecast bench {stamp}\n{m['cpu_model']}, {m['cores_logical']} cores, "
              f"Python {m['python']}, Ray {m['ray']}")
-    try:
-        report.plot(results["cases"], png, title)
-        results["plot"] = png.name
-    except Exception as exc:  # a plotting problem must not lose the measurements
-        results["plot"] = None
-        results["plot_error"] = repr(exc)
-        print(f"plot failed: {exc!r}", file=sys.stderr)
+    plots = [("plot", png, lambda: report.plot(results["cases"], png, title))]
+    if results["peers"].get("rows"):
+        peers_png = out / f"{stamp}-peers.png"
+        plots.append(("peers_plot", peers_png,
+                      lambda: peer_suite.plot(results["peers"], peers_png, title)))
+    for key, path, draw in plots:
+        try:
+            draw()
+            results[key] = path.name
+        except Exception as exc:  # a plotting problem must not lose the measurements
+            results[key] = None
+            results[f"{key}_error"] = repr(exc)
+            print(f"{key} failed: {exc!r}", file=sys.stderr)
     data = json.dumps(results, indent=2, default=str)
     path = out / f"{stamp}.json"
     tmp = path.with_suffix(".json.tmp")
@@ -333,6 +365,8 @@ def _write(results: dict, out: Path, stamp: str) -> None:
     os.replace(tmp, latest)
     if results["plot"]:
         shutil.copyfile(png, out / "latest.png")
+    if results.get("peers_plot"):
+        shutil.copyfile(out / results["peers_plot"], out / "latest-peers.png")
 
 
 if __name__ == "__main__":

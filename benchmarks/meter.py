@@ -12,9 +12,11 @@ interpolates its CPU over the union of the receivers' windows (`cpu_between`).
 from __future__ import annotations
 
 import resource
+import struct
 import time
 
 monotonic = time.monotonic
+STAMP = struct.Struct("<d")
 
 
 def cpu() -> tuple[float, float]:
@@ -119,3 +121,34 @@ def _at(samples: list, t: float, col: int) -> float:
     t0, c0 = samples[lo][0], samples[lo][col]
     t1, c1 = samples[hi][0], samples[hi][col]
     return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
+
+
+class LatencyLog:
+    """Send-to-delivery times of stamped messages (the first 8 bytes of a payload: the sender's
+    `monotonic()` as a double) delivered inside the measured window."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    def add(self, payloads, now: float) -> None:
+        unpack, out = STAMP.unpack_from, self.samples.append
+        for p in payloads:
+            out(now - unpack(p)[0])
+
+    def summary(self) -> dict:
+        """p50 / p99 / p99.9 in milliseconds (None without samples) and the CDF at every
+        percentile (`cdf_ms[i]`: the i-th percentile)."""
+        xs = sorted(self.samples)
+        if not xs:
+            return {"count": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "cdf_ms": []}
+        at = lambda q: round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 3)  # noqa: E731
+        return {"count": len(xs), "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999),
+                "cdf_ms": [at(i / 100) for i in range(101)]}
+
+
+def stamp(payload: bytearray) -> bytes:
+    """`payload` with the time now in its first 8 bytes (what `LatencyLog` reads)."""
+    STAMP.pack_into(payload, 0, monotonic())
+    return bytes(payload)

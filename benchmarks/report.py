@@ -17,7 +17,7 @@ def _rate(x: float | None) -> str:
     return f"{x:.0f}"
 
 
-def _num(x: float | None, fmt: str) -> str:
+def num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
@@ -53,8 +53,8 @@ def curves_table(curves: dict) -> str:
     if not curves:
         return ""
     rounds = ["| members | token round p50 ms | max ms | samples |", "|---:|---:|---:|---:|"]
-    rounds += [f"| {r['members']} | {_num(r['round_ms_p50'], '.1f')} | "
-               f"{_num(r['round_ms_max'], '.1f')} | {r['samples']} |"
+    rounds += [f"| {r['members']} | {num(r['round_ms_p50'], '.1f')} | "
+               f"{num(r['round_ms_max'], '.1f')} | {r['samples']} |"
                for r in curves.get("token_rounds", ())]
     memory = ["| in flight MiB | publisher RSS growth MiB | bytes per payload byte |",
               "|---:|---:|---:|"]
@@ -80,8 +80,8 @@ def markdown_table(cases: list[dict], targets: list[dict]) -> str:
             key + f"| {c['published']:,} "
             f"| {_rate(c['min_rate'])} ({_rate(c['mean_rate'])}) "
             f"| {c['min_mb_s']:.1f} "
-            f"| {_num(c.get('ratio'), '.2f')} "
-            f"| {_num(c['cpu_us_per_msg'], '.2f')} "
+            f"| {num(c.get('ratio'), '.2f')} "
+            f"| {num(c['cpu_us_per_msg'], '.2f')} "
             f"| {_lost(c['lost'], c['published'])} |")
     lines.append("")
     lines.append("Targets (checked, not asserted):")

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
-from benchmarks.meter import CpuSampler, DeliveryMeter, cpu, monotonic
+from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, stamp
 from benchmarks.procs import READY, RESULT, role_parser, run_role
 
 CHECK_EVERY = 256  # publishes between clock reads
@@ -47,6 +48,7 @@ def subscribe(args) -> None:
         sub = cluster.subscriber(args.topic)
         print(READY, flush=True)
         meter = DeliveryMeter(args.warmup)
+        latency = LatencyLog() if args.latency else None
         receive_batch = sub.receive_batch
         prev_seq = 0
         gaps = 0
@@ -61,6 +63,8 @@ def subscribe(args) -> None:
                 for m in batch:
                     nbytes += len(m.payload)
                 meter.add(len(batch), nbytes, now)
+                if latency is not None and meter.k is not None:
+                    latency.add([m.payload for m in batch], now)
                 first, last = batch[0].seq, batch[-1].seq
                 gaps += (first - prev_seq - 1) + (last - first + 1 - len(batch))
                 prev_seq = last
@@ -81,6 +85,8 @@ def subscribe(args) -> None:
                 break
         end_cpu = cpu()
         result = meter.summary(end_cpu)
+        if latency is not None:
+            result["latency"] = latency.summary()
         result.update(role="subscriber", pid=os.getpid(), ended_by=ended_by, gaps=gaps,
                       last_seq=prev_seq, end_seq=end_seq, **_member_counters(cluster))
         _report(result)
@@ -100,7 +106,9 @@ def publish(args) -> None:
         start = monotonic()
         sampler.sample(0, start, force=True)
         stop_at = start + args.seconds
-        while True:
+        if args.rate > 0:  # a latency run: paced, every payload stamped
+            count = _paced(publish_one, bytearray(payload), args.rate, start, stop_at, sampler)
+        while args.rate <= 0:
             for _ in range(CHECK_EVERY):
                 publish_one(payload)
             count += CHECK_EVERY
@@ -129,6 +137,21 @@ def publish(args) -> None:
         cluster.shutdown()
 
 
+def _paced(publish_one, template: bytearray, rate: float, start: float, stop_at: float,
+           sampler: CpuSampler) -> int:
+    """Publish stamped payloads at `rate` msgs/s until `stop_at`; returns how many."""
+    count = 0
+    while (now := monotonic()) < stop_at:
+        ahead = count - (now - start) * rate
+        if ahead >= 1:
+            time.sleep(ahead / rate)
+        publish_one(stamp(template))
+        count += 1
+        if not count % 64:
+            sampler.sample(count)
+    return count
+
+
 def build_parser():
     p, pub_opts, sub_opts = role_parser(
         "python -m benchmarks.throughput", "scopecast publisher/subscriber of a throughput case",
@@ -140,6 +163,11 @@ def build_parser():
                           help="stop after this long without a message (once one arrived): a guard "
                                "against a dead publisher, longer than any stall of a live one")
     pub_opts.add_argument("--flush-timeout", type=float, default=60.0)
+    pub_opts.add_argument("--rate", type=float, default=0.0,
+                          help="a latency run: publish stamped payloads at this many msgs/s "
+                               "(default 0: flat out, unstamped)")
+    sub_opts.add_argument("--latency", action="store_true",
+                          help="read each payload's send-time stamp; report p50/p99/p99.9")
     return p
 
 

@@ -1,4 +1,5 @@
-"""The benchmark harness runs end to end (`--quick`) and writes its results; numbers are not checked."""
+"""The benchmark harness runs end to end (`--quick`: the throughput suite and the peer suite, reduced)
+and writes its results; numbers are not checked."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import peer_suite
+
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parent.parent
-TIMEOUT = 180  # a quick run takes ~15 s; stays inside pytest's 300 s per test
+TIMEOUT = 270  # a quick run takes ~1 min; stays inside pytest's 300 s per test
 
 
 def test_quick_bench_writes_json_and_plot(tmp_path):
@@ -53,3 +56,13 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
                     "receivers"):
             assert key in case, key
     assert "| size | subs | system |" in results["table_markdown"]
+
+    peers = results["peers"]
+    assert not peers["skipped"], peers["skipped"]  # .ci/run installs every peer
+    assert {r["system"] for r in peers["rows"]} == set(peer_suite.SYSTEMS)
+    for row in peers["rows"]:
+        assert row["tries"] and not row["failed"], row["error"]
+        assert all("delivered_share" in t for t in row["tries"]), row["tries"]
+        assert all(p["error"] is None for p in row["latency"]), row["latency"]
+    assert results["peers_plot"] and (tmp_path / "latest-peers.png").stat().st_size > 0
+    assert "| system | size | subs | saturation msgs/s" in results["table_markdown"]

@@ -1,0 +1,228 @@
+"""The peer suite: scopecast beside Redis pub/sub, NATS core, ZeroMQ PUB/SUB and Ray-native fan-out,
+same message sizes, same subscriber processes, same machine, same run.
+
+Throughput at saturation = the highest offered rate at which the system delivers at least 99.9% of
+what was published to every subscriber (100% for scopecast), reported as the slowest subscriber's
+delivered msgs/s at that rate. Each case first runs flat out; scopecast (flow-controlled, reliable)
+and the Ray peer (reliable calls) stop there. A peer that lost more than 0.1% to some subscriber is
+run again paced at 90% of what its slowest subscriber was delivered, then 30% lower each time, at
+most `PACED_TRIES` times; every try is kept in the row, and the flat-out loss is reported too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from benchmarks import machine, peers
+from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.report import num
+
+SYSTEMS = ("scopecast", *peers.PEERS)
+KEEP_UP = 0.999        # a peer's share of the published messages every subscriber must get
+PACED_TRIES = 4
+FIRST_PACE, NEXT_PACE = 0.9, 0.7
+LATENCY_SHARES = (0.1, 0.5, 0.9)  # of each system's own saturation rate
+
+
+def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[int],
+        subscribers: list[int], seconds: float, warmup: float, case_timeout: float,
+        policy: str, latency_shares: tuple[float, ...] = LATENCY_SHARES) -> dict:
+    """Every system at every size and subscriber count: throughput at saturation, then latency
+    at each of `latency_shares` of it; returns {"rows": [...], "skipped": {}}."""
+    skipped = {s: why for s in systems if s in peers.PEERS and (why := peers.missing(s))}
+    rows = []
+    with ExitStack() as stack:
+        for system in [s for s in systems if s not in skipped]:
+            try:
+                port = stack.enter_context(peers.server(system, log_dir))
+            except RuntimeError as exc:
+                skipped[system] = str(exc)
+                continue
+            for size in sizes:
+                for n in subscribers:
+                    case = Case(system, size, n, seconds, warmup,
+                                ready_timeout=min(120.0, case_timeout), timeout=case_timeout)
+                    row = _saturate(cluster, stamp, log_dir, case, port, policy)
+                    row["latency"] = [_latency(cluster, stamp, log_dir, case, port, policy, share,
+                                               row["saturation_rate"])
+                                      for share in latency_shares if row["saturation_rate"]]
+                    rows.append(row)
+    for system, why in skipped.items():
+        print(f"[peers] {system} skipped: {why}", flush=True)
+    return {"rows": rows, "skipped": skipped}
+
+
+def _saturate(cluster, stamp: str, log_dir: Path, case: Case, port: int | None,
+              policy: str) -> dict:
+    tries = []
+    need = 1.0 if case.system == "scopecast" else KEEP_UP
+    rate = 0.0
+    for attempt in range(PACED_TRIES + 1):
+        paced = dataclasses.replace(case, rate=rate)
+        result = _one(cluster, stamp, log_dir, paced, port, policy, attempt)
+        tries.append(result)
+        if result.get("error"):
+            break
+        share = result["delivered_share"]
+        if share >= need or case.system in ("scopecast", "ray"):
+            return _row(case, tries, result if share >= need else None)
+        rate = (FIRST_PACE if rate == 0 else NEXT_PACE) * (rate or result["min_rate"])
+        if rate < 1:
+            break
+    return _row(case, tries, None)
+
+
+def _latency(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
+             share: float, saturation: float) -> dict:
+    """Send-to-delivery percentiles at `share` of the saturation rate: the worst subscriber's
+    p50, p99 and p99.9 (stamped payloads, paced)."""
+    paced = dataclasses.replace(case, rate=share * saturation, latency=True)
+    result = _one(cluster, stamp, log_dir, paced, port, policy, f"lat{share:g}")
+    out = {"share": share, "offered_rate": paced.rate, "error": result.get("error"),
+           "delivered_share": result.get("delivered_share")}
+    per_sub = [r.get("latency") or {} for r in result.get("receivers", ())]
+    for q in ("p50_ms", "p99_ms", "p999_ms"):
+        values = [x[q] for x in per_sub if x.get(q) is not None]
+        out[q] = max(values) if values else None
+    worst = max(per_sub, key=lambda x: x.get("p99_ms") or 0.0, default={})
+    out["cdf_ms"] = worst.get("cdf_ms", [])  # the subscriber with the worst p99
+    return out
+
+
+def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
+         attempt) -> dict:
+    topic = f"bench/{stamp}/peers/{case.system}-{case.size}B-1to{case.subscribers}-{attempt}"
+    if case.system == "scopecast":
+        try:
+            cluster.create_topic(topic, policy=policy)
+        except Exception as exc:  # the control plane is in trouble: report, go on
+            return failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
+    if case.system == "zmq":
+        port = peers.free_tcp_port()  # a fresh PUB port per case
+    machine.settle(5.0)
+    print(f"[peers] {case.label}: running", flush=True)
+    t0 = time.monotonic()
+    result = run_case(case, Wiring(address=cluster.address, topic=topic, port=port or 0),
+                      log_dir / f"peers-{case.system}-{case.size}-{case.subscribers}-{attempt}")
+    if not result.get("error"):
+        worst = max(result["lost"], default=0)
+        result["delivered_share"] = 1.0 - worst / result["published"] if result["published"] else 0.0
+        result["offered_rate"] = case.rate
+    print(f"[peers] {case.label}: {_progress(result)} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return result
+
+
+def _row(case: Case, tries: list[dict], passed: dict | None) -> dict:
+    first = tries[0]
+    return {"system": case.system, "size": case.size, "subscribers": case.subscribers,
+            "saturation_rate": passed["min_rate"] if passed else None,
+            "offered_rate": passed["offered_rate"] if passed else None,
+            "cpu_us_per_msg": passed["cpu_us_per_msg"] if passed else None,
+            "flat_out_rate": first.get("min_rate"),
+            "flat_out_loss": (1.0 - first["delivered_share"]) if "delivered_share" in first else None,
+            "error": None if passed else (tries[-1].get("error") or "no offered rate kept up"),
+            "failed": bool(tries[-1].get("error")), "tries": tries}
+
+
+def _progress(c: dict) -> str:
+    if c.get("error"):
+        return f"FAILED: {c['error'].strip().splitlines()[0][:200]}"
+    return (f"{c['min_rate']:,.0f} msgs/s min/sub, published {c['published']:,}, worst "
+            f"subscriber got {c['delivered_share']:.2%}")
+
+
+def table(result: dict) -> str:
+    """Markdown: saturation throughput per system, size and subscriber count."""
+    rows = result.get("rows") if result else None
+    if not rows:
+        return ""
+    lines = ["| system | size | subs | saturation msgs/s (min/sub) | CPU µs/msg | flat out msgs/s "
+             "| flat-out loss (worst sub) | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        note = (r["error"] or "")[:80]
+        if r["offered_rate"]:
+            note = f"paced at {r['offered_rate']:,.0f}/s " + note
+        lines.append(f"| {r['system']} | {r['size']} | {r['subscribers']} "
+                     f"| {num(r['saturation_rate'], ',.0f')} | {num(r['cpu_us_per_msg'], '.2f')} "
+                     f"| {num(r['flat_out_rate'], ',.0f')} | {num(r['flat_out_loss'], '.2%')} "
+                     f"| {note.strip()} |")
+    skipped = "".join(f"\n{s} skipped: {why}" for s, why in result.get("skipped", {}).items())
+    return ("\nPeers (throughput at saturation: the highest offered rate at which every subscriber "
+            "got >= 99.9% of the messages, 100% for scopecast):\n\n" + "\n".join(lines) + skipped
+            + "\n" + _latency_table(rows))
+
+
+def _latency_table(rows: list[dict]) -> str:
+    shares = sorted({p["share"] for r in rows for p in r.get("latency", ())})
+    if not shares:
+        return ""
+    lines = ["| system | size | subs | " + " | ".join(f"{s:.0%}: p50 / p99 / p99.9 ms"
+                                                    for s in shares) + " |",
+             "|---|---:|---:|" + "---:|" * len(shares)]
+    for r in rows:
+        by = {p["share"]: p for p in r.get("latency", ())}
+        cells = []
+        for s in shares:
+            p = by.get(s)
+            if p is None or p["p50_ms"] is None:
+                cells.append("-")
+            else:
+                cells.append(f"{p['p50_ms']:.2f} / {p['p99_ms']:.2f} / {p['p999_ms']:.2f}"
+                             + (f" (got {p['delivered_share']:.1%})"
+                                if (p["delivered_share"] or 0) < KEEP_UP else ""))
+        lines.append(f"| {r['system']} | {r['size']} | {r['subscribers']} | "
+                     + " | ".join(cells) + " |")
+    return ("\nLatency, send to delivery, worst subscriber, paced at a share of each system's own "
+            "saturation rate:\n\n" + "\n".join(lines) + "\n")
+
+
+def plot(result: dict, path: Path, title: str) -> None:
+    """Saturation msgs/s against subscribers, one panel per message size, a line per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["saturation_rate"] is not None]
+    sizes = sorted({r["size"] for r in result["rows"]})
+    fig, axes = plt.subplots(2, len(sizes), figsize=(5.5 * len(sizes), 8.4), squeeze=False)
+    for ax, size in zip(axes[1], sizes, strict=True):
+        _cdfs(ax, [r for r in rows if r["size"] == size])
+    for ax, size in zip(axes[0], sizes, strict=True):
+        for system in SYSTEMS:
+            points = sorted((r["subscribers"], r["saturation_rate"]) for r in rows
+                            if r["system"] == system and r["size"] == size)
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=system)
+        ax.set_title(f"{size} B messages", fontsize=9)
+        ax.set_xlabel("subscriber processes")
+        ax.set_ylabel("msgs/s at saturation (min per subscriber)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cdfs(ax, rows: list[dict]) -> None:
+    """Latency CDFs at the middle share, the most subscribers: one line per system."""
+    if not rows:
+        return
+    n = max(r["subscribers"] for r in rows)
+    for r in [r for r in rows if r["subscribers"] == n]:
+        points = [p for p in r.get("latency", ()) if p.get("cdf_ms")]
+        if points:
+            p = points[len(points) // 2]
+            ax.plot(p["cdf_ms"], [i / 100 for i in range(len(p["cdf_ms"]))],
+                    label=f"{r['system']} at {p['offered_rate']:,.0f}/s")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"send-to-delivery ms (1->{n}, worst subscriber)")
+    ax.set_ylabel("share of messages")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
