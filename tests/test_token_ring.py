@@ -66,3 +66,34 @@ def test_an_idle_ring_starts_a_round_at_once_when_a_member_that_does_not_lead_tu
             a.on_summary(summary({9: 2000}), 0.0)
     run(agents, periods=2)
     assert agents[0].down[9][0] == 1000 and agents[0].period == 0.01
+
+
+def test_every_partition_runs_at_the_active_period_while_a_sender_in_another_is_unstable():
+    """9 agents: partitions 0-4 and 5-8. Only agent 0's bottom has an unstable record; the second
+    partition (no sender of its own) must still go at the active period, or its members report
+    once per idle period and the sender's window turns over that seldom."""
+    agents = _group(9, active_period=0.01, idle_period=1.0)
+    agents[0].on_summary(summary({9: 10}, recs={9: REC}), 0.0)
+    for a in agents[1:]:
+        a.on_summary(summary({9: 10}), 0.0)
+    run(agents, periods=8)
+    assert [a.period for a in agents] == [0.01] * 9
+    agents[0].on_summary(summary({9: 1000}, recs={9: [1000, []]}), 1.0)  # all stable now
+    for a in agents[1:]:
+        a.on_summary(summary({9: 1000}), 1.0)
+    run(agents, periods=12)
+    assert [a.period for a in agents] == [1.0] * 9
+
+
+def test_a_group_whose_own_members_send_nothing_goes_at_the_active_period_while_above_is_active():
+    agents = _group(9, has_upper=True, active_period=0.01, idle_period=1.0)
+    for a in agents:
+        a.on_summary(summary({9: 10}), 0.0)
+    run(agents, periods=20)
+    assert [a.period for a in agents] == [1.0] * 9
+    agents[0].on_down({"down": {}, "period": 0.01})  # a sender elsewhere in the domain is unstable
+    run(agents, periods=20)
+    assert [a.period for a in agents] == [0.01] * 9
+    agents[0].on_down({"down": {}, "period": 1.0})
+    run(agents, periods=40)
+    assert [a.period for a in agents] == [1.0] * 9

@@ -15,7 +15,10 @@ decides stability. Stability and the senders' records travel down the same way: 
 token to the partition leaders, in the partition tokens to every agent, in every agent's reply to its
 bottom. The period is short while any sender has unstable messages or NAKs are out, long when idle;
 an idle agent whose bottom (or partition) turns active wakes the leaders of its rings, which start a
-round at once instead of at the end of the idle period.
+round at once instead of at the end of the idle period. Activity is the whole group's: a partition
+leader that learns from the regional token (or the group leader from above) that some sender is
+unstable marks its tokens active, so a partition without a sender of its own keeps the short period too
+(else its members report once per idle period and the sender's window turns over that seldom).
 Caching members: the first `cachers` of each partition (so partition leaders cache).
 """
 
@@ -82,6 +85,8 @@ class TokenRing(RecoveryProtocol):
         self.pushes: list = []
         self.part: dict | None = None   # this partition's latest aggregate (partition leaders)
         self.active = True
+        self.group_active = False  # the regional token said some sender is unstable
+        self.above_active = False  # the level above said so (a sender in another domain)
         self.up: dict | None = None
         self.wakes: list[int] = []  # leaders to wake: this agent turned active while they idle
         self.stats = {"rounds": 0, "tokens_lost": 0, "naks_served": 0, "round_time": 0.0}
@@ -137,6 +142,8 @@ class TokenRing(RecoveryProtocol):
             ring.outstanding = True
             token = _empty_token(ring.kind, ring.round, self.view.version, self.down, self.hi)
             token["naks"], ring.carry = ring.carry, []
+            # what this agent knows of the rest: partitions learn it from the regional token
+            token["act"] = self.above_active or (ring.kind == "p" and self.group_active)
             self._fold(ring, token)
             if len(ring.members) == 1:
                 self._complete(ring, token, now)
@@ -159,6 +166,8 @@ class TokenRing(RecoveryProtocol):
             return []
         if body.get("r", 0) <= ring.round:
             return []  # a duplicate, or a round overtaken by a newer one
+        if ring.kind == "g":
+            self.group_active = bool(body.get("act"))
         ring.round = body["r"]
         self.down = body.get("down", {})
         self.hi = body.get("hi", {})
@@ -208,6 +217,8 @@ class TokenRing(RecoveryProtocol):
         if ring.kind == "p" and "g" in self.rings:
             self.part = agg  # the regional token takes it
             return
+        if ring.kind == "g":
+            self.group_active = bool(token.get("act"))
         self.stats["rounds"] += 1
         self.stats["round_time"] = now - ring.started
         self.up = {**agg, "naks": []}
@@ -227,5 +238,6 @@ class TokenRing(RecoveryProtocol):
     def on_down(self, instructions: dict) -> None:
         self.down = instructions.get("down", {})
         self.hi = instructions.get("hi", {})
-        if instructions.get("period", self.period) == self.active_period:
+        self.above_active = instructions.get("period") == self.active_period
+        if self.above_active:
             self.active = True
