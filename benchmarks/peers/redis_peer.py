@@ -39,12 +39,15 @@ def receive(args) -> None:
     get = ps.get_message
 
     def next_batch(timeout: float) -> list:
+        """Up to 1024 payloads; other replies (a late subscribe confirmation) are skipped."""
         m = get(timeout=timeout)
-        if m is None:
-            return []
-        out = [m["data"]]
-        while len(out) < 1024 and (m := get(timeout=0)) is not None:
-            out.append(m["data"])
+        out = []
+        while m is not None:
+            if m["type"] == "message":
+                out.append(m["data"])
+            if len(out) >= 1024:
+                break
+            m = get(timeout=0)
         return out
 
     stream.ready()
