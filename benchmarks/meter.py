@@ -144,8 +144,12 @@ class LatencyLog:
         if not xs:
             return {"count": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "cdf_ms": []}
         at = lambda q: round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 3)  # noqa: E731
+        tenth = max(1, len(xs) // 10)  # a lag that stands from the start, or one that grows?
+        first, last = sorted(self.samples[:tenth]), sorted(self.samples[-tenth:])
         return {"count": len(xs), "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999),
-                "cdf_ms": [at(i / 100) for i in range(101)]}
+                "cdf_ms": [at(i / 100) for i in range(101)],
+                "first_tenth_p50_ms": round(first[len(first) // 2] * 1e3, 3),
+                "last_tenth_p50_ms": round(last[len(last) // 2] * 1e3, 3)}
 
 
 def stamp(payload: bytearray) -> bytes:
