@@ -392,11 +392,14 @@ def test_status_counts_per_member_drops_naks_repairs_window_token_period_and_rol
     while (counters := shown()) is None:
         assert time.monotonic() < deadline, "status never showed the dropped datagram"
         time.sleep(0.5)
-    for c in counters:
+    # holes go to the agent with each summary and, a period later, to the sender directly; a
+    # datagram both subscribers lost (loopback multicast loss is shared) is often filled by the
+    # repair the other one asked for first, so one of them may never have asked
+    naks = [c["stats"].get("naks_reported", 0) + c["stats"].get("naks_sent", 0) for c in counters]
+    assert sum(naks) > 0, counters
+    for c, asked in zip(counters, naks, strict=True):
         assert c["role"] == "regular"
-        # holes go to the agent with each summary and, a period later, to the sender directly
-        naks = c["stats"].get("naks_reported", 0) + c["stats"].get("naks_sent", 0)
-        assert naks > 0 and c["stats"]["repair_datagrams_in"] > 0
+        assert asked > 0 or c["stats"].get("repair_datagrams_in", 0) > 0, c
         assert c["stats"]["token_period_ms"] in (TOKEN_PERIOD * 1000, 1000)  # active, or idle
         assert c["recovery"]["window_limit"] == RuntimeConfig().stable_window_bytes
     # the sender (this process) answered NAKs with repairs, and holds nothing once flushed

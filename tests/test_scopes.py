@@ -200,7 +200,10 @@ def test_subscription_cascades_up_and_the_last_close_withdraws_it(cluster):
     def subscribed() -> tuple[bool, bool] | None:
         """(casc/a subscribes in casc, casc in the cluster scope); None while a scope manager
         does not answer status in time (a loaded machine): asked again."""
-        at_root = next(s for s in scope(cluster.status(), "/")["scopes"] if s["name"] == "casc")
+        at_root = next((s for s in scope(cluster.status(), "/")["scopes"] if s["name"] == "casc"),
+                       None)  # (None until casc's first report reached the cluster scope)
+        if at_root is None:
+            return None
         in_casc = next((s for s in at_root.get("scopes", ()) if s["name"] == "a"), None)
         if "error" in at_root or (in_casc is not None and "error" in in_casc):
             return None
