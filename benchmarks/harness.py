@@ -28,6 +28,7 @@ from pathlib import Path
 
 from benchmarks import analysis, loss, machine, peer_suite, recovery_curves, report, spark_pipeline
 from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.meter import STAMP
 from benchmarks.procs import REPO_ROOT
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
@@ -140,6 +141,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, QUICK[name] if args.quick else value)
     if args.seconds <= 0 or args.warmup < 0:
         raise SystemExit("--seconds must be positive and --warmup not negative")
+    if args.peers and min(args.peer_sizes) < STAMP.size:
+        raise SystemExit(f"--peer-sizes are at least {STAMP.size} bytes (latency runs stamp the "
+                         "send time into each payload)")
     if args.loss is None:
         args.loss = [] if args.quick else [0.01, 0.05]
     if args.spark_rows is None:

@@ -66,3 +66,11 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
         assert all(p["error"] is None for p in row["latency"]), row["latency"]
     assert results["peers_plot"] and (tmp_path / "latest-peers.png").stat().st_size > 0
     assert "| system | size | subs | saturation msgs/s" in results["table_markdown"]
+
+
+def test_peer_sizes_too_small_for_the_latency_stamp_are_refused_before_anything_starts():
+    from benchmarks.harness import parse_args
+
+    with pytest.raises(SystemExit, match="at least 8 bytes"):
+        parse_args(["--peer-sizes", "4"])
+    assert parse_args(["--peer-sizes", "4", "--peers", ""]).peer_sizes == [4]  # no peer suite

@@ -17,6 +17,7 @@ from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monoton
 from benchmarks.procs import READY, RESULT, role_parser, run_role
 
 END = b"E"               # shorter than any message
+END_LEN = len(END)
 END_REPEATS = 10
 END_SPACING = 0.02
 
@@ -83,7 +84,7 @@ class Receiver:
         ended = False
         for p in payloads:
             k = len(p)
-            if k == 1:
+            if k == END_LEN:
                 ended = True
                 break
             n += 1
@@ -107,11 +108,11 @@ class Receiver:
             self.ended_by = "deadline"
         return bool(self.ended_by)
 
-    def summary(self, **extra) -> dict:
+    def summary(self) -> dict:
         result = self.meter.summary(cpu())
         if self.latency is not None:
             result["latency"] = self.latency.summary()
-        result.update(role="receiver", pid=os.getpid(), ended_by=self.ended_by, **extra)
+        result.update(role="receiver", pid=os.getpid(), ended_by=self.ended_by)
         return result
 
 

@@ -533,25 +533,18 @@ class ScopeManager:
         """The policy actor for a built-in policy (the node's, shared by its scopes) or for a
         plug-in (this scope's own: its module is fetched from the root's library, checked against
         its digest and shipped to the actor in its runtime_env). Made on first use."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         key = _host_key(policy)
         handle = self._hosts.get(key)
         if handle is not None:
             return handle
-        args: tuple = ()
         if key == BUILTIN_HOST:
             node = _node_id()
-            name = f"scopecast:policy:{node}"
-            opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} \
-                if node else {}
+            handle = await _named_actor(PolicyHost, f"scopecast:policy:{node}",
+                                        ray_options=_pinned(node))
         else:
             module, cls, env = await self._plugin(policy)
-            name, args, opts = f"scopecast:policy:{self.path}:{key[:23]}", (module, cls), \
-                {"runtime_env": env}
-        # (a named-actor lookup is a blocking GCS call: off the event loop)
-        handle = await asyncio.to_thread(declare.get_or_create, PolicyHost, name, *args,
-                                         ray_options=opts)
+            handle = await _named_actor(PolicyHost, f"scopecast:policy:{self.path}:{key[:23]}",
+                                        module, cls, ray_options={"runtime_env": env})
         self._hosts[key] = handle
         return handle
 
@@ -858,19 +851,15 @@ class ScopeManager:
     async def _agent_host(self, node: str, protocol: str):
         """The AgentHost of `node` for `protocol` (created on first use, pinned there): the
         built-ins share one per node; each plug-in protocol runs in one of its own."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         from scopecast.agents.agent import AgentHost, host_name
 
         node = node or _node_id()
-        opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
+        opts = _pinned(node)
         args: tuple = ()
         if protocol.startswith("sha256:"):
             module, cls, opts["runtime_env"] = await self._plugin(protocol)
             args = (module, cls)
-        # (a named-actor lookup is a blocking GCS call: off the event loop)
-        return await asyncio.to_thread(declare.get_or_create, AgentHost, host_name(node, protocol),
-                                       *args, ray_options=opts)
+        return await _named_actor(AgentHost, host_name(node, protocol), *args, ray_options=opts)
 
     # ---------------------------------------------------------------------------- helpers
 
@@ -946,6 +935,19 @@ class ScopeManager:
             if cause is not None:
                 raise cause from None
             raise
+
+
+def _pinned(node: str) -> dict:
+    """Ray options that place an actor on `node` (soft: elsewhere once that node is gone)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
+
+
+async def _named_actor(cls: type, name: str, *args, ray_options: dict):
+    """`declare.get_or_create` off the event loop (a named-actor lookup is a blocking GCS call)."""
+    return await asyncio.to_thread(declare.get_or_create, cls, name, *args,
+                                   ray_options=ray_options)
 
 
 def _host_key(policy: str) -> str:
