@@ -7,6 +7,14 @@ import os
 import pytest
 
 
+def pytest_sessionstart(session) -> None:
+    """A loss rule left by a killed run would drop datagrams in tests that expect none."""
+    from benchmarks import loss
+
+    if loss.available() and loss.sweep_stale():
+        print("removed iptables loss rules left by processes that are gone")
+
+
 @pytest.fixture(scope="session")
 def scopecast_home(tmp_path_factory) -> str:
     """A state directory of the test session's own (inherited by the embedded Ray's workers)."""

@@ -13,6 +13,7 @@ import pytest
 import ray
 import ray.cloudpickle
 
+from benchmarks import loss
 from benchmarks.loss import available, dropped, udp_loss
 from scopecast import FlushTimeout, RuntimeConfig, WindowFull
 from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
@@ -54,6 +55,22 @@ def _check_all(results: list[dict], n: int, expected: DeliveryDigest) -> None:
     for r in results:
         assert (r["count"], r["gaps"], r["out_of_order"]) == (n, 0, 0), r
         assert r["digest"] == expected.hexdigest()
+
+
+@needs_iptables
+def test_a_loss_rule_left_by_a_killed_process_is_swept_and_a_live_ones_kept():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = loss._rule(0.0, pid=gone.pid)
+    subprocess.run(["iptables", "-A", *stale], check=True)
+    try:
+        with udp_loss(0.0):
+            rules = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True,
+                                   check=True).stdout
+            assert f"scopecast-loss-{gone.pid}" not in rules
+            assert f"scopecast-loss-{os.getpid()}" in rules
+    finally:
+        subprocess.run(["iptables", "-D", *stale], capture_output=True)
 
 
 @needs_iptables
