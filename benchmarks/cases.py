@@ -29,11 +29,13 @@ class Case:
     timeout: float       # whole case, from the first process start
     rate: float = 0.0    # offered msgs/s (0: flat out); scopecast is paced only with latency
     latency: bool = False  # stamped payloads, receivers report send-to-delivery percentiles
+    topics: int = 1      # the sender publishes to this many topics in turn; receivers take all
 
     @property
     def label(self) -> str:
         paced = f" at {self.rate:,.0f}/s" if self.rate else ""
         paced += " (latency)" if self.latency else ""
+        paced += f" over {self.topics:,} topics" if self.topics > 1 else ""
         return f"{self.system} {self.size}B 1->{self.subscribers}{paced}"
 
 
@@ -105,6 +107,7 @@ def _argv(case: Case, wiring: Wiring, sender: bool) -> list[str]:
     else:
         role = ["--warmup", str(case.warmup), "--timeout", str(case.timeout), *parent]
         role += ["--latency"] if case.latency else []
+    role += ["--topics", str(case.topics)] if case.topics > 1 else []
     if case.system == "scopecast":
         paced = ["--rate", str(case.rate)] if sender and case.latency else []
         return module_argv("benchmarks.throughput", "publish" if sender else "subscribe",

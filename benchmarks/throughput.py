@@ -1,14 +1,16 @@
 """scopecast's side of a throughput case: a publisher process and subscriber processes.
 
-    python -m benchmarks.throughput subscribe --address A --topic T [--warmup S] [--idle S]
-    python -m benchmarks.throughput publish   --address A --topic T --size B --seconds D
+    python -m benchmarks.throughput subscribe --address A --topic T [--topics N] [--warmup S]
+    python -m benchmarks.throughput publish   --address A --topic T [--topics N] --size B --seconds D
 
 Both attach to the harness's cluster with `connect(address=..., start=False)`. The subscriber prints
 READY once subscribed, then consumes with `receive_batch()`, touching every payload (`len()`), until
 the publisher's end-of-stream marker (or `--idle` seconds without a message after the first), and
 prints `RESULT {json}`. The publisher publishes one payload as fast as `publish()` allows for
 `--seconds`, flushes, closes (which sends end-of-stream) and prints `RESULT {json}` with the count and
-its (time, CPU) samples.
+its (time, CPU) samples. With `--topics N` (N > 1) the publisher publishes to the topics T/0 ..
+T/N-1 in turn and every subscriber subscribes to the pattern T/*; the stream ends when the markers of
+all N topics came.
 """
 
 from __future__ import annotations
@@ -42,16 +44,22 @@ def _report(result: dict) -> None:
     print(RESULT + json.dumps(result), flush=True)
 
 
+def topic_names(topic: str, n: int) -> list[str]:
+    """The topics of a case: T itself, or T/0 .. T/n-1."""
+    return [topic] if n <= 1 else [f"{topic}/{i}" for i in range(n)]
+
+
 def subscribe(args) -> None:
     cluster = _connect(args.address)
     try:
-        sub = cluster.subscriber(args.topic)
+        sub = cluster.subscriber(args.topic if args.topics <= 1 else f"{args.topic}/*")
         print(READY, flush=True)
         meter = DeliveryMeter(args.warmup)
         latency = LatencyLog() if args.latency else None
         receive_batch = sub.receive_batch
         prev_seq = 0
         gaps = 0
+        last_seqs: dict[str, int] | None = {} if args.topics > 1 else None
         end_seq = None
         ended_by = "deadline"
         deadline = monotonic() + args.timeout
@@ -65,6 +73,10 @@ def subscribe(args) -> None:
                 meter.add(len(batch), nbytes, now)
                 if latency is not None and meter.k is not None:
                     latency.add([m.payload for m in batch], now)
+                if last_seqs is not None:  # several topics: gaps are counted at the end
+                    for m in batch:
+                        last_seqs[m.topic] = m.seq
+                    continue
                 first, last = batch[0].seq, batch[-1].seq
                 gaps += (first - prev_seq - 1) + (last - first + 1 - len(batch))
                 prev_seq = last
@@ -74,7 +86,12 @@ def subscribe(args) -> None:
                 continue
             now = monotonic()
             ends = sub.ends
-            if ends:  # the queue is drained and the marker came after the last datagram
+            if last_seqs is not None:
+                if len(ends) >= args.topics:
+                    end_seq = sum(ends.values())
+                    ended_by = "end_of_stream"
+                    break
+            elif ends:  # the queue is drained and the marker came after the last datagram
                 end_seq = max(ends.values())
                 ended_by = "end_of_stream"
                 break
@@ -84,6 +101,9 @@ def subscribe(args) -> None:
             if now > deadline:
                 break
         end_cpu = cpu()
+        if last_seqs is not None:  # seqs run 1, 2, ... per topic, in order, without duplicates
+            prev_seq = sum(last_seqs.values())
+            gaps = prev_seq - meter.count
         result = meter.summary(end_cpu)
         if latency is not None:
             result["latency"] = latency.summary()
@@ -98,9 +118,11 @@ def subscribe(args) -> None:
 def publish(args) -> None:
     cluster = _connect(args.address)
     try:
-        pub = cluster.publisher(args.topic)
+        advertising = monotonic()
+        pubs = cluster.publishers(topic_names(args.topic, args.topics))
+        advertised = monotonic()
         payload = os.urandom(args.size)
-        publish_one = pub.publish
+        publish_one = pubs[0].publish
         sampler = CpuSampler()
         count = 0
         start = monotonic()
@@ -108,7 +130,16 @@ def publish(args) -> None:
         stop_at = start + args.seconds
         if args.rate > 0:  # a latency run: paced, every payload stamped
             count = _paced(publish_one, bytearray(payload), args.rate, start, stop_at, sampler)
-        while args.rate <= 0:
+        turn = [p.publish for p in pubs] * max(1, CHECK_EVERY // len(pubs))
+        while args.rate <= 0 and len(pubs) > 1:  # round-robin over the topics
+            for publish in turn:
+                publish(payload)
+            count += len(turn)
+            now = monotonic()
+            sampler.sample(count, now)
+            if now >= stop_at:
+                break
+        while args.rate <= 0 and len(pubs) == 1:
             for _ in range(CHECK_EVERY):
                 publish_one(payload)
             count += CHECK_EVERY
@@ -120,15 +151,19 @@ def publish(args) -> None:
         sampler.sample(count, stopped, force=True)
         flush_error = None
         try:
-            pub.flush(timeout=args.flush_timeout)
+            pubs[-1].flush(timeout=args.flush_timeout)  # one sender stream: covers every topic
         except Exception as exc:  # FlushTimeout: report it, the subscribers' counts tell the rest
             flush_error = repr(exc)
         flushed = monotonic()
         sampler.sample(count, flushed, force=True)
-        pub.close(timeout=args.flush_timeout)
+        published = sum(p.seq for p in pubs)
+        for p in pubs:
+            p.close(timeout=args.flush_timeout)
         closed = monotonic()
         sampler.sample(count, closed, force=True)
-        result = {"role": "publisher", "pid": os.getpid(), "published": pub.seq, "size": args.size,
+        result = {"role": "publisher", "pid": os.getpid(), "published": published,
+                  "size": args.size, "topics": len(pubs),
+                  "advertise_seconds": round(advertised - advertising, 3),
                   "start": start, "stopped": stopped, "flushed": flushed, "closed": closed,
                   "flush_error": flush_error, "samples": sampler.samples,
                   **_member_counters(cluster)}
@@ -159,6 +194,9 @@ def build_parser():
     for s in (pub_opts, sub_opts):
         s.add_argument("--address", required=True, help="Ray GCS address of the harness's cluster")
         s.add_argument("--topic", required=True)
+        s.add_argument("--topics", type=int, default=1, metavar="N",
+                       help="publish to N topics T/0 .. T/N-1 in turn, subscribe to T/* "
+                            "(default 1: the topic T itself)")
     sub_opts.add_argument("--idle", type=float, default=15.0,
                           help="stop after this long without a message (once one arrived): a guard "
                                "against a dead publisher, longer than any stall of a live one")

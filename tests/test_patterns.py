@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -51,6 +53,40 @@ def test_pattern_subscriber_gets_existing_and_new_topics_from_the_first_message(
     member = next(m for m in members(status) if f"{base}/*" in m["subscriptions"])
     assert other.id not in member["subscribes"]
     ray.get(consumer.close.remote())
+
+
+def test_publishers_of_many_topics_set_up_together_deliver_every_message(cluster, topic_name):
+    """`publishers()` advertises a batch of topics at once; round-robin publishing over them
+    reaches a pattern subscriber whole, in order per topic; closing them leaves every topic."""
+    base = topic_name + "/many"
+    names = [f"{base}/{i}" for i in range(40)]
+    for name in names:
+        cluster.create_topic(name, policy="lan_multicast")
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(f"{base}/*")
+    ray.get(consumer.ready.remote())
+    pending = consumer.consume.remote(len(names) * 25, 60.0)
+    pubs = cluster.publishers(names)
+    assert [p.topic for p in pubs] == names
+    for i in range(25):
+        for pub in pubs:
+            pub.publish(b"%d" % i)
+    pubs[-1].flush()
+    got = ray.get(pending, timeout=120)
+    assert got["count"] == len(names) * 25 and got["gaps"] == 0
+    assert {k.split("|")[0] for k in got["last_seq"]} == set(names)
+    assert all(seq == 25 for seq in got["last_seq"].values())
+    ids = {p._topic_id for p in pubs}
+    me = next(m for m in members(cluster.status()) if ids <= set(m["publishes"]))
+    for pub in pubs:
+        pub.close()  # leaves without waiting for the scope: it re-lays once for all of them
+    deadline = time.monotonic() + 30
+    while ids & set(next(m for m in members(cluster.status())
+                         if m["id"] == me["id"])["publishes"]):
+        assert time.monotonic() < deadline, "the scope still lists the closed publishers"
+        time.sleep(0.1)
+    ray.get(consumer.close.remote())
+    with pytest.raises(TypeError):
+        cluster.publishers(names[0])
 
 
 def test_pattern_subscribers_in_other_scopes_get_a_new_topic_from_its_first_message(cluster,

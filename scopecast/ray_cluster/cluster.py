@@ -254,10 +254,17 @@ class Cluster:
     def publisher(self, topic: str, scope: str | None = None) -> Publisher:
         """Publish to `topic` as a member of `scope` (a path such as "X/Q"; default this host's
         scope)."""
+        return self.publishers([topic], scope)[0]
+
+    def publishers(self, topics: list[str], scope: str | None = None) -> list[Publisher]:
+        """One publisher per topic of `topics`, all of this process's member in `scope`: set up
+        together (the scopes lay channels once for all of them, not once per topic)."""
+        if isinstance(topics, str) or not topics:
+            raise TypeError("publishers() takes a non-empty list of topic names")
         element = self._member(scope)
-        pub = Publisher(element, element.advertise(topic))
-        self._handles.append(pub)
-        return pub
+        pubs = [Publisher(element, info) for info in element.advertise(list(topics))]
+        self._handles.extend(pubs)
+        return pubs
 
     def subscriber(self, topics: str | list[str], on_message=None,
                    role: str = "member", scope: str | None = None) -> Subscriber:

@@ -100,8 +100,8 @@ class ControlledElement:
                 names = [n for (n, r) in self._subscribed if r == role]
                 if names:
                     call(self.manager.subscribe, self.member_id, names, role)
-            for name in self._published:
-                call(self.manager.advertise, self.member_id, name)
+            if self._published:
+                call(self.manager.advertise, self.member_id, list(self._published))
             self._version = 0
         log.warning("member %d had been dropped by scope %r; rejoined as member %d", old,
                     self.scope, self.member_id)
@@ -117,13 +117,14 @@ class ControlledElement:
         self._fetch()
         return infos
 
-    def advertise(self, name: str):
-        """Make this member a publisher of `name`; returns its TopicInfo once every scope has in
-        place the channels laid for it (so subscribers known now miss nothing)."""
-        info = call(self.manager.advertise, self.member_id, name)
-        self._published[name] = self._published.get(name, 0) + 1
-        self.wait_ready(name)
-        return info
+    def advertise(self, names: list[str]) -> list:
+        """Make this member a publisher of `names`; returns their TopicInfos once every scope has
+        in place the channels laid for them (so subscribers known now miss nothing)."""
+        infos = call(self.manager.advertise, self.member_id, names)
+        for name in names:
+            self._published[name] = self._published.get(name, 0) + 1
+        self.wait_ready(names[0] if len(names) == 1 else f"{len(names)} topics")
+        return infos
 
     def wait_ready(self, name: str) -> bool:
         self._fetch()
@@ -138,9 +139,12 @@ class ControlledElement:
 
     def release(self, publisher_of: str | None = None,
                 subscriber_of: list[str] | None = None, role: str = "member") -> None:
-        """A publisher or subscriber closed: leave topics no other handle in this process uses."""
+        """A publisher or subscriber closed: leave topics no other handle in this process uses.
+        A publisher leaves without waiting: the scope re-lays once for a burst of them (closing
+        thousands of publishers would otherwise wait for one re-layout each); calls from this
+        process reach the scope in order, so a later advertise of the topic comes after it."""
         if publisher_of is not None and _decrement(self._published, publisher_of):
-            call(self.manager.unadvertise, self.member_id, publisher_of)
+            self.manager.unadvertise.remote(self.member_id, publisher_of)
         gone = [n for n in subscriber_of or () if _decrement(self._subscribed, (n, role))]
         if gone:
             call(self.manager.unsubscribe, self.member_id, gone, role)

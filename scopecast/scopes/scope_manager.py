@@ -254,15 +254,18 @@ class ScopeManager:
             self._resolve(member)
             self._kick()
 
-    async def advertise(self, member_id: int, name: str) -> TopicInfo:
-        info = await self._topic(name)
-        self._check_inside(info)
+    async def advertise(self, member_id: int, names: str | list[str]) -> TopicInfo | list:
+        """Make the member a publisher of `names` (one re-layout for all of them); their
+        TopicInfos (one, for a single name)."""
+        infos = [await self._topic(n) for n in ([names] if isinstance(names, str) else names)]
+        for info in infos:
+            self._check_inside(info)
         member = self._member(member_id)
-        member.pubs.add(info.id)
+        member.pubs.update(info.id for info in infos)
         member.regular = True
         self._kick()
         await self._settle()
-        return info
+        return infos[0] if isinstance(names, str) else infos
 
     async def unadvertise(self, member_id: int, name: str) -> None:
         member = self._member(member_id, missing_ok=True)
