@@ -32,7 +32,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "ended_by": r.get("ended_by"),
         }
         for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
-                    "latency", "error"):
+                    "latency", "error", "rss_bytes"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)
@@ -52,7 +52,8 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
                            - _count_at(sender["samples"], w_start))
     send_s = sender["stopped"] - sender["start"]
     sender_info = {k: sender[k] for k in ("pid", "send_errors", "flush_error", "drops", "stats",
-                                          "sndbuf", "topics", "advertise_seconds") if k in sender}
+                                          "sndbuf", "topics", "advertise_seconds", "rss_bytes")
+                   if k in sender}
     sender_info["send_s"] = send_s
     if "flushed" in sender:
         sender_info["flush_s"] = sender["flushed"] - sender["stopped"]

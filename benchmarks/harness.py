@@ -34,7 +34,7 @@ from benchmarks.procs import REPO_ROOT
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 SYSTEMS = ("baseline", "scopecast")
 QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
-             peer_subscribers=[1])
+             peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1)
 
 
 def _int_list(text: str) -> list[int]:
@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="message sizes of the peer suite (default 100,1000)")
     p.add_argument("--peer-subscribers", type=_int_list, default=None, metavar="N,N,...",
                    help="subscriber process counts of the peer suite (default 1,4,8)")
+    p.add_argument("--topic-counts", type=lambda t: _int_list(t) if t.strip() else [],
+                   default=None, metavar="N,N,...",
+                   help="peer suite, scale in topics: the publisher round-robin over this many "
+                        "topics, every subscriber on all of them, every system (default "
+                        f"{','.join(map(str, peer_suite.TOPIC_COUNTS))}; 1 KB messages; '' for "
+                        "none)")
+    p.add_argument("--topic-subscribers", type=int, default=None, metavar="N",
+                   help="subscriber processes of the topic cases (default 4)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -135,7 +143,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
-                    peer_sizes=[100, 1000], peer_subscribers=[1, 4, 8])
+                    peer_sizes=[100, 1000], peer_subscribers=[1, 4, 8],
+                    topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else value)
@@ -261,6 +270,8 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                                warmup=args.warmup, case_timeout=args.case_timeout,
                                policy=args.policy,
                                latency_shares=(0.5,) if args.quick else peer_suite.LATENCY_SHARES,
+                               topic_counts=tuple(args.topic_counts),
+                               topic_subscribers=args.topic_subscribers,
                                ) if args.peers else {}
         lossy = _loss_cases(args, cluster, address, stamp, log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds) if lossy else {}
@@ -276,7 +287,8 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                    "warmup": args.warmup, "systems": args.systems, "quick": args.quick,
                    "case_timeout": args.case_timeout, "mac": args.mac, "policy": args.policy,
                    "peers": args.peers, "peer_sizes": args.peer_sizes,
-                   "peer_subscribers": args.peer_subscribers},
+                   "peer_subscribers": args.peer_subscribers,
+                   "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "

@@ -7,6 +7,10 @@ delivered msgs/s at that rate. Each case first runs flat out; scopecast (flow-co
 and the Ray peer (reliable calls) stop there. A peer that lost more than 0.1% to some subscriber is
 run again paced at 90% of what its slowest subscriber was delivered, then 30% lower each time, at
 most `PACED_TRIES` times; every try is kept in the row, and the flat-out loss is reported too.
+
+Scale in topics: one publisher round-robin over 1 .. 10,000 topics, every subscriber on every topic
+(by the system's wildcard), flat out; delivered msgs/s, loss, and each subscriber's resident memory,
+from which the memory a member spends per topic follows.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from benchmarks import machine, peers
 from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.procs import topic_names
 from benchmarks.report import num
 
 SYSTEMS = ("scopecast", *peers.PEERS)
@@ -25,15 +30,22 @@ KEEP_UP = 0.999        # a peer's share of the published messages every subscrib
 PACED_TRIES = 4
 FIRST_PACE, NEXT_PACE = 0.9, 0.7
 LATENCY_SHARES = (0.1, 0.5, 0.9)  # of each system's own saturation rate
+TOPIC_COUNTS = (1, 100, 1000, 10_000)
+TOPICS_DROP = 0.10       # target: at most this throughput drop from 1 to the most topics
+TOPIC_MEMORY = 2048      # target: at most this many bytes of member memory per topic
 
 
 def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[int],
         subscribers: list[int], seconds: float, warmup: float, case_timeout: float,
-        policy: str, latency_shares: tuple[float, ...] = LATENCY_SHARES) -> dict:
+        policy: str, latency_shares: tuple[float, ...] = LATENCY_SHARES,
+        topic_counts: tuple[int, ...] = TOPIC_COUNTS, topic_size: int = 1000,
+        topic_subscribers: int = 4) -> dict:
     """Every system at every size and subscriber count: throughput at saturation, then latency
-    at each of `latency_shares` of it; returns the rows, the peers skipped and why, the targets."""
+    at each of `latency_shares` of it; then at each of `topic_counts` topics. Returns the rows,
+    the topic rows, the peers skipped and why, the targets."""
     skipped = {s: why for s in systems if s in peers.PEERS and (why := peers.missing(s))}
     rows = []
+    topic_rows = []
     with ExitStack() as stack:
         for system in [s for s in systems if s not in skipped]:
             try:
@@ -50,9 +62,15 @@ def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[i
                                                row["saturation_rate"])
                                       for share in latency_shares if row["saturation_rate"]]
                     rows.append(row)
+            for n in topic_counts:
+                case = Case(system, topic_size, topic_subscribers, seconds, warmup,
+                            ready_timeout=min(120.0, case_timeout), timeout=case_timeout, topics=n)
+                topic_rows.append(_topics_row(_one(cluster, stamp, log_dir, case, port, policy,
+                                                   f"topics{n}")))
     for system, why in skipped.items():
         print(f"[peers] {system} skipped: {why}", flush=True)
-    return {"rows": rows, "skipped": skipped, "targets": targets(rows)}
+    return {"rows": rows, "topic_rows": topic_rows, "skipped": skipped, "targets": targets(rows),
+            "topic_targets": topic_targets(topic_rows)}
 
 
 def _saturate(cluster, stamp: str, log_dir: Path, case: Case, port: int | None,
@@ -95,11 +113,15 @@ def _latency(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, p
 def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
          attempt) -> dict:
     topic = f"bench/{stamp}/peers/{case.system}-{case.size}B-1to{case.subscribers}-{attempt}"
+    created = None
     if case.system == "scopecast":
+        t0 = time.monotonic()
         try:
-            cluster.create_topic(topic, policy=policy)
+            for name in topic_names(topic, case.topics):
+                cluster.create_topic(name, policy=policy)
         except Exception as exc:  # the control plane is in trouble: report, go on
             return failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
+        created = time.monotonic() - t0
     if case.system == "zmq":
         port = peers.free_tcp_port()  # a fresh PUB port per case
     machine.settle(5.0)
@@ -111,6 +133,8 @@ def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, polic
         worst = max(result["lost"], default=0)
         result["delivered_share"] = 1.0 - worst / result["published"] if result["published"] else 0.0
         result["offered_rate"] = case.rate
+        result["topics"] = case.topics
+        result["create_seconds"] = created
     print(f"[peers] {case.label}: {_progress(result)} ({time.monotonic() - t0:.0f} s)", flush=True)
     return result
 
@@ -125,6 +149,39 @@ def _row(case: Case, tries: list[dict], passed: dict | None) -> dict:
             "flat_out_loss": (1.0 - first["delivered_share"]) if "delivered_share" in first else None,
             "error": None if passed else (tries[-1].get("error") or "no offered rate kept up"),
             "failed": bool(tries[-1].get("error")), "tries": tries}
+
+
+def _topics_row(result: dict) -> dict:
+    """One system at one topic count: delivered msgs/s (flat out), loss, subscribers' memory."""
+    ok = not result.get("error")
+    rss = [r["rss_bytes"] for r in result.get("receivers", ()) if r.get("rss_bytes")]
+    return {"system": result["system"], "topics": result.get("topics"),
+            "size": result["size"], "subscribers": result["subscribers"],
+            "rate": result["min_rate"] if ok else None,
+            "loss": (1.0 - result["delivered_share"]) if ok else None,
+            "cpu_us_per_msg": result.get("cpu_us_per_msg"),
+            "subscriber_rss_bytes": sum(rss) / len(rss) if rss else None,
+            "publisher_rss_bytes": result.get("sender", {}).get("rss_bytes"),
+            "create_seconds": result.get("create_seconds"),
+            "advertise_seconds": result.get("sender", {}).get("advertise_seconds"),
+            "error": result.get("error"), "result": result}
+
+
+def topic_targets(rows: list[dict]) -> dict:
+    """scopecast from 1 to the most topics: throughput drop (target at most 10%) and member
+    memory per topic (target at most 2 KB), from its subscribers' resident memory."""
+    ours = {r["topics"]: r for r in rows if r["system"] == "scopecast" and r["rate"]}
+    if 1 not in ours or len(ours) < 2:
+        return {"status": "not run"}
+    most = max(ours)
+    one, top = ours[1], ours[most]
+    drop = 1.0 - top["rate"] / one["rate"]
+    per_topic = ((top["subscriber_rss_bytes"] - one["subscriber_rss_bytes"]) / (most - 1)
+                 if top["subscriber_rss_bytes"] and one["subscriber_rss_bytes"] else None)
+    return {"topics": most, "drop": drop, "drop_status": "met" if drop <= TOPICS_DROP else "missed",
+            "bytes_per_topic": per_topic,
+            "memory_status": "not measured" if per_topic is None
+            else "met" if per_topic <= TOPIC_MEMORY else "missed"}
 
 
 def _progress(c: dict) -> str:
@@ -162,7 +219,39 @@ def table(result: dict) -> str:
     if not rows:
         return ""
     return _side_by_side(rows, result["targets"]) + _rows_table(result, rows) \
-        + _latency_table(rows)
+        + _latency_table(rows) + _topics_table(result)
+
+
+def _topics_table(result: dict) -> str:
+    rows = result.get("topic_rows")
+    if not rows:
+        return ""
+    counts = sorted({r["topics"] for r in rows})
+    systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
+    by = {(r["system"], r["topics"]): r for r in rows}
+
+    def cell(r: dict | None) -> str:
+        if r is None or r["rate"] is None:
+            return "failed" if r is not None else "-"
+        lost = f", lost {r['loss']:.1%}" if r["loss"] else ""
+        mem = f", {r['subscriber_rss_bytes'] / 2**20:.0f} MB" if r["subscriber_rss_bytes"] else ""
+        return f"{r['rate']:,.0f}{lost}{mem}"
+
+    lines = ["| topics | " + " | ".join(systems) + " |", "|---:|" + "---:|" * len(systems)]
+    for n in counts:
+        lines.append(f"| {n:,} | " + " | ".join(cell(by.get((s, n))) for s in systems) + " |")
+    t = result.get("topic_targets", {})
+    verdict = "" if "drop" not in t else (
+        f"\nscopecast from 1 to {t['topics']:,} topics: throughput {-t['drop']:+.0%} "
+        f"(target at most -{TOPICS_DROP:.0%}: {t['drop_status']}); member memory "
+        + ("not measured" if t["bytes_per_topic"] is None else
+           f"{t['bytes_per_topic']:,.0f} bytes per topic (target at most {TOPIC_MEMORY:,}: "
+           f"{t['memory_status']})") + "\n")
+    r0 = rows[0]
+    return (f"\nScale in topics: {r0['size']} B messages, 1 -> {r0['subscribers']} subscribers, the "
+            "publisher round-robin over the topics, every subscriber on every topic; delivered "
+            "msgs/s (slowest subscriber, flat out), loss, subscriber resident memory:\n\n"
+            + "\n".join(lines) + "\n" + verdict)
 
 
 def _side_by_side(rows: list[dict], checked: list[dict]) -> str:
@@ -233,9 +322,12 @@ def plot(result: dict, path: Path, title: str) -> None:
 
     rows = [r for r in result["rows"] if r["saturation_rate"] is not None]
     sizes = sorted({r["size"] for r in result["rows"]})
-    fig, axes = plt.subplots(2, len(sizes), figsize=(5.5 * len(sizes), 8.4), squeeze=False)
+    fig, axes = plt.subplots(3, len(sizes), figsize=(5.5 * len(sizes), 12.6), squeeze=False)
     for ax, size in zip(axes[1], sizes, strict=True):
         _cdfs(ax, [r for r in rows if r["size"] == size])
+    _topics_plot(axes[2][0], result.get("topic_rows") or [])
+    for ax in axes[2][1:]:
+        ax.axis("off")
     for ax, size in zip(axes[0], sizes, strict=True):
         for system in SYSTEMS:
             points = sorted((r["subscribers"], r["saturation_rate"]) for r in rows
@@ -252,6 +344,24 @@ def plot(result: dict, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _topics_plot(ax, rows: list[dict]) -> None:
+    """Delivered msgs/s against the number of topics, one line per system."""
+    for system in SYSTEMS:
+        points = sorted((r["topics"], r["rate"]) for r in rows
+                        if r["system"] == system and r["rate"])
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=system)
+    if rows:
+        ax.set_xscale("log")
+        ax.set_title(f"{rows[0]['size']} B, 1->{rows[0]['subscribers']}, round-robin topics",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+    ax.set_xlabel("topics")
+    ax.set_ylabel("delivered msgs/s (min per subscriber)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
 
 
 def _cdfs(ax, rows: list[dict]) -> None:

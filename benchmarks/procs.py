@@ -198,6 +198,12 @@ def role_parser(prog: str, description: str, sender: str, receiver: str, what: s
     return p, s, r
 
 
+def topic_names(topic: str, n: int, sep: str = "/") -> list[str]:
+    """The topics of a case: T itself, or T/0 .. T/n-1 (`sep` for systems that split names
+    otherwise, NATS's dots)."""
+    return [topic] if n <= 1 else [f"{topic}{sep}{i}" for i in range(n)]
+
+
 def run_role(parser, handlers: dict, argv: list[str] | None) -> int:
     """Parse, arrange to die with the harness, run the chosen role."""
     args = parser.parse_args(argv)

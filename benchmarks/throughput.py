@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, stamp
-from benchmarks.procs import READY, RESULT, role_parser, run_role
+from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, rss, stamp
+from benchmarks.procs import READY, RESULT, role_parser, run_role, topic_names
 
 CHECK_EVERY = 256  # publishes between clock reads
 
@@ -42,11 +42,6 @@ def _member_counters(cluster) -> dict:
 
 def _report(result: dict) -> None:
     print(RESULT + json.dumps(result), flush=True)
-
-
-def topic_names(topic: str, n: int) -> list[str]:
-    """The topics of a case: T itself, or T/0 .. T/n-1."""
-    return [topic] if n <= 1 else [f"{topic}/{i}" for i in range(n)]
 
 
 def subscribe(args) -> None:
@@ -162,7 +157,7 @@ def publish(args) -> None:
         closed = monotonic()
         sampler.sample(count, closed, force=True)
         result = {"role": "publisher", "pid": os.getpid(), "published": published,
-                  "size": args.size, "topics": len(pubs),
+                  "size": args.size, "topics": len(pubs), "rss_bytes": rss(),
                   "advertise_seconds": round(advertised - advertising, 3),
                   "start": start, "stopped": stopped, "flushed": flushed, "closed": closed,
                   "flush_error": flush_error, "samples": sampler.samples,

@@ -66,6 +66,15 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
         assert all(p["error"] is None for p in row["latency"]), row["latency"]
     assert results["peers_plot"] and (tmp_path / "latest-peers.png").stat().st_size > 0
     assert "| system | size | subs | saturation msgs/s" in results["table_markdown"]
+    topics = peers["topic_rows"]  # every system at 1 and 20 topics, round-robin
+    assert {(r["system"], r["topics"]) for r in topics} == {
+        (s, n) for s in peer_suite.SYSTEMS for n in (1, 20)}
+    for row in topics:
+        assert row["error"] is None and row["rate"], row["error"]
+    ours = [r for r in topics if r["system"] == "scopecast"]
+    assert all(r["loss"] == 0 and r["subscriber_rss_bytes"] for r in ours), ours
+    assert "drop" in peers["topic_targets"]
+    assert "Scale in topics" in results["table_markdown"]
 
 
 def test_peer_sizes_too_small_for_the_latency_stamp_are_refused_before_anything_starts():

@@ -41,7 +41,7 @@ async def _receive(args) -> None:
     async def on_message(msg) -> None:
         inbox.append(msg.data)
 
-    await nc.subscribe(args.topic, cb=on_message)
+    await nc.subscribe(args.topic if args.topics <= 1 else f"{args.topic}.*", cb=on_message)
     await nc.flush()  # the server has the subscription
     receiver = stream.Receiver(args.warmup, args.timeout, args.idle, args.latency)
     stream.ready()
@@ -60,12 +60,12 @@ async def _receive(args) -> None:
 def send(args) -> None:
     loop = asyncio.new_event_loop()
     nc = loop.run_until_complete(_connect(args.port))
-    subject = args.topic
+    subject = stream.Topics(args.topic, args.topics, sep=".").next
 
     async def burst(payload: bytes, n: int) -> None:
         publish = nc.publish
         for _ in range(n):
-            await publish(subject, payload)
+            await publish(subject(), payload)
         await nc.flush()
 
     result = stream.send_loop(lambda p, n: loop.run_until_complete(burst(p, n)), args.size,

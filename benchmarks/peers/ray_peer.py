@@ -6,9 +6,10 @@
 Each receiver process is a Ray driver that starts one `Sink` actor (named `T/<pid>`, `num_cpus=0`)
 and waits for its summary; the actor's process does the receiving, so its CPU is what the case
 counts. The sender (another driver) finds the N sinks by name and calls `deliver` on every sink
-with a list of `BATCH` payloads per call, keeping at most `IN_FLIGHT` calls outstanding per sink
-(`ray.wait` on the oldest) — batching and back-pressure as a fair Ray user would. Nothing is lost:
-Ray's actor calls are reliable and ordered, so the sender simply goes no faster than the slowest sink.
+with a list of `BATCH` payloads per call (and their topics, when a case has several), keeping at
+most `IN_FLIGHT` calls outstanding per sink (`ray.wait` on the oldest) — batching and back-pressure
+as a fair Ray user would. Nothing is lost: Ray's actor calls are reliable and ordered, so the sender
+simply goes no faster than the slowest sink.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ class Sink:
         self._receiver = stream.Receiver(warmup, timeout, idle, latency)
         self._ended = False
 
-    def deliver(self, payloads: list) -> None:
+    def deliver(self, payloads: list, topics: list | None = None) -> None:
+        """A batch of messages (`topics`: each one's topic, when a case has several; every sink
+        takes every topic, so they are only carried)."""
         if not self._ended:
             self._ended = self._receiver.take(payloads)
 
@@ -70,15 +73,17 @@ def send(args) -> None:
     sinks = _find_sinks(args.topic, args.subscribers)
     pending = [deque() for _ in sinks]
     distinct: list[bytes] = []  # pickle would send one object listed n times only once
+    topic = stream.Topics(args.topic, args.topics).next
 
     def send_batch(payload: bytes, n: int) -> None:
         if len(distinct) < n or distinct[0] != payload:  # (a stamped payload changes)
             distinct[:] = [bytes(bytearray(payload)) for _ in range(max(n, len(distinct)))]
         batch = distinct[:n]
+        labels = [topic() for _ in range(n)] if args.topics > 1 else None
         for sink, refs in zip(sinks, pending, strict=True):
             if len(refs) >= IN_FLIGHT:
                 ray.wait([refs.popleft()], fetch_local=False)
-            refs.append(sink.deliver.remote(batch))
+            refs.append(sink.deliver.remote(batch, labels))
 
     result = stream.send_loop(send_batch, args.size, args.seconds, args.rate, BATCH,
                               args.stamped)

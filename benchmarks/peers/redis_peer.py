@@ -1,11 +1,13 @@
 """Redis pub/sub as a peer: `redis-server` (Debian) and the `redis` client with the hiredis parser.
 
-    python -m benchmarks.peers.redis_peer receive --port P --topic CH
-    python -m benchmarks.peers.redis_peer send    --port P --topic CH --size B --seconds D [--rate R]
+    python -m benchmarks.peers.redis_peer receive --port P --topic CH [--topics N]
+    python -m benchmarks.peers.redis_peer send    --port P --topic CH [--topics N] --size B
+                                                  --seconds D [--rate R]
 
 Tuned as redis-py's documentation recommends: hiredis installed (the client uses it by itself),
 PUBLISHes pipelined without MULTI (`pipeline(transaction=False)`, one round trip per batch), the
-subscriber reading with `get_message`. The server runs with persistence off and its default
+subscriber reading with `get_message` (several topics: one `PSUBSCRIBE CH/*`). The server runs with
+persistence off and its default
 `client-output-buffer-limit pubsub 32mb 8mb 60`: a subscriber that falls that far behind is
 disconnected, which the harness sees as loss.
 """
@@ -32,8 +34,12 @@ def _client(port: int):
 
 def receive(args) -> None:
     ps = _client(args.port).pubsub()
-    ps.subscribe(args.topic)
-    while (m := ps.get_message(timeout=5.0)) is None or m["type"] != "subscribe":
+    if args.topics > 1:
+        ps.psubscribe(f"{args.topic}/*")
+    else:
+        ps.subscribe(args.topic)
+    while (m := ps.get_message(timeout=5.0)) is None or m["type"] not in ("subscribe",
+                                                                          "psubscribe"):
         pass
     receiver = stream.Receiver(args.warmup, args.timeout, args.idle, args.latency)
     get = ps.get_message
@@ -43,7 +49,7 @@ def receive(args) -> None:
         m = get(timeout=timeout)
         out = []
         while m is not None:
-            if m["type"] == "message":
+            if m["type"] in ("message", "pmessage"):
                 out.append(m["data"])
             if len(out) >= 1024:
                 break
@@ -60,16 +66,16 @@ def receive(args) -> None:
 def send(args) -> None:
     client = _client(args.port)
     pipe = client.pipeline(transaction=False)
-    channel = args.topic
+    channel = stream.Topics(args.topic, args.topics).next
 
     def send_batch(payload: bytes, n: int) -> None:
         for _ in range(n):
-            pipe.publish(channel, payload)
+            pipe.publish(channel(), payload)
         pipe.execute()
 
     result = stream.send_loop(send_batch, args.size, args.seconds, args.rate, BATCH,
                               args.stamped)
-    stream.send_end(lambda p: client.publish(channel, p))
+    stream.send_end(lambda p: client.publish(channel(), p))
     stream.report(result)
 
 

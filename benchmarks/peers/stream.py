@@ -2,19 +2,22 @@
 count and the end-of-stream marker.
 
 A sender hands `send_batch(payload, n)` the same payload `n` times per call; the peer module decides
-how that becomes messages (a Redis pipeline, NATS publishes, ZeroMQ sends, one Ray call). Paced at
+how that becomes messages (a Redis pipeline, NATS publishes, ZeroMQ sends, one Ray call), taking the
+topic of each from `Topics` (round-robin when a case has several; receivers take all of them, by the
+peer's own wildcard). Paced at
 `rate` msgs/s, a batch covers at most a millisecond of the rate, so a paced stream stays even. After
 `seconds` the sender sends `END` a few times (the peers without flow control may drop some).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, stamp
-from benchmarks.procs import READY, RESULT, role_parser, run_role
+from benchmarks.procs import READY, RESULT, role_parser, run_role, topic_names
 
 END = b"E"               # shorter than any message
 END_LEN = len(END)
@@ -50,6 +53,17 @@ def send_loop(send_batch, size: int, seconds: float, rate: float, batch: int,
     sampler.sample(count, stopped, force=True)
     return {"role": "sender", "pid": os.getpid(), "published": count, "size": size,
             "offered_rate": rate, "start": start, "stopped": stopped, "samples": sampler.samples}
+
+
+class Topics:
+    """The sender's topics, taken in turn: `next()` is the topic of the next message."""
+
+    __slots__ = ("names", "next")
+
+    def __init__(self, topic: str, n: int, sep: str = "/", encode: bool = False) -> None:
+        self.names = topic_names(topic, n, sep)
+        self.next = itertools.cycle([t.encode() for t in self.names] if encode
+                                    else self.names).__next__
 
 
 def send_end(send_one) -> None:
@@ -140,6 +154,9 @@ def parser(module: str, description: str, endpoint: str):
         else:
             s.add_argument("--address", required=True, help="Ray GCS address")
         s.add_argument("--topic", required=True, help="channel / subject / prefix")
+        s.add_argument("--topics", type=int, default=1, metavar="N",
+                       help="send to N topics T<sep>0 .. T<sep>N-1 in turn, receive all of them "
+                            "by wildcard (default 1: T itself)")
     send_opts.add_argument("--rate", type=float, default=0.0,
                            help="offered msgs/s (0: as fast as the client goes)")
     send_opts.add_argument("--stamped", action="store_true",

@@ -4,7 +4,8 @@
     python -m benchmarks.peers.zmq_peer send    --port P --topic T --size B --seconds D [--rate R]
 
 The publisher binds `tcp://127.0.0.1:P`, each subscriber connects (ZeroMQ reconnects until the bind
-is there) and subscribes to the topic prefix; every message is one two-part message [topic,
+is there) and subscribes to the topic prefix (which also takes T/0 .. T/N-1 when a case has
+several topics); every message is one two-part message [topic,
 payload], as the ZeroMQ guide's pub-sub envelopes are. ZeroMQ batches small messages into TCP
 writes by itself. The guide's "slow joiner": a subscription reaches the publisher a moment after
 the connection, so the publisher waits until every subscriber's subscription has arrived
@@ -59,16 +60,16 @@ def send(args) -> None:
     sock = ctx.socket(zmq.XPUB)
     sock.bind(f"tcp://127.0.0.1:{args.port}")
     _await_subscribers(sock, args.subscribers)
-    topic = args.topic.encode()
+    topic = stream.Topics(args.topic, args.topics, encode=True)
     send_multipart = sock.send_multipart
 
     def send_batch(payload: bytes, n: int) -> None:
         for _ in range(n):
-            send_multipart((topic, payload))
+            send_multipart((topic.next(), payload))
 
     result = stream.send_loop(send_batch, args.size, args.seconds, args.rate, BATCH,
                               args.stamped)
-    stream.send_end(lambda p: send_multipart((topic, p)))
+    stream.send_end(lambda p: send_multipart((topic.next(), p)))
     time.sleep(0.2)  # let the last messages leave before the socket closes
     stream.report(result)
     sock.close(linger=1000)
