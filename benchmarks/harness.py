@@ -26,7 +26,16 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import analysis, loss, machine, peer_suite, recovery_curves, report, spark_pipeline
+from benchmarks import (
+    analysis,
+    loss,
+    machine,
+    peer_suite,
+    recovery_curves,
+    report,
+    scale_suite,
+    spark_pipeline,
+)
 from benchmarks.cases import Case, Wiring, failed_result, run_case
 from benchmarks.meter import STAMP
 from benchmarks.procs import REPO_ROOT
@@ -34,7 +43,7 @@ from benchmarks.procs import REPO_ROOT
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 SYSTEMS = ("baseline", "scopecast")
 QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
-             peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1)
+             peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1, members=[1, 2])
 
 
 def _int_list(text: str) -> list[int]:
@@ -132,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "none)")
     p.add_argument("--topic-subscribers", type=int, default=None, metavar="N",
                    help="subscriber processes of the topic cases (default 4)")
+    p.add_argument("--members", type=lambda t: _int_list(t) if t.strip() else [], default=None,
+                   metavar="N,N,...",
+                   help="scale suite: scopecast from one publisher to this many subscriber "
+                        "processes, with control traffic and token rounds (default "
+                        f"{','.join(map(str, scale_suite.MEMBER_COUNTS))}; '' for none)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -144,7 +158,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
                     peer_sizes=[100, 1000], peer_subscribers=[1, 4, 8],
-                    topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4)
+                    topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4,
+                    members=list(scale_suite.MEMBER_COUNTS))
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else value)
@@ -273,6 +288,10 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                                topic_counts=tuple(args.topic_counts),
                                topic_subscribers=args.topic_subscribers,
                                ) if args.peers else {}
+        scale = scale_suite.run(cluster, stamp, log_dir, counts=args.members,
+                                seconds=args.seconds, warmup=args.warmup,
+                                case_timeout=args.case_timeout, policy=args.policy) \
+            if args.members and "scopecast" in args.systems else []
         lossy = _loss_cases(args, cluster, address, stamp, log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
@@ -288,7 +307,8 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                    "case_timeout": args.case_timeout, "mac": args.mac, "policy": args.policy,
                    "peers": args.peers, "peer_sizes": args.peer_sizes,
                    "peer_subscribers": args.peer_subscribers,
-                   "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers},
+                   "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
+                   "members": args.members},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "
@@ -309,7 +329,9 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "recovery_curves": curves,
         "spark_pipeline": pipeline,
         "peers": peers,
+        "scale_members": scale,
         "table_markdown": report.markdown_table(cases, targets) + peer_suite.table(peers)
+        + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
         + report.loss_table(loss_rows)
         + report.curves_table(curves) + spark_pipeline.table(pipeline),
         "wall_seconds": round(time.monotonic() - t0, 1),

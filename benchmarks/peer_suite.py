@@ -15,6 +15,7 @@ from which the memory a member spends per topic follows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from contextlib import ExitStack
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from benchmarks import machine, peers
 from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.control_watch import ControlWatch
 from benchmarks.procs import topic_names
 from benchmarks.report import num
 
@@ -65,8 +67,8 @@ def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[i
             for n in topic_counts:
                 case = Case(system, topic_size, topic_subscribers, seconds, warmup,
                             ready_timeout=min(120.0, case_timeout), timeout=case_timeout, topics=n)
-                topic_rows.append(_topics_row(_one(cluster, stamp, log_dir, case, port, policy,
-                                                   f"topics{n}")))
+                topic_rows.append(scale_row(_one(cluster, stamp, log_dir, case, port, policy,
+                                                   f"topics{n}", watch=True)))
     for system, why in skipped.items():
         print(f"[peers] {system} skipped: {why}", flush=True)
     return {"rows": rows, "topic_rows": topic_rows, "skipped": skipped, "targets": targets(rows),
@@ -111,7 +113,9 @@ def _latency(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, p
 
 
 def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
-         attempt) -> dict:
+         attempt, watch: bool = False) -> dict:
+    """Run one case; `watch`: scopecast's control traffic and token rounds are read meanwhile
+    (`ControlWatch`; it calls status() twice a second, so only the scale cases use it)."""
     topic = f"bench/{stamp}/peers/{case.system}-{case.size}B-1to{case.subscribers}-{attempt}"
     created = None
     if case.system == "scopecast":
@@ -127,8 +131,12 @@ def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, polic
     machine.settle(5.0)
     print(f"[peers] {case.label}: running", flush=True)
     t0 = time.monotonic()
-    result = run_case(case, Wiring(address=cluster.address, topic=topic, port=port or 0),
-                      log_dir / f"peers-{case.system}-{case.size}-{case.subscribers}-{attempt}")
+    control = ControlWatch(cluster) if watch and case.system == "scopecast" else None
+    with control or contextlib.nullcontext():
+        result = run_case(case, Wiring(address=cluster.address, topic=topic, port=port or 0),
+                          log_dir / f"peers-{case.system}-{case.size}-{case.subscribers}-{attempt}")
+    if control is not None:
+        result["control"] = control.summary()
     if not result.get("error"):
         worst = max(result["lost"], default=0)
         result["delivered_share"] = 1.0 - worst / result["published"] if result["published"] else 0.0
@@ -151,7 +159,7 @@ def _row(case: Case, tries: list[dict], passed: dict | None) -> dict:
             "failed": bool(tries[-1].get("error")), "tries": tries}
 
 
-def _topics_row(result: dict) -> dict:
+def scale_row(result: dict) -> dict:
     """One system at one topic count: delivered msgs/s (flat out), loss, subscribers' memory."""
     ok = not result.get("error")
     rss = [r["rss_bytes"] for r in result.get("receivers", ()) if r.get("rss_bytes")]
@@ -164,7 +172,7 @@ def _topics_row(result: dict) -> dict:
             "publisher_rss_bytes": result.get("sender", {}).get("rss_bytes"),
             "create_seconds": result.get("create_seconds"),
             "advertise_seconds": result.get("sender", {}).get("advertise_seconds"),
-            "error": result.get("error"), "result": result}
+            "control": result.get("control"), "error": result.get("error"), "result": result}
 
 
 def topic_targets(rows: list[dict]) -> dict:

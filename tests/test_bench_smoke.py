@@ -75,6 +75,12 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
     assert all(r["loss"] == 0 and r["subscriber_rss_bytes"] for r in ours), ours
     assert "drop" in peers["topic_targets"]
     assert "Scale in topics" in results["table_markdown"]
+    scale = results["scale_members"]  # scopecast to 1 and 2 subscribers, control read meanwhile
+    assert [r["subscribers"] for r in scale] == [1, 2]
+    for row in scale:
+        assert row["error"] is None and row["rate"] and row["loss"] == 0, row["error"]
+        assert row["control"]["members"] >= row["subscribers"] + 1, row["control"]
+    assert "Scale in members and topics" in results["table_markdown"]
 
 
 def test_peer_sizes_too_small_for_the_latency_stamp_are_refused_before_anything_starts():

@@ -148,6 +148,8 @@ class RecoveryAgent:
             return
         try:
             self.sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
+            self.stats["datagrams_out"] += 1
+            self.stats["bytes_out"] += len(data) + self._auth.trailer_size
         except OSError:
             self.drops["send_error"] += 1
 

@@ -427,6 +427,7 @@ class ReceivePath:
         try:
             self._sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
             self.stats["control_out"] += 1
+            self.stats["control_bytes_out"] += len(data) + self._trailer
         except OSError as exc:
             self.drops["send_error"] += 1
             log.debug("control send to %s failed: %s", address, exc)

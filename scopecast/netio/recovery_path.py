@@ -34,6 +34,7 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
@@ -155,7 +156,7 @@ class RecoveryPath:
         heartbeat moves with every summary, so receivers tell a sender that waits (on its window)
         from one that is gone."""
         self._beat += 1
-        topics = [[t, s, *tail] for (t, s), tail in list(self._tails.items())[:MAX_RECORD_TOPICS]]
+        topics = [[t, s, *tail] for (t, s), tail in islice(self._tails.items(), MAX_RECORD_TOPICS)]
         return [self.handed, topics, self._beat]
 
     def _look_up(self, member_id: int) -> None:
