@@ -121,6 +121,7 @@ class ScopeManager:
         self.incarnation = random.getrandbits(48)
         self.settings = dict(DEFAULT_SETTINGS)
         self.topics: dict[int, TopicInfo] = {}
+        self._named: dict[str, TopicInfo] = {}
         self.table = TopicTable()        # the topics as they travel down (see topic_table)
         self._infos: dict[str, tuple[dict, TopicInfo]] = {}
         self.children: dict[str, Child] = {}
@@ -162,7 +163,18 @@ class ScopeManager:
                 await self._on_tick()
             except Exception:
                 log.exception("scope %r: periodic work failed", self.path)
-            await asyncio.sleep(self.settings["heartbeat_period"])
+            period = self.settings["heartbeat_period"]
+            before = time.monotonic()
+            await asyncio.sleep(period)
+            self._credit_own_stall(time.monotonic() - before - period)
+
+    def _credit_own_stall(self, late: float) -> None:
+        """A tick `late` seconds late means this scope's own loop was busy (a long re-layout)
+        and heard no heartbeat meanwhile: children are not blamed for that time."""
+        if late > self.settings["heartbeat_period"]:
+            now = time.monotonic()
+            for c in self.children.values():
+                c.last_seen = min(now, c.last_seen + late)
 
     async def _on_tick(self) -> None:
         self._expire()
@@ -199,6 +211,8 @@ class ScopeManager:
             except Exception:
                 log.exception("scope %r: re-layout failed", self.path)
             self._start_recovery_tick()
+            # re-layouts of thousands of topics run back to back: let members' heartbeats in
+            await asyncio.sleep(0)
 
     async def _settle(self) -> None:
         while self._task is not None and not self._task.done():
@@ -433,6 +447,7 @@ class ScopeManager:
         self._infos = {k: old[k] if k in old and old[k][0] is v else (v, TopicInfo(**v))
                        for k, v in self.table.entries.items()}
         self.topics = {int(k): info for k, (_v, info) in self._infos.items()}
+        self._named = {info.name: info for info in self.topics.values()}
 
     def _relevant(self, info: TopicInfo) -> bool:
         root = info.root
@@ -915,7 +930,7 @@ class ScopeManager:
         return info
 
     def _topic_named(self, name: str) -> TopicInfo | None:
-        return next((t for t in self.topics.values() if t.name == name), None)
+        return self._named.get(name)
 
     def _check_inside(self, info: TopicInfo) -> None:
         if not self._relevant(info):
