@@ -32,7 +32,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "ended_by": r.get("ended_by"),
         }
         for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
-                    "latency", "error", "rss_bytes"):
+                    "latency", "error", "rss_bytes", "runqueue_wait_s"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)
