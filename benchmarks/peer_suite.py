@@ -67,7 +67,7 @@ def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[i
             for n in topic_counts:
                 case = Case(system, topic_size, topic_subscribers, seconds, warmup,
                             ready_timeout=min(120.0, case_timeout), timeout=case_timeout, topics=n)
-                topic_rows.append(scale_row(_one(cluster, stamp, log_dir, case, port, policy,
+                topic_rows.append(scale_row(run_one(cluster, stamp, log_dir, case, port, policy,
                                                    f"topics{n}", watch=True)))
     for system, why in skipped.items():
         print(f"[peers] {system} skipped: {why}", flush=True)
@@ -82,7 +82,7 @@ def _saturate(cluster, stamp: str, log_dir: Path, case: Case, port: int | None,
     rate = 0.0
     for attempt in range(PACED_TRIES + 1):
         paced = dataclasses.replace(case, rate=rate)
-        result = _one(cluster, stamp, log_dir, paced, port, policy, attempt)
+        result = run_one(cluster, stamp, log_dir, paced, port, policy, attempt)
         tries.append(result)
         if result.get("error"):
             break
@@ -100,7 +100,7 @@ def _latency(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, p
     """Send-to-delivery percentiles at `share` of the saturation rate: the worst subscriber's
     p50, p99 and p99.9 (stamped payloads, paced)."""
     paced = dataclasses.replace(case, rate=share * saturation, latency=True)
-    result = _one(cluster, stamp, log_dir, paced, port, policy, f"lat{share:g}")
+    result = run_one(cluster, stamp, log_dir, paced, port, policy, f"lat{share:g}")
     out = {"share": share, "offered_rate": paced.rate, "error": result.get("error"),
            "delivered_share": result.get("delivered_share")}
     per_sub = [r.get("latency") or {} for r in result.get("receivers", ())]
@@ -112,20 +112,22 @@ def _latency(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, p
     return out
 
 
-def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
-         attempt, watch: bool = False) -> dict:
+def run_one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
+            attempt, watch: bool = False) -> dict:
     """Run one case; `watch`: scopecast's control traffic and token rounds are read meanwhile
     (`ControlWatch`; it calls status() twice a second, so only the scale cases use it)."""
     topic = f"bench/{stamp}/peers/{case.system}-{case.size}B-1to{case.subscribers}-{attempt}"
     created = None
     if case.system == "scopecast":
-        t0 = time.monotonic()
+        creating = time.monotonic()
         try:
             for name in topic_names(topic, case.topics):
                 cluster.create_topic(name, policy=policy)
         except Exception as exc:  # the control plane is in trouble: report, go on
-            return failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
-        created = time.monotonic() - t0
+            result = failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
+            result["topics"] = case.topics
+            return result
+        created = time.monotonic() - creating
     if case.system == "zmq":
         port = peers.free_tcp_port()  # a fresh PUB port per case
     machine.settle(5.0)
@@ -137,12 +139,12 @@ def _one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, polic
                           log_dir / f"peers-{case.system}-{case.size}-{case.subscribers}-{attempt}")
     if control is not None:
         result["control"] = control.summary()
+    result["topics"] = case.topics
+    result["create_seconds"] = created
     if not result.get("error"):
         worst = max(result["lost"], default=0)
         result["delivered_share"] = 1.0 - worst / result["published"] if result["published"] else 0.0
         result["offered_rate"] = case.rate
-        result["topics"] = case.topics
-        result["create_seconds"] = created
     print(f"[peers] {case.label}: {_progress(result)} ({time.monotonic() - t0:.0f} s)", flush=True)
     return result
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import machine
-from benchmarks.cases import Case, Wiring, failed_result, run_case
-from benchmarks.control_watch import ControlWatch
-from benchmarks.peer_suite import scale_row
+from benchmarks.cases import Case
+from benchmarks.peer_suite import run_one, scale_row
 from benchmarks.report import num
 
 MEMBER_COUNTS = (1, 2, 4, 8, 16)
@@ -24,29 +22,8 @@ def run(cluster, stamp: str, log_dir: Path, *, counts: list[int], seconds: float
     for n in counts:
         case = Case("scopecast", SIZE, n, seconds, warmup,
                     ready_timeout=min(120.0, case_timeout), timeout=case_timeout)
-        topic = f"bench/{stamp}/members-{n}"
-        try:
-            cluster.create_topic(topic, policy=policy)
-        except Exception as exc:  # the control plane is in trouble: report, go on
-            rows.append(scale_row(failed_result(case, f"create_topic failed: {exc!r}")))
-            continue
-        machine.settle(5.0)
-        print(f"[scale] {case.label}: running", flush=True)
-        with ControlWatch(cluster) as watch:
-            result = run_case(case, Wiring(address=cluster.address, topic=topic),
-                              log_dir / f"scale-members-{n}")
-        result["control"] = watch.summary()
-        result["topics"] = 1
-        if not result.get("error"):
-            worst = max(result["lost"], default=0)
-            result["delivered_share"] = 1.0 - worst / result["published"] if result["published"] \
-                else 0.0
-        rows.append(scale_row(result))
-        r = rows[-1]
-        print(f"[scale] {case.label}: {num(r['rate'], ',.0f')} msgs/s, control "
-              f"{(r['control'] or {}).get('member_datagrams_per_s')} member / "
-              f"{(r['control'] or {}).get('agent_datagrams_per_s')} agent datagrams/s"
-              + (f", FAILED: {r['error'][:200]}" if r["error"] else ""), flush=True)
+        rows.append(scale_row(run_one(cluster, stamp, log_dir, case, None, policy, f"members{n}",
+                                      watch=True)))
     return rows
 
 

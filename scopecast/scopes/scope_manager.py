@@ -268,10 +268,10 @@ class ScopeManager:
             self._resolve(member)
             self._kick()
 
-    async def advertise(self, member_id: int, names: str | list[str]) -> TopicInfo | list:
+    async def advertise(self, member_id: int, names: list[str]) -> list[TopicInfo]:
         """Make the member a publisher of `names` (one re-layout for all of them); their
-        TopicInfos (one, for a single name)."""
-        infos = [await self._topic(n) for n in ([names] if isinstance(names, str) else names)]
+        TopicInfos."""
+        infos = [await self._topic(n) for n in names]
         for info in infos:
             self._check_inside(info)
         member = self._member(member_id)
@@ -279,7 +279,7 @@ class ScopeManager:
         member.regular = True
         self._kick()
         await self._settle()
-        return infos[0] if isinstance(names, str) else infos
+        return infos
 
     async def unadvertise(self, member_id: int, name: str) -> None:
         member = self._member(member_id, missing_ok=True)
