@@ -43,7 +43,8 @@ from benchmarks.procs import REPO_ROOT
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 SYSTEMS = ("baseline", "scopecast")
 QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
-             peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1, members=[1, 2])
+             peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1, members=[1, 2],
+             ring_subscribers=[2], memory_mb=[4])
 
 
 def _int_list(text: str) -> list[int]:
@@ -120,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "iptables drops this share of loopback UDP datagrams (default 0.01,0.05; "
                         "needs root and iptables; 0 or --quick: none); then the recovery curves: "
                         "token round time for 3-17 members, publisher memory per byte in flight")
+    p.add_argument("--ring-subscribers", type=_int_list, default=None, metavar="N,N,...",
+                   help="recovery curves: token round time with this many subscribers and the "
+                        "publisher in one peer group (default "
+                        f"{','.join(map(str, recovery_curves.RING_SUBSCRIBERS))})")
+    p.add_argument("--memory-mb", type=_int_list, default=None, metavar="MB,MB,...",
+                   help="recovery curves: publisher RSS growth at these MiB held until stable "
+                        f"(default {','.join(map(str, recovery_curves.MEMORY_LEVELS_MB))})")
     p.add_argument("--spark-rows", type=int, default=None, metavar="N",
                    help="Spark pipeline suite: N rows of ~1 KB from a DataFrame through "
                         "publish_dataframe (parallelism 1 and 2) to a subscriber, beside the "
@@ -159,7 +167,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
                     peer_sizes=[100, 1000], peer_subscribers=[1, 4, 8],
                     topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4,
-                    members=list(scale_suite.MEMBER_COUNTS))
+                    members=list(scale_suite.MEMBER_COUNTS),
+                    ring_subscribers=list(recovery_curves.RING_SUBSCRIBERS),
+                    memory_mb=list(recovery_curves.MEMORY_LEVELS_MB))
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else value)
@@ -293,7 +303,8 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                                 case_timeout=args.case_timeout, policy=args.policy) \
             if args.members and "scopecast" in args.systems else []
         lossy = _loss_cases(args, cluster, address, stamp, log_dir)
-        curves = recovery_curves.run(cluster, stamp, args.seconds) if lossy else {}
+        curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
+                                     args.memory_mb) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
     finally:
         cluster.shutdown()
@@ -308,7 +319,9 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                    "peers": args.peers, "peer_sizes": args.peer_sizes,
                    "peer_subscribers": args.peer_subscribers,
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
-                   "members": args.members},
+                   "members": args.members, "loss": args.loss,
+                   "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
+                   "spark_rows": args.spark_rows},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "

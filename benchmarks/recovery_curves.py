@@ -103,6 +103,11 @@ def memory_in_flight(cluster, stamp: str, levels_mb: list[int]) -> list[dict]:
     return out
 
 
-def run(cluster, stamp: str, seconds: float) -> dict:
-    return {"token_rounds": token_rounds(cluster, stamp, [2, 4, 8, 16], seconds),
-            "memory_in_flight": memory_in_flight(cluster, stamp, [8, 16, 32, 48])}
+RING_SUBSCRIBERS = (2, 4, 8, 16)
+MEMORY_LEVELS_MB = (8, 16, 32, 48)
+
+
+def run(cluster, stamp: str, seconds: float, ring_subscribers=RING_SUBSCRIBERS,
+        memory_levels_mb=MEMORY_LEVELS_MB) -> dict:
+    return {"token_rounds": token_rounds(cluster, stamp, list(ring_subscribers), seconds),
+            "memory_in_flight": memory_in_flight(cluster, stamp, list(memory_levels_mb))}

@@ -1,5 +1,6 @@
-"""The benchmark harness runs end to end (`--quick`: the throughput suite and the peer suite, reduced)
-and writes its results; numbers are not checked."""
+"""The benchmark harness runs end to end and writes its results; numbers are not checked. `--quick`
+runs the throughput, peer and scale suites reduced; the loss suite with its recovery curves and the
+Spark pipeline suite each get a reduced run of their own (they start iptables rules and Spark)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import peer_suite
+from benchmarks import loss, peer_suite
 
 pytestmark = pytest.mark.ray
 
@@ -20,31 +21,36 @@ REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 270  # a quick run takes ~1 min; stays inside pytest's 300 s per test
 
 
-def test_quick_bench_writes_json_and_plot(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own embedded Ray
+def _harness(out: Path, *args: str) -> dict:
+    """Run `python -m benchmarks.harness --quick ARGS` on its own embedded Ray; its latest.json."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.harness", "--quick",
-                             "--out", str(tmp_path)],
+                             "--out", str(out), *args],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        out, _ = proc.communicate(timeout=TIMEOUT)
+        text, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)  # the harness kills its processes and stops Ray
         try:
-            out, _ = proc.communicate(timeout=30)
+            text, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, _ = proc.communicate()
-        pytest.fail(f"harness did not finish within {TIMEOUT}s:\n{out[-3000:]}")
-    assert proc.returncode == 0, out[-3000:]
-
-    latest = tmp_path / "latest.json"
-    assert latest.exists(), out[-3000:]
+            text, _ = proc.communicate()
+        pytest.fail(f"harness did not finish within {TIMEOUT}s:\n{text[-3000:]}")
+    assert proc.returncode == 0, text[-3000:]
+    latest = out / "latest.json"
+    assert latest.exists(), text[-3000:]
     results = json.loads(latest.read_text())
+    assert (out / f"{results['timestamp']}.json").exists()
+    return results
+
+
+def test_quick_bench_writes_json_and_plot(tmp_path):
+    results = _harness(tmp_path)
     for key in ("timestamp", "config", "machine", "cases", "targets", "table_markdown", "plot"):
         assert key in results, key
-    assert (tmp_path / f"{results['timestamp']}.json").exists()
     assert results["plot"] and (tmp_path / results["plot"]).stat().st_size > 0
     assert (tmp_path / "latest.png").exists()
     for key in ("cpu_model", "cores_logical", "python", "ray", "kernel"):
@@ -81,6 +87,32 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
         assert row["error"] is None and row["rate"] and row["loss"] == 0, row["error"]
         assert row["control"]["members"] >= row["subscribers"] + 1, row["control"]
     assert "Scale in members and topics" in results["table_markdown"]
+
+
+@pytest.mark.skipif(not loss.available(), reason="the loss suite needs root and iptables")
+def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
+    results = _harness(tmp_path, "--loss", "0.05", "--peers", "", "--members", "")
+    (row,) = results["loss_suite"]
+    assert row["error"] is None and row["loss"] == 0.05 and row["lost"] == 0, row
+    assert row["dropped_datagrams"] and row["lossless_rate"], row  # the rule dropped; a clean case ran
+    curves = results["recovery_curves"]
+    assert [r["members"] for r in curves["token_rounds"]] == [3]
+    assert [r["in_flight_mb"] for r in curves["memory_in_flight"]] == [4]
+    for heading in ("| loss | size | subs |", "| members | token round", "| in flight MiB |"):
+        assert heading in results["table_markdown"], heading
+    assert loss.sweep_stale() == 0, "the harness left its loss rule behind"
+
+
+def test_quick_spark_suite_writes_its_rows(tmp_path):
+    results = _harness(tmp_path, "--systems", "scopecast", "--spark-rows", "2000", "--peers", "",
+                       "--members", "")
+    pipeline = results["spark_pipeline"]
+    assert pipeline["rows"] == 2000
+    ceiling, *cases = pipeline["cases"]
+    assert ceiling["rows"] == 2000 and ceiling["rows_per_s"] > 0, ceiling
+    assert [c["parallelism"] for c in cases] == [1, 2]
+    assert all(c["complete"] and c["delivered"] == 2000 for c in cases), cases
+    assert "Spark pipeline suite" in results["table_markdown"]
 
 
 def test_peer_sizes_too_small_for_the_latency_stamp_are_refused_before_anything_starts():
