@@ -120,14 +120,27 @@ class ReceivePath:
                 # runs are validated as they are read: the runs before a malformed one in an
                 # authenticated datagram are kept
                 names, me = self._names, self.member_id
+                next_seq, sessions = self._next_seq, self._sessions
+                in_order = not self._early  # else every run goes by _take_run (held runs)
                 for run in wire.iter_runs(body, off, header.count, len(routes)):
-                    if run[1] not in names and run[1] != me:
+                    topic, source, session, first = run[0], run[1], run[2], run[3]
+                    if source not in names and source != me:
                         # a source never known yet (forwarded from another scope): held until
                         # it is, so that its messages name it from the first (runs taken already
                         # come again as duplicates, and are dropped as such)
-                        self._hold(run[1], data)
+                        self._hold(source, data)
                         return
-                    self._take_run(data, routes, *run)
+                    key = (topic, source, session)
+                    if in_order and next_seq.get(key) == first \
+                            and session <= sessions.get(topic, session):
+                        # the common case, checked here rather than in a call per run: next in
+                        # order, of an announced session
+                        lengths = run[8]
+                        next_seq[key] = first + len(lengths)
+                        self._accept(data, routes, key, first, run[4], run[5], run[6], run[7],
+                                     lengths, run[9])
+                    else:
+                        self._take_run(data, routes, *run)
         finally:
             self._deliver()
         if header.ptype == wire.PacketType.REPAIR:
@@ -152,65 +165,69 @@ class ReceivePath:
         if announced is not None and session > announced:
             self.stats["unannounced_session"] += len(lengths)
             return
-        count = len(lengths)
         key = (topic, source, session)
         expected = self._next_seq.get(key)
-        # a run ahead of its predecessors (or the first seen of a source, not starting at 1)
-        # waits a little for them: replicated channels and re-layouts reorder
-        if first > (1 if expected is None else expected):
-            if self._hold_early(key, first, (data, routes, topic, source, session, first, stream,
-                                             first_sseq, ctype, ridx, lengths, off)):
-                return
-            expected = self._next_seq.get(key)  # the held runs went ahead of this one
-        if expected is not None and first != expected:
-            if first < expected:
-                skip = min(expected - first, count)
-                self.stats["duplicates"] += skip
-                if skip == count:
+        if first != expected:  # not the next in order (or the first seen of its key)
+            # a run ahead of its predecessors (or the first seen of a source, not starting at 1)
+            # waits a little for them: replicated channels and re-layouts reorder
+            if first > (1 if expected is None else expected):
+                if self._hold_early(key, first, (data, routes, topic, source, session, first,
+                                                 stream, first_sseq, ctype, ridx, lengths, off)):
                     return
-                off += sum(lengths[:skip])
-                lengths = lengths[skip:]
-                first += skip
-                first_sseq += skip
-            else:
-                self.stats["gaps"] += 1
+                expected = self._next_seq.get(key)  # the held runs went ahead of this one
+            if expected is not None and first != expected:
+                if first < expected:
+                    skip = min(expected - first, len(lengths))
+                    self.stats["duplicates"] += skip
+                    if skip == len(lengths):
+                        return
+                    off += sum(lengths[:skip])
+                    lengths = lengths[skip:]
+                    first += skip
+                    first_sseq += skip
+                else:
+                    self.stats["gaps"] += 1
         self._next_seq[key] = first + len(lengths)
-        subs = self._subs.get(topic)
-        forwards = topic in self._routes
-        if subs or forwards:
-            payloads = self._pass_on(data, routes, topic, source, session, first, stream,
-                                     first_sseq, ctype, ridx, lengths, off, subs, forwards)
-            if topic in self._reliable:
-                top = self._last_sseq[key] = first_sseq + len(lengths) - 1
-                if top > self._max_seen.get(source, 0):
-                    self._max_seen[source] = top
-                    self.progressed = True
-                if self._cacher:  # kept until stable, to repair peers (see recovery_path)
-                    self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
-                                        for i, p in enumerate(payloads)])
+        self._accept(data, routes, key, first, stream, first_sseq, ctype, ridx, lengths, off)
         if self._early and key in self._early and not self._releasing:
             self._release_early(key)
 
-    def _pass_on(self, data, routes, topic, source, session, first, stream, first_sseq, ctype,
-                 ridx, lengths, off, subs, forwards) -> list[bytes]:
-        """Deliver and forward one run's messages; returns their payloads."""
-        payloads = []
-        append = payloads.append
-        for n in lengths:
-            stop = off + n
-            append(data[off:stop])
-            off = stop
+    def _accept(self, data: bytes, routes: list, key: tuple, first: int, stream: int,
+                first_sseq: int, ctype: int, ridx: int, lengths: tuple, off: int) -> None:
+        """Deliver, forward and (reliable topics) account for a run that is next in order."""
+        topic, source, session = key
+        subs = self._subs.get(topic)
+        forwards = topic in self._routes
+        if not (subs or forwards):
+            return
+        count = len(lengths)
+        if count == 1:  # one message (a publisher going round many topics): no loop
+            payloads = [data[off:off + lengths[0]]]
+        else:
+            payloads = []
+            append = payloads.append
+            for n in lengths:
+                stop = off + n
+                append(data[off:stop])
+                off = stop
         route = routes[ridx]
         if subs:
             topic_name = self._topic_names.get(topic) or str(topic)
             source_name = self._names.get(source) or str(source)
-            out = [Message(topic_name, source_name, session, seq, payload, ctype, route)
-                   for seq, payload in enumerate(payloads, first)]
-            self._offer(subs, out, sum(lengths) + MESSAGE_COST * len(lengths))
+            self._offer(subs, [Message(topic_name, source_name, session, seq, payload, ctype,
+                                       route) for seq, payload in enumerate(payloads, first)],
+                        sum(lengths) + MESSAGE_COST * count)
         if forwards:
             self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
                               payloads)
-        return payloads
+        if topic in self._reliable:
+            top = self._last_sseq[key] = first_sseq + count - 1
+            if top > self._max_seen.get(source, 0):
+                self._max_seen[source] = top
+                self.progressed = True
+            if self._cacher:  # kept until stable, to repair peers (see recovery_path)
+                self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
+                                    for i, p in enumerate(payloads)])
 
     # ------------------------------------------------------------ runs that arrive early
 

@@ -190,7 +190,18 @@ def run_parts(topic: int, source: int, session: int, first_seq: int, stream: int
         raise ValueError(f"a run holds 1..{MAX_RUN} messages, not {n}")
     return [RUN.pack(topic, source, session, first_seq, stream, first_stream_seq, ctype,
                      route_index, n),
-            struct.pack(f"!{n}I", *map(len, payloads)), *payloads]
+            _lengths(n).pack(*map(len, payloads)), *payloads]
+
+
+_LENGTHS: dict[int, struct.Struct] = {}
+
+
+def _lengths(n: int) -> struct.Struct:
+    """The struct of a run's n payload lengths (made once per n <= MAX_RUN)."""
+    s = _LENGTHS.get(n)
+    if s is None:
+        s = _LENGTHS[n] = struct.Struct(f"!{n}I")
+    return s
 
 
 def run_size(count: int, payload_bytes: int) -> int:
@@ -262,7 +273,7 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
             raise DecodeError("bad_routes", "route index")
         if offset + LENGTH.size * n > end:
             raise DecodeError("truncated", "run lengths")
-        lengths = struct.unpack_from(f"!{n}I", view, offset)
+        lengths = _lengths(n).unpack_from(view, offset)
         offset += LENGTH.size * n
         start = offset
         offset += sum(lengths)
