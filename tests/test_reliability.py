@@ -93,6 +93,29 @@ def test_every_subscriber_gets_every_message_once_in_order_under_random_loss(
 
 
 @needs_iptables
+@pytest.mark.parametrize("policy", ["lan_multicast", "chain"])
+def test_every_subscriber_sees_the_end_of_stream_marker_under_loss(cluster, topic_name, policy):
+    """The marker is one datagram, lost like any other (on a `chain` it reaches the first hop
+    only): the sender's record repeats it, which goes to every member of the domain."""
+    cluster.create_topic(topic_name, policy=policy)
+    actors = _consumers(topic_name)
+    n = 500
+    pending = [a.consume.remote(n, 300.0) for a in actors]
+    with udp_loss(0.20):
+        expected = _stream(cluster, topic_name, n)  # flushed and closed: the marker follows
+        results = ray.get(pending, timeout=300)
+        deadline = time.monotonic() + 60
+        while True:
+            ends = ray.get([a.ends.remote() for a in actors])
+            if all(list(e.values()) == [n] for e in ends):
+                break
+            assert time.monotonic() < deadline, ends
+            time.sleep(0.2)
+    _check_all(results, n, expected)
+    ray.get([a.close.remote() for a in actors])
+
+
+@needs_iptables
 def test_a_subscriber_that_stops_for_two_seconds_catches_up(cluster, topic_name):
     cluster.create_topic(topic_name, policy="lan_multicast")
     actors = _consumers(topic_name, 2)

@@ -19,6 +19,7 @@ from scopecast.netio import wire
 
 RUN_COST = wire.RUN.size
 MESSAGE_COST = wire.LENGTH.size
+END = wire.ContentType.END
 
 
 class Run:
@@ -54,7 +55,7 @@ class Chunk:
         self.size = 0                 # bytes of the runs so far
         self.room = room              # bytes of runs that fit one datagram with this table
         self.first_own = 0            # stream seq of the first of this member's own messages
-        self.end_of_stream: tuple | None = None
+        self.end_of_stream = False    # one end-of-stream marker
         self.oversized = False        # one message larger than a datagram: sent as fragments
 
 
@@ -87,6 +88,9 @@ class Feed:
         it joined, which the caller may extend directly while messages stay consecutive."""
         c = self.open
         n = len(payload) + MESSAGE_COST
+        if ctype == END:
+            return self._put_end(record, table, capacity, own, topic, source, session, seq, stream,
+                                 sseq)
         if c is not None and (c.record is record or c.record == record):
             r = c.last
             if (c.size + n <= c.room and r.next_seq == seq and r.next_sseq == sseq
@@ -121,13 +125,21 @@ class Feed:
             self.open = c
         return c
 
-    def put_end_of_stream(self, marker: tuple) -> None:
+    def _put_end(self, record: tuple, table: bytes, capacity: int, own: bool, topic: int,
+                 source: int, session: int, seq: int, stream: int, sseq: int) -> Run:
+        """An end-of-stream marker goes in a datagram of its own (packet type END_OF_STREAM)."""
         if self.open is not None:
             self.chunks.append(self.open)
             self.open = None
-        c = Chunk(None, b"", 0)
-        c.end_of_stream = marker
+        c = Chunk(record, table, capacity - len(table))
+        c.end_of_stream = True
+        r = Run(topic, source, session, seq, stream, sseq, END, b"")
+        c.runs.append(r)
+        c.size = RUN_COST + MESSAGE_COST
+        if own:
+            c.first_own = sseq
         self.chunks.append(c)
+        return r
 
     def take(self) -> Chunk:
         """The next chunk to send (the open one last: it keeps filling until it is pulled)."""

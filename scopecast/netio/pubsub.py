@@ -115,15 +115,14 @@ class Publisher:
                                f"{timeout}s; receivers may be slow or gone (see cluster.status())")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Flush, mark the end of this publisher's stream, and leave the topic."""
+        """Mark the end of this publisher's stream, flush (the marker too), leave the topic."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.flush(timeout)
+            self._last_sseq = self._runtime.end_stream(self._topic_id, self._session, self._seq)
+            self.flush(timeout)  # the marker too: stable, or sent (recovery="none")
         finally:
-            self._runtime.end_stream(self._topic_id, self._session, self._seq)
-            self._runtime.wait_sent(self._last_sseq, 1.0)
             self._element.release(publisher_of=self.topic)
 
     def __enter__(self) -> Publisher:

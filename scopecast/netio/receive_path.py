@@ -13,7 +13,7 @@ from collections import deque
 
 from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
-from scopecast.netio.feed import MESSAGE_COST
+from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
 
@@ -211,7 +211,9 @@ class ReceivePath:
                 append(data[off:stop])
                 off = stop
         route = routes[ridx]
-        if subs:
+        if subs and ctype == END:
+            self._on_end_of_stream(source, topic, session, first + count - 2)
+        elif subs:
             topic_name = self._topic_names.get(topic) or str(topic)
             source_name = self._names.get(source) or str(source)
             self._offer(subs, [Message(topic_name, source_name, session, seq, payload, ctype,
@@ -391,20 +393,16 @@ class ReceivePath:
                 self._on_join_point(header.sender, *msg[1:])
             else:
                 self._drop("bad_control")
-        elif header.ptype == wire.PacketType.END_OF_STREAM:
-            self._note_received(header)
-            if (isinstance(msg, list) and len(msg) == 3 and all(isinstance(v, int) for v in msg)):
-                self._on_end_of_stream(header.sender, *msg)
-            else:
-                self._drop("bad_control")
         else:
             self.stats[f"ignored_{wire.PacketType(header.ptype).name.lower()}"] += 1
 
-    def _on_end_of_stream(self, sender: int, topic: int, session: int, last_seq: int) -> None:
-        subs = self._subs.get(topic, ())
-        for sub in subs:
-            sub.ends[(self._topic_names.get(topic, str(topic)),
-                      self._names.get(sender) or str(sender), session)] = last_seq
+    def _on_end_of_stream(self, source: int, topic: int, session: int, last_seq: int) -> None:
+        """`source`'s stream of `topic` ended after `last_seq`: what came before goes to the
+        applications first, so one that finds its queue empty and the marker there has it all."""
+        self._deliver()
+        name = self.name if source == self.member_id else self._names.get(source) or str(source)
+        for sub in self._subs.get(topic, ()):
+            sub.ends[(self._topic_names.get(topic, str(topic)), name, session)] = last_seq
             if sub.waiting:
                 sub.event.set()
 

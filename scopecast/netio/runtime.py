@@ -233,10 +233,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._wake()
         return sseq
 
-    def end_stream(self, topic: int, session: int, last_seq: int) -> None:
-        """Queue an end-of-stream marker behind the messages already published on `topic`."""
-        self._publish_q.append((topic, last_seq, 0, b"", session, 0))
-        self._wake()
+    def end_stream(self, topic: int, session: int, last_seq: int) -> int:
+        """Queue an end-of-stream marker behind the messages already published on `topic`: the
+        stream's last message (seq `last_seq` + 1), so it is ordered, forwarded, repaired and
+        made stable like the rest. Returns its stream sequence number."""
+        return self.publish(topic, session, last_seq + 1, wire.ContentType.END, b"")
 
     def _queued(self) -> int:
         return self.app_bytes - self.taken_bytes + self.feed_bytes

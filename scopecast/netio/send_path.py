@@ -13,7 +13,7 @@ import logging
 import selectors
 
 from scopecast.netio import wire
-from scopecast.netio.feed import MESSAGE_COST, RUN_COST, Feed
+from scopecast.netio.feed import END, MESSAGE_COST, RUN_COST, Feed
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
@@ -44,7 +44,7 @@ class SendPath:
         tail_session = 0
         while q:
             item = q.popleft()
-            if item[0] != topic or not item[2]:
+            if item[0] != topic:
                 topic = item[0]
                 plan = self._own_plans.get(topic) or self._own_plan(topic)
                 # the common case: one destination queue, no filters
@@ -54,10 +54,6 @@ class SendPath:
                 subs = self._subs.get(topic, ())
                 rel = topic in reliable
                 tail = None
-                if not item[2]:  # end-of-stream marker: (topic, last_seq, 0, b"", session, 0)
-                    self._queue_end_of_stream(plan, topic, item[4], item[1])
-                    topic = None
-                    continue
             _, seq, sseq, payload, session, ctype = item
             n = len(payload) + MESSAGE_COST
             taken += n
@@ -91,8 +87,12 @@ class SendPath:
                     queued += self._push(target, rec, tbl, True, topic, me, session, seq, me,
                                          sseq, ctype, payload)
             if subs:  # subscribers in this process get it directly
-                self._offer(subs, [Message(self._topic_names.get(topic, str(topic)), self.name,
-                                           session, seq, payload, ctype, self._origin)], n)
+                if ctype == END:
+                    self._on_end_of_stream(me, topic, session, seq - 1)
+                else:
+                    self._offer(subs, [Message(self._topic_names.get(topic, str(topic)),
+                                               self.name, session, seq, payload, ctype,
+                                               self._origin)], n)
         if sseq:
             self._taken_sseq = sseq
             self.progressed = True
@@ -134,8 +134,11 @@ class SendPath:
               session: int, seq: int, stream: int, sseq: int, ctype: int, payload: bytes) -> int:
         """Queue one message for a feed, or for the endpoints a filtered channel picks for it;
         returns the bytes queued."""
-        feeds = [target] if target.__class__ is Feed else [
-            self._feed(e.address) for e in _resolved(target, topic, source, seq, sseq)]
+        if target.__class__ is Feed:
+            feeds = [target]
+        else:  # an end marker goes to every endpoint: each receiver's stream ends
+            feeds = [self._feed(e.address) for e in (
+                endpoints(target) if ctype == END else _resolved(target, topic, source, seq, sseq))]
         for feed in feeds:
             if not feed.pending():
                 self._active.append(feed)
@@ -157,15 +160,6 @@ class SendPath:
                 queued += self._push(target, after, table, False, topic, source, session, first + i,
                                      stream, first_sseq + i, ctype, payload)
         self.feed_bytes += queued
-
-    def _queue_end_of_stream(self, plan: list, topic: int, session: int, last_seq: int) -> None:
-        for target, _after, _table in plan:
-            feeds = [target] if target.__class__ is Feed else [
-                self._feed(e.address) for e in endpoints(target)]
-            for feed in feeds:
-                if not feed.pending():
-                    self._active.append(feed)
-                feed.put_end_of_stream((topic, session, last_seq))
 
     def _feed(self, address: tuple[str, int]) -> Feed:
         feed = self._feeds.get(address)
@@ -207,9 +201,6 @@ class SendPath:
             return self._next_fragment(feed)
         chunk = feed.take()
         self.feed_bytes -= chunk.size - RUN_COST * len(chunk.runs)  # what _take_publishes added
-        if chunk.end_of_stream is not None:
-            return wire.encode_control(wire.PacketType.END_OF_STREAM, self.member_id,
-                                       list(chunk.end_of_stream), feed.channel, feed.dseq)
         if chunk.oversized:
             room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
             feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
@@ -217,8 +208,9 @@ class SendPath:
         parts: list = []
         for run in chunk.runs:
             parts += run.parts()
-        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
-                                chunk.table, len(chunk.runs), parts)
+        ptype = wire.PacketType.END_OF_STREAM if chunk.end_of_stream else wire.PacketType.DATA
+        return wire.encode_data(ptype, self.member_id, feed.channel, feed.dseq, chunk.table,
+                                len(chunk.runs), parts)
 
     def _next_fragment(self, feed: Feed) -> bytes:
         first_own, pieces = feed.frag

@@ -58,13 +58,14 @@ class PacketType(IntEnum):
     END_OF_STREAM = 6
 
 
-DATA_TYPES = frozenset((PacketType.DATA, PacketType.REPAIR))
+DATA_TYPES = frozenset((PacketType.DATA, PacketType.REPAIR, PacketType.END_OF_STREAM))
 
 
 class ContentType(IntEnum):
     RAW = 0
     MSGPACK = 1
     ARROW = 2
+    END = 3  # a publisher's end-of-stream marker: the last message of its stream, no payload
 
 
 class DecodeError(Exception):

@@ -90,6 +90,10 @@ class TopicConsumer:
                 touch: bool = True) -> dict:
         return consume(self._sub, expect, timeout, idle, touch)
 
+    def ends(self) -> dict[str, int]:
+        """End-of-stream markers seen: "topic|source|session" -> last sequence number."""
+        return {"|".join(map(str, k)): last for k, last in self._sub.ends.items()}
+
     def counters(self) -> dict:
         (counters,) = self._cluster.counters().values()
         return counters
