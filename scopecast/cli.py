@@ -65,6 +65,34 @@ def cmd_down(args) -> int:
     return 0
 
 
+def cmd_cluster(args) -> int:
+    from scopecast.ray_cluster.local_hosts import LocalHosts
+
+    rest = list(args.rest)
+    if rest[:1] == ["exec"]:
+        cmd = rest[2:] if rest[1:2] == ["--"] else rest[1:]
+        if not cmd:
+            print("scopecast cluster local exec -- CMD: name a command", file=sys.stderr)
+            return 2
+        hosts = LocalHosts.existing(args.prefix)
+        return hosts.run(hosts.head, cmd, timeout=None).returncode
+    if rest:
+        print(f"scopecast cluster local: unknown action {rest[0]!r} (exec -- CMD)", file=sys.stderr)
+        return 2
+    if args.down:
+        LocalHosts.existing(args.prefix).down()
+        return 0
+    info = LocalHosts(args.hosts, args.lans, args.prefix).up()
+    for h in info["hosts"]:
+        print(f"  {h['name']:<10} {h['address']:<14} lan{h['lan']}")
+    print(f"Ray at {info['address']}; drivers run inside a host (RAY_ADDRESS set), e.g.\n"
+          f"  {info['exec'].replace('CMD', 'scopecast up --address ' + info['address'])}\n"
+          f"  {info['exec'].replace('CMD', 'python my_pipeline.py')}\n"
+          f"remove it all: scopecast cluster local"
+          + ("" if args.prefix == "sc" else f" --prefix {args.prefix}") + " --down")
+    return 0
+
+
 def cmd_status(args) -> int:
     with _connect(args) as cluster:
         status = cluster.status()
@@ -296,6 +324,25 @@ def build_parser() -> argparse.ArgumentParser:
                                      "`scopecast bench -- --help` lists them)")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="benchmark options")
     b.set_defaults(func=cmd_bench)
+
+    cl = sub.add_parser("cluster", help="test clusters of several hosts on this machine")
+    cla = cl.add_subparsers(dest="action", required=True, metavar="ACTION")
+    lo = cla.add_parser(
+        "local", help="N hosts in K LANs as network namespaces on bridges, a Ray node in each "
+                      "(root only)",
+        description="Create N network namespaces, each with its own address on one bridge per LAN "
+                    "(LANs joined by a routed namespace: IP multicast stays inside a LAN), start "
+                    "a Ray head in the first and workers in the others, each labelled with its "
+                    "LAN. `exec -- CMD` runs CMD inside the head's namespace with RAY_ADDRESS "
+                    "set; --down removes every namespace, bridge and process it made.")
+    lo.add_argument("--hosts", type=int, default=3, help="hosts (3)")
+    lo.add_argument("--lans", type=int, default=1, help="LANs the hosts are spread over (1)")
+    lo.add_argument("--prefix", default="sc",
+                    help="names of the namespaces and bridges: PREFIX-h1.., PREFIX-br1.. (sc)")
+    lo.add_argument("--down", action="store_true", help="remove the cluster")
+    lo.add_argument("rest", nargs=argparse.REMAINDER, metavar="exec -- CMD",
+                    help="run CMD inside the head host")
+    lo.set_defaults(func=cmd_cluster)
 
     s = attach(sub.add_parser("status", help="topics and members of the running cluster"))
     s.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,0 +1,151 @@
+"""A real multi-node Ray cluster on this machine: hosts in network namespaces with their own
+addresses, one bridge per LAN, LANs joined by a router namespace (issue 8, item 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scopecast import cli
+from scopecast.ray_cluster import local_hosts
+from scopecast.ray_cluster.local_hosts import LAN_LABEL, LocalHosts, LocalHostsError
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="a local multi-host cluster needs root and iproute2 (network namespaces, bridges)")
+
+NODES = """
+import json, ray
+ray.init()
+print(json.dumps([[n["NodeManagerAddress"], n["Alive"], n["Labels"].get("scopecast-lan")]
+                  for n in ray.nodes()]))
+"""
+
+# receive: count datagrams until 2 s pass without one; send: 20 datagrams, multicast with a TTL to
+# spare (the router has no multicast routing, so the TTL is not what keeps it in the LAN)
+PORT = "47001"
+PROBE = """
+import socket, sys, time
+role, me, to, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if role == "recv":
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((to, port))
+    if to.startswith("239."):
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                     socket.inet_aton(to) + socket.inet_aton(me))
+    s.settimeout(2.0)
+    print("ready", flush=True)
+    n = 0
+    try:
+        while True:
+            s.recv(64)
+            n += 1
+    except socket.timeout:
+        pass
+    print(n, flush=True)
+else:
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(me))
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 8)
+    for _ in range(20):
+        s.sendto(b"x", (to, port))
+        time.sleep(0.01)
+"""
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    cluster = LocalHosts(hosts=3, lans=2, prefix="sctest", net=78)
+    cluster.down(quiet=True)  # what a killed run may have left
+    cluster.up(progress=lambda line: None)
+    yield cluster
+    cluster.down(quiet=True)
+
+
+def _nodes(cluster: LocalHosts, host) -> list[list]:
+    out = cluster.run(host, [sys.executable, "-c", NODES], capture=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _received(cluster: LocalHosts, sender, receivers, group: str | None = None) -> list[int]:
+    """Datagrams each receiver got of 20 that `sender` sent to `group` (joined by every
+    receiver), or with no group to each receiver's own address."""
+    procs = [cluster.popen(r, [sys.executable, "-c", PROBE, "recv", r.address, group or r.address,
+                               PORT], stdout=subprocess.PIPE, text=True) for r in receivers]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for target in [group] if group else [r.address for r in receivers]:
+            sent = cluster.run(sender, [sys.executable, "-c", PROBE, "send", sender.address, target,
+                                        PORT], capture=True)
+            assert sent.returncode == 0, sent.stderr
+        return [int(p.communicate(timeout=30)[0].split()[-1]) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_each_host_is_a_ray_node_with_its_own_address_labelled_with_its_lan(hosts):
+    assert [(h.name, h.address, h.lan) for h in hosts.hosts] == [
+        ("sctest-h1", "10.78.1.1", 1), ("sctest-h2", "10.78.1.2", 1), ("sctest-h3", "10.78.2.3", 2)]
+    nodes = _nodes(hosts, hosts.hosts[2])  # a driver on a worker host, in the other LAN
+    assert sorted(nodes) == [["10.78.1.1", True, "lan1"], ["10.78.1.2", True, "lan1"],
+                             ["10.78.2.3", True, "lan2"]]
+    assert LAN_LABEL == "scopecast-lan"
+
+
+def test_ip_multicast_stays_inside_a_lan_and_unicast_crosses_lans(hosts):
+    h1, h2, h3 = hosts.hosts
+    assert _received(hosts, h1, [h2, h3], group="239.78.0.1") == [20, 0]
+    assert _received(hosts, h1, [h2, h3]) == [20, 20]
+
+
+def test_the_cli_runs_a_command_inside_the_head_host(hosts, capfd):
+    code = cli.main(["cluster", "local", "--prefix", "sctest", "exec", "--", sys.executable, "-c",
+                     "import os; print('address', os.environ['RAY_ADDRESS'])"])
+    assert code == 0
+    assert "address 10.78.1.1:6379" in capfd.readouterr().out
+
+
+def test_a_killed_host_is_declared_dead_by_ray(hosts):
+    h1, _h2, h3 = hosts.hosts
+    assert hosts.kill_host(h3) > 0  # its raylet and every worker, kill -9
+    deadline = time.monotonic() + 120  # tuned to seconds; Ray's default would be ~30 s
+    while True:
+        nodes = {address: alive for address, alive, _lan in _nodes(hosts, h1)}
+        if nodes == {"10.78.1.1": True, "10.78.1.2": True, "10.78.2.3": False}:
+            break
+        assert time.monotonic() < deadline, nodes
+        time.sleep(1.0)
+
+
+def test_down_removes_every_namespace_bridge_and_process():
+    cluster = LocalHosts(hosts=2, lans=1, prefix="sctd", net=79)
+    cluster.down(quiet=True)
+    cluster.up(progress=lambda line: None)
+    made = [h.name for h in cluster.hosts] + [cluster.router]
+    assert set(made) <= local_hosts._netns_names()
+    assert all(local_hosts._pids(h.name) for h in cluster.hosts)  # a raylet in each
+    with pytest.raises(LocalHostsError, match="exists already"):
+        LocalHosts(hosts=2, lans=1, prefix="sctd", net=79).up()
+    removed = LocalHosts.existing("sctd").down(quiet=True)
+    assert sorted(removed) == sorted([f"namespace {n}" for n in made] + ["bridge sctd-br1"])
+    assert not set(made) & local_hosts._netns_names()
+    assert "sctd-br1" not in local_hosts._link_names()
+    assert not cluster.state.exists()
+    with pytest.raises(LocalHostsError, match="no local cluster"):
+        LocalHosts.existing("sctd")
+
+
+def test_bad_sizes_are_refused_before_anything_is_made():
+    with pytest.raises(ValueError, match="lans <= hosts"):
+        LocalHosts(hosts=1, lans=2)
+    with pytest.raises(ValueError, match="prefix"):
+        LocalHosts(prefix="much-too-long")
