@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
     reason="a local multi-host cluster needs root and iproute2 (network namespaces, bridges)")
 
+REPO = Path(__file__).resolve().parent.parent
 NODES = """
 import json, ray
 ray.init()
@@ -71,7 +73,12 @@ def hosts():
 def _nodes(cluster: LocalHosts, host) -> list[list]:
     out = cluster.run(host, [sys.executable, "-c", NODES], capture=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(_last_json(out.stdout))
+
+
+def _last_json(stdout: str) -> str:
+    """The JSON line a driver printed (Ray may print warnings to stdout after it)."""
+    return [line for line in stdout.splitlines() if line.startswith(("[", "{"))][-1]
 
 
 def _received(cluster: LocalHosts, sender, receivers, group: str | None = None) -> list[int]:
@@ -112,6 +119,31 @@ def test_the_cli_runs_a_command_inside_the_head_host(hosts, capfd):
                      "import os; print('address', os.environ['RAY_ADDRESS'])"])
     assert code == 0
     assert "address 10.78.1.1:6379" in capfd.readouterr().out
+
+
+def test_scopes_follow_hosts_and_lans_multicast_inside_a_lan_unicast_across(hosts):
+    """Issue 8 item 2, on real interfaces: scopecast deployed on the namespaces' Ray, a
+    lan_multicast topic from host 1 to a subscriber on every host."""
+    out = hosts.run(hosts.head, [sys.executable, "-m", "tests.multihost_driver", "mh/t", "3000"],
+                    capture=True, extra_env={"PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(_last_json(out.stdout))
+    assert r["got"] == {ip: [3000, 0, 0] for ip in ("10.78.1.1", "10.78.1.2", "10.78.2.3")}
+    by_path = {s["path"]: s for s in r["scopes"]}
+    # a host scope per Ray node, its manager on that node, under the LAN the node's label names
+    host_scopes = [s for s in r["scopes"] if s["kind"] == "host"]
+    assert sorted((s["path"].split("/")[0], s["ip"]) for s in host_scopes) == [
+        ("lan1", "10.78.1.1"), ("lan1", "10.78.1.2"), ("lan2", "10.78.2.3")]
+    # one IP multicast group per LAN; the root lays the channel between the LANs, delegated down
+    # to a member of lan1 as unicast to the member of lan2
+    groups = [by_path[lan]["multicast"] for lan in ("lan1", "lan2")]
+    assert all(groups) and groups[0] != groups[1]
+    assert by_path["/"]["channels"] == ["lan1->lan2 (origin lan1)"]
+    cross = [e for s in r["scopes"] for e in s["endpoints"]]
+    assert cross and all(e[0] == "u" and e[1] == "10.78.2.3" for e in cross), cross
+    # the recovery agent of each member's domain runs on that member's host
+    agents = [a for s in host_scopes for a in s["agents"]]
+    assert agents and all(a["ip"] == r["members"][a["chain"][-1]] for a in agents), agents
 
 
 def test_a_killed_host_is_declared_dead_by_ray(hosts):

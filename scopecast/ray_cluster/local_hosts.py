@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scopecast.actors.errors import InvalidConfig, ScopecastError
+from scopecast.scopes.cluster_manager import LAN_LABEL
 
-LAN_LABEL = "scopecast-lan"
 RAY_PORT = 6379
 HEALTH_CHECK = {  # GCS: probe every second, dead after 3 missed probes (Ray's default: ~30 s)
     "RAY_health_check_initial_delay_ms": "1000",

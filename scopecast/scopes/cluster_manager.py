@@ -10,8 +10,9 @@ its own members. Child scopes re-report within a heartbeat after a restart.
 
 It also deploys the default hierarchy from configuration: `levels` names the Ray node labels
 that group hosts, top first, the last one being the LAN (e.g. ["datacenter", "lan"]: scopes
-`<datacenter>/<lan>/host-<node>`); by default every host is in one LAN, "lan0". Each alive Ray node
-gets a host scope pinned to it; nodes that join later get theirs within a few heartbeats.
+`<datacenter>/<lan>/host-<node>`); by default a host is in the LAN its node's `scopecast-lan` label
+names (`scopecast cluster local` labels its nodes so), else in "lan0". Each alive Ray node gets a
+host scope pinned to it; nodes that join later get theirs within a few heartbeats.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
 DEFAULT_LAN = "lan0"
+LAN_LABEL = "scopecast-lan"  # the Ray node label naming a host's LAN when no `levels` are set
 NODE_CHECK_PERIOD = 2.0
 MAX_SCHEMA_BYTES = 64 << 10  # a topic's recorded schema, as JSON
 
@@ -138,8 +140,8 @@ class ClusterScopeManager(ScopeManager):
             if not node.get("Alive") or node["NodeID"] in self._hosts_of:
                 continue
             labels = node.get("Labels") or {}
-            parts = [check_scope_path(str(labels.get(key) or f"{key}0")) for key in self._levels]
-            parts = parts or [DEFAULT_LAN]
+            parts = [check_scope_path(str(labels.get(key) or f"{key}0")) for key in self._levels] \
+                or [check_scope_path(str(labels.get(LAN_LABEL) or DEFAULT_LAN))]
             for i in range(1, len(parts) + 1):
                 _deploy("/".join(parts[:i]), "lan" if i == len(parts) else "region")
             host = "/".join(parts + [f"host-{node['NodeID'][:8]}"])

@@ -956,10 +956,13 @@ class ScopeManager:
 
 
 def _pinned(node: str) -> dict:
-    """Ray options that place an actor on `node` (soft: elsewhere once that node is gone)."""
+    """Ray options that place an actor on `node`. Hard affinity: Ray's soft one did not hold for
+    actors that ask for no resources (on three nodes, most landed on another node); and an actor
+    named for a node that is gone is not wanted elsewhere (its successor is named for its new
+    node)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)} if node else {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)} if node else {}
 
 
 async def _named_actor(cls: type, name: str, *args, ray_options: dict):

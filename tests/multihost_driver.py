@@ -1,0 +1,56 @@
+"""A driver run inside a host of a `LocalHosts` cluster (`python -m tests.multihost_driver TOPIC
+N`): deploys scopecast, streams N messages of a `lan_multicast` topic from this host to one
+subscriber actor on every Ray node, and prints one JSON line: what each subscriber got, where every
+scope manager and recovery agent runs, and the channels status shows."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+import scopecast
+from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes.status import walk
+
+
+def main(topic: str, n: int) -> None:
+    cluster = scopecast.connect(address="auto")  # deploys onto the namespaces' Ray
+    nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
+    cluster.create_topic(topic, policy="lan_multicast")
+    actors = {nid: ray.remote(num_cpus=0)(TopicConsumer).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(topic)
+        for nid in nodes}
+    ray.get([a.ready.remote() for a in actors.values()], timeout=120)
+    pending = {nid: a.consume.remote(n, 120.0) for nid, a in actors.items()}
+    with cluster.publisher(topic) as pub:
+        for i in range(n):
+            pub.publish(b"m%08d" % i)
+        pub.flush(timeout=120)
+        status = cluster.status()  # while the publisher is there: its channels are laid
+    got = {nodes[nid]["NodeManagerAddress"]: ray.get(ref, timeout=180) for nid, ref in pending.items()}
+    ip_of = {nid: node["NodeManagerAddress"] for nid, node in nodes.items()}
+    scopes = []
+    for s in walk(status):
+        agents = [a for d in s.get("recovery", {}).values() for a in d.get("agents", {}).values()]
+        scopes.append({"path": s["path"], "kind": s["kind"], "ip": ip_of.get(s.get("node")),
+                       "multicast": s.get("multicast"),
+                       "channels": [c for t in s.get("topics", {}).values() for c in t["channels"]],
+                       "endpoints": [d["endpoint"] for d in s.get("delegated_here", [])],
+                       "agents": [{"chain": a["chain"], "ip": a["address"].rsplit(":", 1)[0]}
+                                  for a in agents]})
+    members = {m["name"]: m["address"].rsplit(":", 1)[0]
+               for s in walk(status) for m in s.get("members", [])}
+    print(json.dumps({"got": {ip: [r["count"], r["gaps"], r["out_of_order"]] for ip, r in got.items()},
+                      "labels": {node["NodeManagerAddress"]: node["Labels"].get("scopecast-lan")
+                                 for node in nodes.values()},
+                      "scopes": scopes, "members": members}))
+    for a in actors.values():
+        ray.get(a.close.remote(), timeout=60)
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
