@@ -1,12 +1,18 @@
 """A driver run inside a host of a `LocalHosts` cluster (`python -m tests.multihost_driver TOPIC
-N`): deploys scopecast, streams N messages of a `lan_multicast` topic from this host to one
+N [--fail]`): deploys scopecast, streams N messages of a `lan_multicast` topic from this host to one
 subscriber actor on every Ray node, and prints one JSON line: what each subscriber got, where every
-scope manager and recovery agent runs, and the channels status shows."""
+scope manager and recovery agent runs, and the channels status shows.
+
+With --fail it prints "halfway" after N/2 messages and waits for a line on stdin (the test cuts
+off or kills a host meanwhile), streams the rest, waits until the status no longer shows the lost
+host's scope, and reports what the surviving subscribers got (a lost host's subscriber reports
+nothing)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -16,7 +22,21 @@ from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.status import walk
 
 
-def main(topic: str, n: int) -> None:
+def _converged(cluster, timeout: float = 120.0) -> dict:
+    """The status once every host scope it shows is on a node Ray still has alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        status = cluster.status()
+        if all(s.get("node") in alive for s in walk(status) if s["kind"] == "host"):
+            return status
+        if time.monotonic() > deadline:
+            raise SystemExit("the scope tree did not converge: " + json.dumps(
+                [[s["path"], s.get("node", "")[:8]] for s in walk(status)]))
+        time.sleep(0.5)
+
+
+def main(topic: str, n: int, fail: bool = False) -> None:
     cluster = scopecast.connect(address="auto")  # deploys onto the namespaces' Ray
     nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
     cluster.create_topic(topic, policy="lan_multicast")
@@ -24,13 +44,24 @@ def main(topic: str, n: int) -> None:
         scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(topic)
         for nid in nodes}
     ray.get([a.ready.remote() for a in actors.values()], timeout=120)
-    pending = {nid: a.consume.remote(n, 120.0) for nid, a in actors.items()}
+    pending = {nid: a.consume.remote(n, 300.0) for nid, a in actors.items()}
     with cluster.publisher(topic) as pub:
         for i in range(n):
             pub.publish(b"m%08d" % i)
-        pub.flush(timeout=120)
+            if fail and i == n // 2:
+                pub.flush(timeout=120)
+                print("halfway", flush=True)
+                sys.stdin.readline()
+        pub.flush(timeout=300)  # stable at every member still alive
         status = cluster.status()  # while the publisher is there: its channels are laid
-    got = {nodes[nid]["NodeManagerAddress"]: ray.get(ref, timeout=180) for nid, ref in pending.items()}
+        if fail:
+            status = _converged(cluster)
+    got = {}
+    for nid, ref in pending.items():
+        try:
+            got[nodes[nid]["NodeManagerAddress"]] = ray.get(ref, timeout=300)
+        except ray.exceptions.RayError:
+            pass  # the subscriber on the lost host
     ip_of = {nid: node["NodeManagerAddress"] for nid, node in nodes.items()}
     scopes = []
     for s in walk(status):
@@ -43,14 +74,16 @@ def main(topic: str, n: int) -> None:
                                   for a in agents]})
     members = {m["name"]: m["address"].rsplit(":", 1)[0]
                for s in walk(status) for m in s.get("members", [])}
-    print(json.dumps({"got": {ip: [r["count"], r["gaps"], r["out_of_order"]] for ip, r in got.items()},
+    print(json.dumps({"got": {ip: [r["count"], r["gaps"], r["out_of_order"], r["digest"]]
+                              for ip, r in got.items()},
                       "labels": {node["NodeManagerAddress"]: node["Labels"].get("scopecast-lan")
                                  for node in nodes.values()},
                       "scopes": scopes, "members": members}))
-    for a in actors.values():
-        ray.get(a.close.remote(), timeout=60)
+    for nid, a in actors.items():
+        if ip_of[nid] in got:
+            ray.get(a.close.remote(), timeout=60)
     cluster.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), "--fail" in sys.argv[3:])

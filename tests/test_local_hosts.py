@@ -128,7 +128,7 @@ def test_scopes_follow_hosts_and_lans_multicast_inside_a_lan_unicast_across(host
                     capture=True, extra_env={"PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(_last_json(out.stdout))
-    assert r["got"] == {ip: [3000, 0, 0] for ip in ("10.78.1.1", "10.78.1.2", "10.78.2.3")}
+    assert _complete(r["got"], 3000) == {"10.78.1.1", "10.78.1.2", "10.78.2.3"}
     by_path = {s["path"]: s for s in r["scopes"]}
     # a host scope per Ray node, its manager on that node, under the LAN the node's label names
     host_scopes = [s for s in r["scopes"] if s["kind"] == "host"]
@@ -144,6 +144,43 @@ def test_scopes_follow_hosts_and_lans_multicast_inside_a_lan_unicast_across(host
     # the recovery agent of each member's domain runs on that member's host
     agents = [a for s in host_scopes for a in s["agents"]]
     assert agents and all(a["ip"] == r["members"][a["chain"][-1]] for a in agents), agents
+
+
+def _complete(got: dict, n: int) -> set[str]:
+    """The hosts whose subscriber got all n messages, in order, once, the same ones."""
+    assert all(r[:3] == [n, 0, 0] for r in got.values()), got
+    assert len({r[3] for r in got.values()}) == 1, got  # one digest: the same payloads
+    return set(got)
+
+
+@pytest.mark.parametrize("fault", ["cut off", "killed"])
+def test_a_host_lost_mid_stream_survivors_lose_nothing_agents_move_the_tree_converges(
+        hosts, fault):
+    """Issue 8 item 3: the subscriber host of lan2 loses its link (veth down) or dies (kill -9
+    of every process) halfway through a stream from host 1."""
+    h1, h2, h3 = hosts.hosts
+    n = 20_000
+    driver = hosts.popen(h1, [sys.executable, "-m", "tests.multihost_driver", f"mh/{fault[0]}",
+                              str(n), "--fail"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=hosts.env({"PYTHONPATH": str(REPO)}))
+    try:
+        assert driver.stdout.readline().strip() == "halfway", driver.stderr.read()[-3000:]
+        if fault == "killed":
+            assert hosts.kill_host(h3) > 0
+        else:
+            hosts.cut_host(h3)
+        out, err = driver.communicate("go\n", timeout=280)
+        assert driver.returncode == 0, err[-3000:]
+    finally:
+        driver.kill()
+        hosts.restart_host(h3)  # for the tests after this one
+    r = json.loads(_last_json(out))
+    assert _complete(r["got"], n) == {h1.address, h2.address}
+    lost = [s["path"] for s in r["scopes"] if s["kind"] == "host" and s["ip"] not in (
+        h1.address, h2.address)]
+    assert not lost, lost  # the lost host's scope is gone from the tree
+    agents = [a["ip"] for s in r["scopes"] for a in s["agents"]]
+    assert agents and set(agents) <= {h1.address, h2.address}, agents
 
 
 def test_a_killed_host_is_declared_dead_by_ray(hosts):

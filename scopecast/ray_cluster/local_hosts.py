@@ -141,10 +141,10 @@ class LocalHosts:
         _run(["ip", "netns", "exec", self.router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
         for k in range(1, self.lans + 1):
             self._leg(self.router, f"{self.prefix}-r{k}", f"lan{k}", k, f"10.{self.net}.{k}.254")
-        for i, host in enumerate(self.hosts, 1):
+        for host in self.hosts:
             _ip("netns", "add", host.name)
             _ip("-n", host.name, "link", "set", "lo", "up")
-            self._leg(host.name, f"{self.prefix}-v{i}", "eth0", host.lan, host.address)
+            self._leg(host.name, self._veth(host), "eth0", host.lan, host.address)
             _ip("-n", host.name, "route", "add", "default", "via", host.gateway)
 
     def _leg(self, netns: str, outside: str, inside: str, lan: int, address: str) -> None:
@@ -197,6 +197,20 @@ class LocalHosts:
         for pid in pids:
             _signal(pid, signal.SIGKILL)
         return len(pids)
+
+    def cut_host(self, host: Host) -> None:
+        """Take `host`'s link to its bridge down: it runs on, unreachable (a cut cable)."""
+        _ip("link", "set", self._veth(host), "down")
+
+    def restart_host(self, host: Host) -> None:
+        """A cut or killed host back: its leftover processes killed, its link up, a fresh Ray
+        node (a new node id) joined to the head."""
+        self.kill_host(host)
+        _ip("link", "set", self._veth(host), "up")
+        self._start_ray(host)
+
+    def _veth(self, host: Host) -> str:
+        return f"{self.prefix}-v{self.hosts.index(host) + 1}"
 
     # ---------------------------------------------------------------------------- down
 
