@@ -146,6 +146,18 @@ def test_scopes_follow_hosts_and_lans_multicast_inside_a_lan_unicast_across(host
     assert agents and all(a["ip"] == r["members"][a["chain"][-1]] for a in agents), agents
 
 
+@pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java 17")
+def test_the_demo_pipeline_runs_on_three_hosts_in_two_lans(hosts, tmp_path):
+    """Issue 8 item 3: the main job (fewer rows) with its subscriber actors on the hosts of
+    lan1 and lan2, Spark's executors wherever Ray puts them."""
+    demo = str(Path(sys.executable).with_name("scopecast"))
+    out = hosts.run(hosts.head, [demo, "demo", "--rows", "20000", "--plot",
+                                 str(tmp_path / "demo.png")], capture=True, timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "subscriber actors joined flights/* in lan1 and lan2" in out.stdout
+    assert "every subscriber got every row" in out.stdout
+
+
 def _complete(got: dict, n: int) -> set[str]:
     """The hosts whose subscriber got all n messages, in order, once, the same ones."""
     assert all(r[:3] == [n, 0, 0] for r in got.values()), got

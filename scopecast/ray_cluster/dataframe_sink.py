@@ -203,7 +203,9 @@ class TopicCollector:
     routed topics). With parallelism > 1, each topic is owned by one actor (by a hash of its name):
     a name is subscribed by its owner only, a pattern by every actor (each keeping its topics).
 
-    `scope` is the subscriber actors' parent scope path (default: their host's scope).
+    `scope` is the subscriber actors' parent scope path (default: their host's scope); `lan` places
+    them on the hosts of one LAN (Ray nodes labelled `scopecast-lan=<lan>`, as `scopecast cluster
+    local` labels them), in their hosts' scopes.
 
     A collector collects the first run whose end it sees, on the topics whose recorded schema names
     that run; messages of other publishers are left out. The run is complete when every topic of
@@ -211,7 +213,8 @@ class TopicCollector:
     """
 
     def __init__(self, topics: str | list[str], *, parallelism: int = 1, scope: str | None = None,
-                 cluster: Cluster | None = None, timeout: float = 60.0) -> None:
+                 lan: str | None = None, cluster: Cluster | None = None,
+                 timeout: float = 60.0) -> None:
         from scopecast.ray_cluster.cluster import connect
 
         names = [topics] if isinstance(topics, str) else list(topics)
@@ -234,6 +237,7 @@ class TopicCollector:
         self._run: str | None = None
         self._summary: dict | None = None
         self._tables: list | None = None
+        placement = _on_lan(lan) if lan is not None else "SPREAD"
         tag = uuid.uuid4().hex[:12]
         remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_TopicCollectorActor)
         self._actors = []
@@ -242,7 +246,7 @@ class TopicCollector:
                     or zlib.crc32(n.encode()) % parallelism == i]
             subscribed = sorted(mine) + [n for n in names if is_pattern(n)]
             if subscribed:
-                self._actors.append(remote.options(scheduling_strategy="SPREAD").remote(
+                self._actors.append(remote.options(scheduling_strategy=placement).remote(
                     subscribed, i, parallelism, f"collector-{tag}-c{i}", scope))
         try:
             ray.get([a.ready.remote() for a in self._actors], timeout=timeout)
@@ -436,3 +440,13 @@ def to_dataset(topic: str | list[str] | TopicCollector, *, timeout: float = 60.0
     finally:
         collector.close()
 
+
+def _on_lan(lan: str):
+    """Ray's scheduling strategy for the hosts of LAN `lan` (InvalidConfig if none is alive)."""
+    from ray.util.scheduling_strategies import In, NodeLabelSchedulingStrategy
+
+    from scopecast.scopes.cluster_manager import LAN_LABEL
+
+    if not any(n["Alive"] and (n.get("Labels") or {}).get(LAN_LABEL) == lan for n in ray.nodes()):
+        raise InvalidConfig(f"no alive Ray node is labelled {LAN_LABEL}={lan}")
+    return NodeLabelSchedulingStrategy(hard={LAN_LABEL: In(lan)})

@@ -6,7 +6,8 @@ Ray, into topics consumed by subscriber actors in two LAN scopes, on an embedded
 2. A forwarding policy plug-in (`examples/ring_policy.py`) is submitted to the running cluster and
    the topics `flights` and `routes` use it, with recovery (`token_ring`) on.
 3. Two collectors, each with two subscriber actors, join `flights/*` in the scopes `lan-a` and
-   `lan-b` before anything is published; `publish_dataframe` routes every flight to
+   `lan-b` (on a cluster whose nodes carry `scopecast-lan` labels: on the hosts of its first two
+   LANs) before anything is published; `publish_dataframe` routes every flight to
    `flights/<origin>` and the aggregates to `routes`.
 4. It prints what each LAN delivered and recovered, throughput and the top routes, writes a PNG of
    per-topic throughput, and exits 0 only if every subscriber got every row: the same rows per
@@ -94,13 +95,23 @@ def write_plot(samples, path: str) -> bool:
             ys.append((c1.get(topic, 0) - c0.get(topic, 0)) / (t1 - t0))
         ax.plot(xs, ys, label=topic)
     ax.set_xlabel("seconds since subscribers joined")
-    ax.set_ylabel("messages/s delivered (lan-a)")
+    ax.set_ylabel("messages/s delivered (first LAN)")
     ax.set_title("scopecast demo: nycflights13 flights per origin topic")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def _cluster_lans() -> list[str]:
+    """The LANs the cluster's alive Ray nodes are labelled with (none on one machine)."""
+    import ray
+
+    from scopecast.scopes.cluster_manager import LAN_LABEL
+
+    return sorted({(n.get("Labels") or {}).get(LAN_LABEL) for n in ray.nodes() if n["Alive"]}
+                  - {None})
 
 
 def _lan_counters(cluster, lan: str) -> dict[str, int]:
@@ -165,10 +176,17 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         say(f"Spark read {rows:,} flights ({', '.join(f'{o} {n:,}' for o, n in sorted(per_origin.items()))})"
             f" and computed {route_count:,} routes")
 
-        collectors = [TopicCollector("flights/*", parallelism=2, scope=lan) for lan in LANS]
-        route_sink = TopicCollector("routes", scope=LANS[0])
+        lans = _cluster_lans()
+        if len(lans) >= 2:  # hosts in LANs of their own (e.g. `scopecast cluster local --lans 2`)
+            lans = lans[:2]
+            collectors = [TopicCollector("flights/*", parallelism=2, lan=lan) for lan in lans]
+            route_sink = TopicCollector("routes", lan=lans[0])
+        else:  # one machine: two LAN scopes of its own
+            lans = list(LANS)
+            collectors = [TopicCollector("flights/*", parallelism=2, scope=lan) for lan in lans]
+            route_sink = TopicCollector("routes", scope=lans[0])
         collectors.append(route_sink)
-        say(f"subscriber actors joined flights/* in {' and '.join(LANS)} (2 each), routes in {LANS[0]}")
+        say(f"subscriber actors joined flights/* in {' and '.join(lans)} (2 each), routes in {lans[0]}")
 
         sampler = _Sampler(collectors[0])
         sampler.start()
@@ -185,7 +203,7 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         ok = True
         say()
         say(f"{'LAN':<8}{'topic':<14}{'delivered':>11}{'expected':>11}{'content':>10}")
-        for lan, collector in zip(LANS, collectors, strict=False):
+        for lan, collector in zip(lans, collectors, strict=False):
             table = collector.to_arrow(timeout)
             got = Counter(table.column("origin").to_pylist())
             same = content_hash(collector.to_spark(spark, timeout)) == source_hash
@@ -196,7 +214,7 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
                 say(f"{lan:<8}{'flights/' + origin:<14}{delivered:>11,}{expected:>11,}"
                     f"{'same' if same else 'DIFFERS':>10}")
         say()
-        for lan in LANS:
+        for lan in lans:
             c = _lan_counters(cluster, lan)
             say(f"{lan}: {c['naks']:,} NAKs (to agents and senders), "
                 f"{c['repair_datagrams_in']:,} repair datagrams received")

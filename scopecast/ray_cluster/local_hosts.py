@@ -39,6 +39,8 @@ HEALTH_CHECK = {  # GCS: probe every second, dead after 3 missed probes (Ray's d
     "RAY_health_check_failure_threshold": "3",
 }
 MAX_HOSTS = 200
+CPUS_PER_HOST = 4  # logical: more than the cores, as for an embedded Ray (Spark's executors and
+                   # scopecast's actors must not starve each other)
 
 
 class LocalHostsError(ScopecastError):
@@ -161,7 +163,7 @@ class LocalHosts:
         ray = str(Path(self.python).with_name("ray"))
         cmd = [ray, "start", "--node-ip-address", host.address,
                "--temp-dir", self._temp_dir(host), "--disable-usage-stats",
-               "--object-store-memory", str(512 << 20),
+               "--object-store-memory", str(512 << 20), "--num-cpus", str(CPUS_PER_HOST),
                "--labels", f"{LAN_LABEL}=lan{host.lan}"]
         if host is self.head:
             cmd += ["--head", "--port", str(RAY_PORT), "--dashboard-host", "0.0.0.0"]
