@@ -67,7 +67,7 @@ def main(topic: str, n: int, fail: bool = False) -> None:
     for s in walk(status):
         agents = [a for d in s.get("recovery", {}).values() for a in d.get("agents", {}).values()]
         scopes.append({"path": s["path"], "kind": s["kind"], "ip": ip_of.get(s.get("node")),
-                       "multicast": s.get("multicast"),
+                       "multicast": s.get("multicast"), "probe": s.get("multicast_probe"),
                        "channels": [c for t in s.get("topics", {}).values() for c in t["channels"]],
                        "endpoints": [d["endpoint"] for d in s.get("delegated_here", [])],
                        "agents": [{"chain": a["chain"], "ip": a["address"].rsplit(":", 1)[0]}

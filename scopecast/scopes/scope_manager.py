@@ -35,6 +35,7 @@ from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
 from scopecast.policies.library import materialize, plugin_cache, shipped
 from scopecast.policies.registry import digest
+from scopecast.scopes import multicast_probe
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains, agent_name
@@ -146,6 +147,8 @@ class ScopeManager:
         self.recovery = RecoveryDomains(path, top=parent is None)
         self._hello: dict | None = None
         self._delegated: dict[str, dict] = {}   # the last layout's part for each child
+        self._probe = multicast_probe.ProbeState()  # a LAN scope: does multicast pass?
+        self._probing: asyncio.Task | None = None
 
     # ----------------------------------------------------------------------------- running
 
@@ -180,6 +183,76 @@ class ScopeManager:
         self._expire()
         self._report(force=True)
         self._start_recovery_tick()
+        if self.kind == "lan":
+            self._probe_tick()
+
+    # ------------------------------------------------------- multicast in a LAN (probe)
+
+    def _probe_tick(self) -> None:
+        """Probe whether IP multicast passes between this LAN's hosts when they change (and
+        again now and then while it does not); unicast channels meanwhile (see multicast_probe)."""
+        if self._probing is not None and not self._probing.done():
+            return
+        hosts = frozenset(n for n, c in self.children.items() if c.kind == "scope")
+        p = self._probe
+        if len(hosts) <= 1:
+            p.state = "single host"
+            self._set_multicast(True)
+        elif not hosts <= p.verified and (hosts != p.probed or p.state != "unicast-only"
+                                          or time.time() - p.at > multicast_probe.RETRY):
+            self._set_multicast(False)  # nothing goes by multicast until it is seen to pass
+            p.state = "probing"
+            self._probing = asyncio.get_running_loop().create_task(self._run_probe(hosts))
+
+    async def _run_probe(self, hosts: frozenset) -> None:
+        group, port = self._group()
+        port = multicast_probe.probe_port(port)
+        token = multicast_probe.new_token()
+        sender, *listeners = sorted(hosts)
+
+        async def probe() -> list[int]:
+            calls = [self.children[n].handle.probe_listen.remote(group, port, token)
+                     for n in listeners]
+            await self.children[sender].handle.probe_send.remote(group, port, token)
+            return await asyncio.gather(*calls)
+
+        p = self._probe
+        try:
+            heard = dict(zip(listeners, await asyncio.wait_for(probe(), 10.0), strict=True))
+        except Exception as exc:  # a host scope gone meanwhile: probed again next tick
+            log.warning("scope %r: multicast probe failed (again next tick): %r", self.path, exc)
+            p.state = "retry"
+            return
+        passes = multicast_probe.decide(heard)
+        p.heard, p.at, p.probed = heard, time.time(), hosts
+        p.verified = hosts if passes else frozenset()
+        p.state = "passes" if passes else "unicast-only"
+        log.info("scope %r: IP multicast %s between its %d hosts (%s)", self.path,
+                 "passes" if passes else "does NOT pass: unicast channels only", len(hosts), heard)
+        self._set_multicast(passes)
+
+    def _set_multicast(self, on: bool) -> None:
+        if on == self.multicast:
+            return
+        self.multicast = self.container.multicast = on
+        self.container.topics.clear()  # every topic laid afresh, its policy told the change
+        self._kick()
+
+    async def probe_listen(self, group: str, port: int, token: bytes) -> int:
+        """(A host scope) listen for a LAN probe on this node's interface; how many heard."""
+        interface = multicast_probe.node_interface((await self._cluster_hello()).get("interface"))
+        return await asyncio.to_thread(multicast_probe.listen, interface, group, port, token)
+
+    async def probe_send(self, group: str, port: int, token: bytes) -> None:
+        """(A host scope) send a LAN probe from this node's interface."""
+        interface = multicast_probe.node_interface((await self._cluster_hello()).get("interface"))
+        await asyncio.to_thread(multicast_probe.send, interface, group, port, token)
+
+    async def _cluster_hello(self) -> dict:
+        """The cluster's key, authenticator and interface setting (asked of the root once)."""
+        if self._hello is None:
+            self._hello = await self._root_call("hello")
+        return self._hello
 
     def _start_recovery_tick(self) -> None:
         """Agents are placed and watched beside the heartbeat, never in its way (a slow child
@@ -416,6 +489,7 @@ class ScopeManager:
                 "node": _node_id(), "incarnation": f"{self.incarnation:012x}",
                 "delegation_version": self.applied, "depth": self._depth(),
                 "multicast": self._group() if self.multicast else None,
+                **({"multicast_probe": self._probe.record()} if self.kind == "lan" else {}),
                 "members": [c.record() for c in self.children.values() if c.kind == "member"],
                 "topics": self.container.describe(),
                 "delegated_here": self.delegation.get("exits", []),
@@ -837,15 +911,13 @@ class ScopeManager:
     async def _place_for(self, protocol: str, name: str) -> AgentRecord:
         """Delegate the agent of member `name` of this scope's `protocol` domain (3.2.13)."""
         child = self.children[name]
-        if self._hello is None:
-            self._hello = await self._root_call("hello")
+        hello = await self._cluster_hello()
         spec = {"name": agent_name(self.path, name, protocol),
                 "domain": f"{self.path or '/'}|{name}",
                 "level": 1 if child.kind == "member" else child.depth, "protocol": protocol,
                 "options": {"active_period": self.settings["token_period"],
                             "idle_period": self.settings["idle_token_period"]},
-                "key": self._hello["key"], "mac": self._hello["mac"],
-                "interface": self._hello.get("interface")}
+                "key": hello["key"], "mac": hello["mac"], "interface": hello.get("interface")}
         if child.kind == "member":
             return AgentRecord(await self._agent_host(child.node, protocol), spec,
                                [self.path or "/", name])
