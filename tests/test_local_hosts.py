@@ -175,7 +175,7 @@ def test_a_lan_where_multicast_is_dropped_is_marked_unicast_only_and_loses_nothi
         while (lan1 := _probes(hosts).get("lan1", {})).get("state") != "unicast-only":
             assert time.monotonic() < deadline, lan1
             time.sleep(1.0)
-        assert list(lan1["heard"].values()) == [0], lan1  # the listener heard nothing
+        assert sorted(lan1["heard"].values()) == [0, 1], lan1  # h2 heard nothing, h1 heard h2
         out = hosts.run(h1, [sys.executable, "-m", "tests.multihost_driver", "mh/u", "3000"],
                         capture=True, extra_env={"PYTHONPATH": str(REPO)})
         assert out.returncode == 0, out.stderr[-3000:]

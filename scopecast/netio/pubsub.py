@@ -45,6 +45,9 @@ def _arrow_ipc(batch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+END_WAIT = 5.0  # seconds close() waits for its end marker to be stable, beyond the data
+
+
 class Publisher:
     """Publishes to one topic; messages are numbered 1, 2, ... per (topic, source, session)."""
 
@@ -115,14 +118,20 @@ class Publisher:
                                f"{timeout}s; receivers may be slow or gone (see cluster.status())")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Mark the end of this publisher's stream, flush (the marker too), leave the topic."""
+        """Flush, mark the end of this publisher's stream, leave the topic.
+
+        The marker is the stream's last message: it is waited for like the rest (stable, or sent
+        with recovery="none") for up to END_WAIT seconds more, and repaired meanwhile; one still
+        not stable then does not fail the close, whose data is."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._last_sseq = self._runtime.end_stream(self._topic_id, self._session, self._seq)
-            self.flush(timeout)  # the marker too: stable, or sent (recovery="none")
+            self.flush(timeout)
         finally:
+            end = self._runtime.end_stream(self._topic_id, self._session, self._seq)
+            wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
+            wait(end, min(timeout, END_WAIT))
             self._element.release(publisher_of=self.topic)
 
     def __enter__(self) -> Publisher:

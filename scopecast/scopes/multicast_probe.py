@@ -3,8 +3,9 @@
 Most clouds and container networks drop IP multicast. A LAN scope with several hosts therefore
 lays unicast channels (its policies see `multicast=False`) until a probe shows that multicast
 passes: one host scope manager sends a few datagrams carrying a random token to the LAN's group
-(on the port beside the data port), every other host scope manager listens for them on its own
-interface, and multicast is on only if every one heard the token. A LAN is probed again when its
+(on the port beside the data port) while every other host scope manager listens for them on its
+own interface, then a second one sends to the first; multicast is on only if every host heard the
+token. A LAN is probed again when its
 hosts change, and every RETRY seconds while it is unicast-only. Datagrams without the token are
 ignored: the probe port is as open as any other.
 """

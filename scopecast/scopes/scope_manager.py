@@ -208,17 +208,18 @@ class ScopeManager:
         group, port = self._group()
         port = multicast_probe.probe_port(port)
         token = multicast_probe.new_token()
-        sender, *listeners = sorted(hosts)
+        first, second, *rest = sorted(hosts)
 
-        async def probe() -> list[int]:
+        async def probe(sender: str, listeners: list[str]) -> dict[str, int]:
             calls = [self.children[n].handle.probe_listen.remote(group, port, token)
                      for n in listeners]
             await self.children[sender].handle.probe_send.remote(group, port, token)
-            return await asyncio.gather(*calls)
+            return dict(zip(listeners, await asyncio.gather(*calls), strict=True))
 
         p = self._probe
-        try:
-            heard = dict(zip(listeners, await asyncio.wait_for(probe(), 10.0), strict=True))
+        try:  # every host hears one other: the first all the others, then the second the first
+            heard = await asyncio.wait_for(probe(first, [second, *rest]), 10.0)
+            heard.update(await asyncio.wait_for(probe(second, [first]), 10.0))
         except Exception as exc:  # a host scope gone meanwhile: probed again next tick
             log.warning("scope %r: multicast probe failed (again next tick): %r", self.path, exc)
             p.state = "retry"
