@@ -59,3 +59,26 @@ def test_a_topic_recovered_by_another_protocol_loses_nothing_under_five_percent_
         assert sorted(r["last_seq"].values()) == [N] * topics
     assert {protocol, "token_ring"} <= running
     ray.get([a.close.remote() for a in both + alone])
+
+
+def test_closing_a_token_ring_topic_does_not_hold_back_stability_of_an_ack_tree_one(
+        cluster, topic_name):
+    """A process publishing topics of two protocols closes one: its later messages on the other
+    become stable (the closed topic's agent, still listed for it, once held its stream at that
+    topic's last message for good, so every later flush timed out)."""
+    other, ring = f"{topic_name}/other", f"{topic_name}/ring"
+    cluster.create_topic(other, policy="lan_multicast", recovery="ack_tree")
+    cluster.create_topic(ring, policy="lan_multicast")
+    both = _consumers([other, ring], 2)
+    pending = [a.consume.remote(2 * 200 + 200, 120.0) for a in both]
+    p_other, p_ring = cluster.publisher(other), cluster.publisher(ring)
+    for i in range(200):
+        p_other.publish(b"o%08d" % i)
+        p_ring.publish(b"r%08d" % i)
+    p_ring.close(timeout=60)
+    for i in range(200, 400):
+        p_other.publish(b"o%08d" % i)
+    p_other.flush(timeout=60)  # FlushTimeout before
+    p_other.close(timeout=60)
+    assert [r["count"] for r in ray.get(pending, timeout=180)] == [600, 600]
+    ray.get([a.close.remote() for a in both])

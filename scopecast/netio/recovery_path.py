@@ -452,8 +452,12 @@ class RecoveryPath:
             # stable where every agent says so (for a peer: every agent that knows its stream)
             known = [r.down.get(source) for r in replies]
             if source == self.member_id:
-                if len(self._replies) == len(self._agents):
-                    self._release_own(min(s or 0 for s in known))
+                # own messages: where the agent of every protocol of its reliable topics says so
+                # (an agent it keeps for another reason, e.g. a topic it closed, would hold
+                # stability at that topic's last message for good)
+                mine = [self._replies.get(k) for k in set(self._protocols.values())]
+                if mine and None not in mine:
+                    self._release_own(min(r.down.get(source) or 0 for r in mine))
             else:
                 self._prune_peer_cache(source, min(s for s in known if s is not None))
         for nak in ins.get("push", ()):
