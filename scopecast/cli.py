@@ -88,8 +88,7 @@ def cmd_cluster(args) -> int:
     print(f"Ray at {info['address']}; drivers run inside a host (RAY_ADDRESS set), e.g.\n"
           f"  {info['exec'].replace('CMD', 'scopecast up --address ' + info['address'])}\n"
           f"  {info['exec'].replace('CMD', 'python my_pipeline.py')}\n"
-          f"remove it all: scopecast cluster local"
-          + ("" if args.prefix == "sc" else f" --prefix {args.prefix}") + " --down")
+          f"remove it all: {info['down']}")
     return 0
 
 

@@ -88,10 +88,10 @@ class Feed:
         it joined, which the caller may extend directly while messages stay consecutive."""
         c = self.open
         n = len(payload) + MESSAGE_COST
-        if ctype == END:
-            return self._put_end(record, table, capacity, own, topic, source, session, seq, stream,
-                                 sseq)
-        if c is not None and (c.record is record or c.record == record):
+        if ctype == END:  # an end-of-stream marker: a datagram of its own (END_OF_STREAM)
+            c = self._start(record, table, capacity, RUN_COST + n)
+            c.end_of_stream = True
+        elif c is not None and (c.record is record or c.record == record):
             r = c.last
             if (c.size + n <= c.room and r.next_seq == seq and r.next_sseq == sseq
                     and r.topic == topic and r.source == source and r.session == session
@@ -111,6 +111,9 @@ class Feed:
         c.size += RUN_COST + n
         if own and not c.first_own:
             c.first_own = sseq
+        if c.end_of_stream:  # closed at once: nothing joins it
+            self.chunks.append(c)
+            self.open = None
         return r
 
     def _start(self, record: tuple, table: bytes, capacity: int, n: int) -> Chunk:
@@ -124,22 +127,6 @@ class Feed:
         else:
             self.open = c
         return c
-
-    def _put_end(self, record: tuple, table: bytes, capacity: int, own: bool, topic: int,
-                 source: int, session: int, seq: int, stream: int, sseq: int) -> Run:
-        """An end-of-stream marker goes in a datagram of its own (packet type END_OF_STREAM)."""
-        if self.open is not None:
-            self.chunks.append(self.open)
-            self.open = None
-        c = Chunk(record, table, capacity - len(table))
-        c.end_of_stream = True
-        r = Run(topic, source, session, seq, stream, sseq, END, b"")
-        c.runs.append(r)
-        c.size = RUN_COST + MESSAGE_COST
-        if own:
-            c.first_own = sseq
-        self.chunks.append(c)
-        return r
 
     def take(self) -> Chunk:
         """The next chunk to send (the open one last: it keeps filling until it is pulled)."""

@@ -450,7 +450,6 @@ class RecoveryPath:
                     (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs}, now, moved, beat)
         for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)
-            known = [r.down.get(source) for r in replies]
             if source == self.member_id:
                 # own messages: where the agent of every protocol of its reliable topics says so
                 # (an agent it keeps for another reason, e.g. a topic it closed, would hold
@@ -459,6 +458,7 @@ class RecoveryPath:
                 if mine and None not in mine:
                     self._release_own(min(r.down.get(source) or 0 for r in mine))
             else:
+                known = [r.down.get(source) for r in replies]
                 self._prune_peer_cache(source, min(s for s in known if s is not None))
         for nak in ins.get("push", ()):
             self.stats["pushes"] += 1

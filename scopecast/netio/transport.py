@@ -96,6 +96,15 @@ def configure_buffers(sock: socket.socket, config: TransportConfig) -> tuple[int
     return rcv, snd
 
 
+def member_interface(configured: str | None) -> str:
+    """The address the members of this node use: the cluster's setting, else the node's IP."""
+    if configured:
+        return configured
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 def unicast_socket(config: TransportConfig, port: int = 0) -> socket.socket:
     """The member's own socket: receives unicast traffic and sends unicast and multicast."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -441,12 +441,20 @@ def to_dataset(topic: str | list[str] | TopicCollector, *, timeout: float = 60.0
         collector.close()
 
 
+def alive_lans() -> list[str]:
+    """The LANs the cluster's alive Ray nodes are labelled with (none on one machine)."""
+    from scopecast.scopes.cluster_manager import LAN_LABEL
+
+    return sorted({(n.get("Labels") or {}).get(LAN_LABEL) for n in ray.nodes() if n["Alive"]}
+                  - {None})
+
+
 def _on_lan(lan: str):
     """Ray's scheduling strategy for the hosts of LAN `lan` (InvalidConfig if none is alive)."""
     from ray.util.scheduling_strategies import In, NodeLabelSchedulingStrategy
 
     from scopecast.scopes.cluster_manager import LAN_LABEL
 
-    if not any(n["Alive"] and (n.get("Labels") or {}).get(LAN_LABEL) == lan for n in ray.nodes()):
+    if lan not in alive_lans():
         raise InvalidConfig(f"no alive Ray node is labelled {LAN_LABEL}={lan}")
     return NodeLabelSchedulingStrategy(hard={LAN_LABEL: In(lan)})

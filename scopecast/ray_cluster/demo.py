@@ -104,16 +104,6 @@ def write_plot(samples, path: str) -> bool:
     return True
 
 
-def _cluster_lans() -> list[str]:
-    """The LANs the cluster's alive Ray nodes are labelled with (none on one machine)."""
-    import ray
-
-    from scopecast.scopes.cluster_manager import LAN_LABEL
-
-    return sorted({(n.get("Labels") or {}).get(LAN_LABEL) for n in ray.nodes() if n["Alive"]}
-                  - {None})
-
-
 def _lan_counters(cluster, lan: str) -> dict[str, int]:
     """NAKs sent (to agents and to senders) and repair datagrams received by the members of one
     LAN scope."""
@@ -136,6 +126,7 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
     from pyspark.sql import functions as F
 
     import scopecast
+    from scopecast.ray_cluster.dataframe_sink import alive_lans
     from scopecast.ray_cluster.dataframes import TopicCollector, publish_dataframe
     from scopecast.ray_cluster.spark import init_spark, stop_spark
 
@@ -176,7 +167,7 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         say(f"Spark read {rows:,} flights ({', '.join(f'{o} {n:,}' for o, n in sorted(per_origin.items()))})"
             f" and computed {route_count:,} routes")
 
-        lans = _cluster_lans()
+        lans = alive_lans()
         if len(lans) >= 2:  # hosts in LANs of their own (e.g. `scopecast cluster local --lans 2`)
             lans = lans[:2]
             collectors = [TopicCollector("flights/*", parallelism=2, lan=lan) for lan in lans]

@@ -124,9 +124,10 @@ class LocalHosts:
         return {"prefix": self.prefix, "address": self.address, "router": self.router,
                 "hosts": [asdict(h) for h in self.hosts],
                 "bridges": [self.bridge(k) for k in range(1, self.lans + 1)],
-                "exec": "scopecast cluster local"
-                        + ("" if self.prefix == "sc" else f" --prefix {self.prefix}")
-                        + " exec -- CMD"}
+                "exec": f"{self._command()} exec -- CMD", "down": f"{self._command()} --down"}
+
+    def _command(self) -> str:
+        return "scopecast cluster local" + ("" if self.prefix == "sc" else f" --prefix {self.prefix}")
 
     def _write_state(self) -> None:
         self.state.write_text(json.dumps({"hosts": len(self.hosts), "lans": self.lans,

@@ -26,7 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
@@ -35,7 +34,7 @@ from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor_name
-from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, ScopeManager
+from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, ScopeManager, pinned
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name
 
@@ -145,7 +144,7 @@ class ClusterScopeManager(ScopeManager):
             for i in range(1, len(parts) + 1):
                 _deploy("/".join(parts[:i]), "lan" if i == len(parts) else "region")
             host = "/".join(parts + [f"host-{node['NodeID'][:8]}"])
-            _deploy(host, "host", NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+            _deploy(host, "host", pinned(node["NodeID"]))
             self._hosts_of[node["NodeID"]] = host
             log.info("host scope %s deployed on node %s", host, node["NodeID"][:12])
 
@@ -317,11 +316,10 @@ class ClusterScopeManager(ScopeManager):
                 "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 
 
-def _deploy(path: str, kind: str, strategy=None) -> None:
+def _deploy(path: str, kind: str, ray_options: dict | None = None) -> None:
     """Create the scope manager of `path` if it is not there (idempotent) and start it."""
-    opts = {"scheduling_strategy": strategy} if strategy is not None else None
     handle = declare.get_or_create(ScopeManager, scope_actor_name(path), path, kind,
-                                   scope_actor_name(parent_path(path)), ray_options=opts)
+                                   scope_actor_name(parent_path(path)), ray_options=ray_options)
     handle.start.remote()
 
 

@@ -20,6 +20,7 @@ import ray
 
 from scopecast.actors.errors import MemberExpired, typed_cause
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
+from scopecast.netio.transport import member_interface
 from scopecast.policies.filters import ModuloFilter
 from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.scopes.routing import RoutingLabel
@@ -61,7 +62,7 @@ class ControlledElement:
         self.scope = scope
         config = replace(config or RuntimeConfig(), mac=hello["mac"])
         if config.transport.interface is None:
-            interface = hello.get("interface") or _node_ip()
+            interface = member_interface(hello.get("interface"))
             config = replace(config, transport=replace(config.transport, interface=interface))
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.member_id = 0
@@ -286,10 +287,6 @@ def _decrement(counts: dict, name) -> bool:
 def _address(key: str) -> tuple[str, int]:
     host, port = key.rsplit(":", 1)
     return (host, int(port))
-
-
-def _node_ip() -> str:
-    return ray.util.get_node_ip_address()
 
 
 def _node_id() -> str:

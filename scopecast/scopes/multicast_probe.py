@@ -83,15 +83,6 @@ def send(interface: str, group: str, port: int, token: bytes, count: int = PROBE
         sock.close()
 
 
-def node_interface(configured: str | None) -> str:
-    """The address members of this node use (the cluster's setting, else the node's IP)."""
-    if configured:
-        return configured
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
 def decide(heard: dict[str, int]) -> bool:
     """Multicast passes when every listening host heard the sender."""
     return bool(heard) and all(n > 0 for n in heard.values())

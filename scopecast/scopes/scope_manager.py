@@ -31,6 +31,7 @@ import ray
 
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, typed_cause
+from scopecast.netio.transport import member_interface
 from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
 from scopecast.policies.library import materialize, plugin_cache, shipped
@@ -241,12 +242,12 @@ class ScopeManager:
 
     async def probe_listen(self, group: str, port: int, token: bytes) -> int:
         """(A host scope) listen for a LAN probe on this node's interface; how many heard."""
-        interface = multicast_probe.node_interface((await self._cluster_hello()).get("interface"))
+        interface = member_interface((await self._cluster_hello()).get("interface"))
         return await asyncio.to_thread(multicast_probe.listen, interface, group, port, token)
 
     async def probe_send(self, group: str, port: int, token: bytes) -> None:
         """(A host scope) send a LAN probe from this node's interface."""
-        interface = multicast_probe.node_interface((await self._cluster_hello()).get("interface"))
+        interface = member_interface((await self._cluster_hello()).get("interface"))
         await asyncio.to_thread(multicast_probe.send, interface, group, port, token)
 
     async def _cluster_hello(self) -> dict:
@@ -633,7 +634,7 @@ class ScopeManager:
         if key == BUILTIN_HOST:
             node = _node_id()
             handle = await _named_actor(PolicyHost, f"scopecast:policy:{node}",
-                                        ray_options=_pinned(node))
+                                        ray_options=pinned(node))
         else:
             module, cls, env = await self._plugin(policy)
             handle = await _named_actor(PolicyHost, f"scopecast:policy:{self.path}:{key[:23]}",
@@ -945,7 +946,7 @@ class ScopeManager:
         from scopecast.agents.agent import AgentHost, host_name
 
         node = node or _node_id()
-        opts = _pinned(node)
+        opts = pinned(node)
         args: tuple = ()
         if protocol.startswith("sha256:"):
             module, cls, opts["runtime_env"] = await self._plugin(protocol)
@@ -1028,7 +1029,7 @@ class ScopeManager:
             raise
 
 
-def _pinned(node: str) -> dict:
+def pinned(node: str) -> dict:
     """Ray options that place an actor on `node`. Hard affinity: Ray's soft one did not hold for
     actors that ask for no resources (on three nodes, most landed on another node); and an actor
     named for a node that is gone is not wanted elsewhere (its successor is named for its new
