@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q --timeout=$(PYTEST_TIMEOUT) tests
 
 bench: $(STAMP)
-	$(VENV)/bin/scopecast bench
+	$(VENV)/bin/scopecast bench $(if $(HOSTS),-- --hosts $(HOSTS))
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

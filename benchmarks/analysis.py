@@ -10,6 +10,8 @@ receiver, over the whole stream.
 
 from __future__ import annotations
 
+import subprocess
+
 from benchmarks.meter import cpu_between
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
 
@@ -32,7 +34,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "ended_by": r.get("ended_by"),
         }
         for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
-                    "latency", "error", "rss_bytes", "runqueue_wait_s"):
+                    "latency", "error", "rss_bytes", "runqueue_wait_s", "netns"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)
@@ -52,7 +54,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
                            - _count_at(sender["samples"], w_start))
     send_s = sender["stopped"] - sender["start"]
     sender_info = {k: sender[k] for k in ("pid", "send_errors", "flush_error", "drops", "stats",
-                                          "sndbuf", "topics", "advertise_seconds", "rss_bytes")
+                                          "sndbuf", "topics", "advertise_seconds", "rss_bytes", "netns")
                    if k in sender}
     sender_info["send_s"] = send_s
     if "flushed" in sender:
@@ -174,14 +176,30 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------- kernel UDP counters
 
 
-def udp_counters() -> dict[str, int]:
-    """System-wide UDP counters (/proc/net/snmp): where the kernel dropped datagrams."""
+def udp_counters(namespaces: list[str] = ()) -> dict[str, int]:
+    """UDP counters (/proc/net/snmp) of this network namespace, or summed over `namespaces` (a
+    local multi-host cluster's hosts): where the kernel dropped datagrams."""
+    if not namespaces:
+        try:
+            with open("/proc/net/snmp") as f:
+                return _udp_line(f.read())
+        except OSError:
+            return {}
+    total: dict[str, int] = {}
+    for netns in namespaces:
+        out = subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"],
+                             capture_output=True, text=True)
+        for k, v in _udp_line(out.stdout).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _udp_line(text: str) -> dict[str, int]:
+    lines = [line.split() for line in text.splitlines() if line.startswith("Udp:")]
     try:
-        with open("/proc/net/snmp") as f:
-            lines = [line.split() for line in f if line.startswith("Udp:")]
         if len(lines) >= 2:
             return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:], strict=False)}
-    except (OSError, ValueError):
+    except ValueError:
         pass
     return {}
 

@@ -14,7 +14,6 @@ receivers cannot keep up with; the harness reports what they were delivered.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import struct
@@ -22,7 +21,7 @@ import sys
 import time
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, cpu, monotonic
-from benchmarks.procs import READY, RESULT, role_parser, run_role
+from benchmarks.procs import READY, report, role_parser, run_role
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
@@ -103,7 +102,7 @@ def receive(args) -> None:
         meter.add(pending, pending_bytes, last)
     result = meter.summary(cpu())
     result.update(role="receiver", pid=os.getpid(), ended_by=ended_by, rcvbuf=got)
-    print(RESULT + json.dumps(result), flush=True)
+    report(result)
     sock.close()
 
 
@@ -139,7 +138,7 @@ def send(args) -> None:
     result = {"role": "sender", "pid": os.getpid(), "published": count - errors,
               "send_errors": errors, "size": args.size, "start": start, "stopped": stopped,
               "samples": sampler.samples, "sndbuf": got}
-    print(RESULT + json.dumps(result), flush=True)
+    report(result)
     sock.close()
 
 

@@ -40,6 +40,33 @@ class Case:
 
 
 @dataclass(slots=True, frozen=True)
+class Where:
+    """The host a case process runs on: a network namespace of a local multi-host cluster ("" for
+    the harness's own) and the host's address (the baseline's multicast interface)."""
+
+    netns: str = ""
+    interface: str = "127.0.0.1"
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
+
+
+@dataclass(slots=True, frozen=True)
+class Placement:
+    """Where a case's sender runs and where its receivers run (receiver i on receivers[i % n])."""
+
+    sender: Where = Where()
+    receivers: tuple[Where, ...] = (Where(),)
+
+    def receiver(self, i: int) -> Where:
+        return self.receivers[i % len(self.receivers)]
+
+    @property
+    def namespaces(self) -> list[str]:
+        return sorted({w.netns for w in (self.sender, *self.receivers) if w.netns})
+
+
+@dataclass(slots=True, frozen=True)
 class Wiring:
     """Where a case's processes meet: the scopecast cluster, a multicast group (baseline), a
     peer's server or PUB port, or the Ray cluster (the Ray peer)."""
@@ -48,7 +75,7 @@ class Wiring:
     topic: str = ""              # fresh topic / channel / subject per case
     group: str = ""              # fresh multicast group per case (baseline)
     port: int = 0                # baseline group port, peer server port, ZeroMQ PUB port
-    interface: str = "127.0.0.1"
+    placement: Placement = Placement()
     ttl: int = 1
     loop: bool = True
     rcvbuf: int = 32 << 20
@@ -60,7 +87,8 @@ def run_case(case: Case, wiring: Wiring, log_dir: Path) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     load = os.getloadavg()
-    snmp_before = analysis.udp_counters()
+    namespaces = wiring.placement.namespaces
+    snmp_before = analysis.udp_counters(namespaces)
     try:
         with ChildGroup(log_dir) as group:
             sender, receivers, background = _run(case, wiring, group, started + case.timeout)
@@ -71,7 +99,8 @@ def run_case(case: Case, wiring: Wiring, log_dir: Path) -> dict:
         return failed_result(case, f"{exc!r}\n{traceback.format_exc()}", started)
     result["background_cpu"] = background
     result["loadavg_before"] = list(load)
-    result["udp_counters"] = analysis.counter_delta(snmp_before, analysis.udp_counters())
+    result["udp_counters"] = analysis.counter_delta(snmp_before,
+                                                     analysis.udp_counters(namespaces))
     result["case_seconds"] = round(time.monotonic() - started, 2)
     return result
 
@@ -79,7 +108,7 @@ def run_case(case: Case, wiring: Wiring, log_dir: Path) -> dict:
 def _run(case: Case, wiring: Wiring, group: ChildGroup,
          deadline: float) -> tuple[dict, list[dict], dict]:
     receivers = [group.start(f"{case.system}-{case.size}-{case.subscribers}-recv{i}",
-                             _argv(case, wiring, sender=False))
+                             _argv(case, wiring, sender=False, index=i))
                  for i in range(case.subscribers)]
     ready_by = min(deadline, time.monotonic() + case.ready_timeout)
     for r in receivers:
@@ -99,8 +128,13 @@ def _run(case: Case, wiring: Wiring, group: ChildGroup,
     return sender_result, receiver_results, background
 
 
-def _argv(case: Case, wiring: Wiring, sender: bool) -> list[str]:
-    """The command line of a case's sender or of one of its receivers."""
+def _argv(case: Case, wiring: Wiring, sender: bool, index: int = 0) -> list[str]:
+    """The command line of a case's sender or of its receiver `index`, on its host."""
+    where = wiring.placement.sender if sender else wiring.placement.receiver(index)
+    return where.wrap(_command(case, wiring, sender, where.interface))
+
+
+def _command(case: Case, wiring: Wiring, sender: bool, interface: str) -> list[str]:
     parent = ["--parent-pid", str(os.getpid())]
     if sender:
         role = ["--size", str(case.size), "--seconds", str(case.seconds), *parent]
@@ -113,7 +147,7 @@ def _argv(case: Case, wiring: Wiring, sender: bool) -> list[str]:
         return module_argv("benchmarks.throughput", "publish" if sender else "subscribe",
                            "--address", wiring.address, "--topic", wiring.topic, *paced, *role)
     if case.system == "baseline":
-        where = ["--group", wiring.group, "--port", str(wiring.port), "--interface", wiring.interface]
+        where = ["--group", wiring.group, "--port", str(wiring.port), "--interface", interface]
         extra = (["--ttl", str(wiring.ttl), "--loop", str(int(wiring.loop)), "--sndbuf",
                   str(wiring.sndbuf)] if sender else ["--rcvbuf", str(wiring.rcvbuf)])
         return module_argv("benchmarks.baseline", "send" if sender else "receive", *where, *extra,

@@ -5,7 +5,8 @@ message size and subscriber count, the baseline (plain `sendto` per message on a
 receivers counting with `recv_into`) and then scopecast (one publisher process, N subscriber
 processes, a fresh topic per case); then the peer suite (`peer_suite`), the loss suite and the Spark
 pipeline suite. Writes `<out>/<timestamp>.json`, `<out>/<timestamp>.png` (and `-peers.png`) and
-`latest.json` / `latest.png` / `latest-peers.png`, prints progress and a markdown summary (also
+`latest.json` / `latest.png` / `latest-peers.png` (`latest-hosts.*` for a run on several hosts,
+`--hosts N`, see `hosts`), prints progress and a markdown summary (also
 stored in the JSON as "table_markdown"). Exit status 0 when every case ran (targets are reported,
 never asserted; a peer that keeps up at no offered rate is a result, not a failure).
 """
@@ -13,6 +14,7 @@ never asserted; a peer that keeps up at no offered rate is a result, not a failu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from benchmarks import (
     analysis,
+    hosts,
     loss,
     machine,
     peer_suite,
@@ -36,7 +39,7 @@ from benchmarks import (
     scale_suite,
     spark_pipeline,
 )
-from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.cases import Case, Placement, Wiring, failed_result, run_case
 from benchmarks.meter import STAMP
 from benchmarks.procs import REPO_ROOT
 
@@ -86,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "run. Reports delivered msgs/s and MB/s per subscriber (min and mean), the ratio "
                     "to the baseline, CPU µs per delivered message (all sending and receiving "
                     "processes) and messages lost, and checks the issue's two 1 KB targets.",
-        epilog="Results: <out>/<UTC timestamp>.json and .png, plus latest.json and latest.png.")
+        epilog="Results: <out>/<UTC timestamp>.json and .png, plus latest.json and latest.png "
+               "(latest-hosts.* with --hosts).")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1000-byte messages, 1 subscriber, %.1f s per case, %.1f s warm-up "
                         "(explicit --sizes/--subscribers/--seconds/--warmup still win)"
@@ -133,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "publish_dataframe (parallelism 1 and 2) to a subscriber, beside the "
                         "conversion ceiling (default 100000; 0 or --quick: none)")
     p.add_argument("--peers", type=_names(peer_suite.SYSTEMS, empty_ok=True),
-                   default=list(peer_suite.SYSTEMS), metavar="NAME,...",
+                   default=None, metavar="NAME,...",
                    help="peer suite: throughput at saturation of these systems side by side "
                         f"(default {','.join(peer_suite.SYSTEMS)}; '' for none; a peer whose "
                         "server or client is not installed is skipped and the results say why)")
@@ -154,6 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale suite: scopecast from one publisher to this many subscriber "
                         "processes, with control traffic and token rounds (default "
                         f"{','.join(map(str, scale_suite.MEMBER_COUNTS))}; '' for none)")
+    p.add_argument("--hosts", type=int, default=0, metavar="N",
+                   help="run the throughput and loss suites on N hosts (2 or more) of a local "
+                        "multi-host cluster made for the run and removed after it: network "
+                        "namespaces on one bridge, a Ray node each, the sender on the first host, "
+                        "receivers round-robin on the others (root only; `make bench HOSTS=3`). "
+                        "The peer, scale and Spark suites run on one host only")
+    p.add_argument("--hosts-prefix", default=hosts.PREFIX, metavar="P",
+                   help=f"name prefix of that cluster's namespaces and bridge (default "
+                        f"{hosts.PREFIX}; a leftover one: scopecast cluster local --prefix P --down)")
+    p.add_argument("--on-hosts", default="", help=argparse.SUPPRESS)  # the run inside the head
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -164,15 +178,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if argv[:1] == ["--"]:  # `scopecast bench -- --quick` passes the separator through
         argv = argv[1:]
     args = build_parser().parse_args(argv)
+    if args.hosts:
+        if args.hosts < 2:
+            raise SystemExit("--hosts: at least 2 (a sender's host and a receivers' host)")
+        asked = [opt for opt, name in (("--peers", "peers"), ("--members", "members"),
+                                       ("--spark-rows", "spark_rows")) if getattr(args, name)]
+        if asked:
+            raise SystemExit(f"--hosts runs the throughput and loss suites only; drop "
+                             f"{', '.join(asked)}")
+        args.peers, args.members, args.spark_rows = [], [], 0
     defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
-                    peer_sizes=[100, 1000], peer_subscribers=[1, 4, 8],
+                    peers=list(peer_suite.SYSTEMS), peer_sizes=[100, 1000],
+                    peer_subscribers=[1, 4, 8],
                     topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4,
                     members=list(scale_suite.MEMBER_COUNTS),
                     ring_subscribers=list(recovery_curves.RING_SUBSCRIBERS),
                     memory_mb=list(recovery_curves.MEMORY_LEVELS_MB))
     for name, value in defaults.items():
         if getattr(args, name) is None:
-            setattr(args, name, QUICK[name] if args.quick else value)
+            setattr(args, name, QUICK[name] if args.quick and name in QUICK else value)
     if args.seconds <= 0 or args.warmup < 0:
         raise SystemExit("--seconds must be positive and --warmup not negative")
     if args.peers and min(args.peer_sizes) < STAMP.size:
@@ -202,7 +226,11 @@ def _on_sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = argv[1:] if argv[:1] == ["--"] else argv
     args = parse_args(argv)
+    if args.hosts and not args.on_hosts:
+        return hosts.run(argv, args.hosts, args.hosts_prefix)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -210,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
-        results, wiring_info = _run_all(args, stamp, log_dir)
+        results, wiring_info = _run_all(args, stamp, log_dir, _where(args))
     except (KeyboardInterrupt, _Terminated) as exc:
         print(f"interrupted ({exc or 'Ctrl-C'}); every case process was killed; process logs in "
               f"{log_dir}", file=sys.stderr, flush=True)
@@ -236,11 +264,22 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
+def _where(args) -> tuple[Placement, str | None, dict | None]:
+    """Where case processes run, the Ray address to use (None: an embedded Ray) and, on several
+    hosts, their description."""
+    if not args.on_hosts:
+        return Placement(), None, None
+    return hosts.placement(args.on_hosts)
+
+
+def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
     import scopecast
 
+    placement, ray_address, on_hosts = where
+
     print(f"scopecast bench {stamp}: sizes {args.sizes}, subscribers {args.subscribers}, "
-          f"{args.seconds:g} s per case, warm-up {args.warmup:g} s, systems {args.systems}",
+          f"{args.seconds:g} s per case, warm-up {args.warmup:g} s, systems {args.systems}"
+          + (f", on hosts {[h['netns'] for h in on_hosts['hosts']]}" if on_hosts else ""),
           flush=True)
     busy = machine.busy_elsewhere()
     if busy["cpu_percent"] > 25.0:
@@ -250,14 +289,14 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
     t0 = time.monotonic()
     # a state directory of the run's own: its topics and members never mix with a user's cluster
     os.environ.setdefault("SCOPECAST_HOME", tempfile.mkdtemp(prefix="scopecast-bench-"))
-    cluster = scopecast.connect(**({"mac": args.mac} if args.mac else {}))
+    cluster = scopecast.connect(ray_address, **({"mac": args.mac} if args.mac else {}))
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own; ours unwinds
     cases: list[dict] = []
     try:
         address = cluster.address
         tc = scopecast.TransportConfig()
-        wiring_info = {"interface": "127.0.0.1", "ttl": tc.ttl, "loop": tc.loopback,
+        wiring_info = {"interface": placement.sender.interface, "ttl": tc.ttl, "loop": tc.loopback,
                        "rcvbuf": tc.rcvbuf_bytes, "sndbuf": tc.sndbuf_bytes,
                        "ray_address": address,
                        "mac": cluster.status()["manager"]["mac"]}
@@ -281,10 +320,10 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                     cases.append(result)
                     print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
                     continue
-                wiring = Wiring(address=address, topic=topic)
+                wiring = Wiring(address=address, topic=topic, placement=placement)
             else:
                 wiring = Wiring(group=f"239.255.{octet}.{i}", port=_free_udp_port(),
-                                interface="127.0.0.1", ttl=tc.ttl, loop=tc.loopback,
+                                placement=placement, ttl=tc.ttl, loop=tc.loopback,
                                 rcvbuf=tc.rcvbuf_bytes, sndbuf=tc.sndbuf_bytes)
             result = run_case(case, wiring, log_dir / f"{i:02d}-{system}-{size}-{n}")
             result["busy_before_percent"] = quiet
@@ -302,7 +341,8 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                                 seconds=args.seconds, warmup=args.warmup,
                                 case_timeout=args.case_timeout, policy=args.policy) \
             if args.members and "scopecast" in args.systems else []
-        lossy = _loss_cases(args, cluster, address, stamp, log_dir)
+        lossy = _loss_cases(args, cluster, Wiring(address=address, placement=placement), stamp,
+                            log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
                                      args.memory_mb) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
@@ -321,7 +361,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
                    "members": args.members, "loss": args.loss,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
-                   "spark_rows": args.spark_rows},
+                   "spark_rows": args.spark_rows, "hosts": args.hosts},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "
@@ -335,6 +375,7 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
             "ratio": "scopecast min_rate / baseline min_rate, same size and subscriber count",
         },
         "machine": {**machine.describe(), "before_run": busy},
+        "hosts": on_hosts,
         "cases": cases,
         "targets": targets,
         "loss_suite": loss_rows,
@@ -343,15 +384,23 @@ def _run_all(args, stamp: str, log_dir: Path) -> tuple[dict, dict]:
         "spark_pipeline": pipeline,
         "peers": peers,
         "scale_members": scale,
-        "table_markdown": report.markdown_table(cases, targets) + peer_suite.table(peers)
+        "table_markdown": _hosts_line(on_hosts)
+        + report.markdown_table(cases, targets) + peer_suite.table(peers)
         + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
-        + report.loss_table(loss_rows)
+        + report.loss_table(loss_rows, bool(on_hosts))
         + report.curves_table(curves) + spark_pipeline.table(pipeline),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
 
 
-def _loss_cases(args, cluster, address: str, stamp: str, log_dir: Path) -> list[dict]:
+def _hosts_line(on_hosts: dict | None) -> str:
+    if not on_hosts:
+        return ""
+    return (f"On {len(on_hosts['hosts'])} hosts ({on_hosts['network']}): the sender on "
+            f"{on_hosts['sender']}, receivers round-robin on {', '.join(on_hosts['receivers'])}.\n\n")
+
+
+def _loss_cases(args, cluster, wiring: Wiring, stamp: str, log_dir: Path) -> list[dict]:
     """The loss suite's cases: scopecast, 1 KB (or the first size), the most subscribers."""
     if not args.loss or "scopecast" not in args.systems:
         return []
@@ -368,10 +417,11 @@ def _loss_cases(args, cluster, address: str, stamp: str, log_dir: Path) -> list[
         cluster.create_topic(topic, policy=args.policy)
         machine.settle(5.0)
         print(f"[loss {p:.0%}] {case.label}: running", flush=True)
-        with loss.udp_loss(p):
-            result = run_case(case, Wiring(address=address, topic=topic),
+        namespaces = wiring.placement.namespaces
+        with loss.udp_loss(p, namespaces):
+            result = run_case(case, dataclasses.replace(wiring, topic=topic),
                               log_dir / f"loss-{p:g}-{size}-{n}")
-            result["dropped"] = loss.dropped()
+            result["dropped"] = loss.dropped(namespaces)
         result["loss"] = p
         out.append(result)
         print(f"[loss {p:.0%}] {case.label}: {_progress(result)}", flush=True)
@@ -410,12 +460,13 @@ def _write(results: dict, out: Path, stamp: str) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(data)
     os.replace(tmp, path)
-    latest = out / "latest.json"
+    name = "latest-hosts" if results["hosts"] else "latest"  # a run on one host stays latest.*
+    latest = out / f"{name}.json"
     tmp = latest.with_suffix(".json.tmp")
     tmp.write_text(data)
     os.replace(tmp, latest)
     if results["plot"]:
-        shutil.copyfile(png, out / "latest.png")
+        shutil.copyfile(png, out / f"{name}.png")
     if results.get("peers_plot"):
         shutil.copyfile(out / results["peers_plot"], out / "latest-peers.png")
 

@@ -25,10 +25,16 @@ def available() -> bool:
     return os.geteuid() == 0 and shutil.which("iptables") is not None
 
 
-def _rule(probability: float, pid: int | None = None) -> list[str]:
-    return ["INPUT", "-i", "lo", "-p", "udp", "--dport", PORTS, "-m", "statistic", "--mode",
-            "random", "--probability", f"{probability:.4f}", "-m", "comment", "--comment",
-            f"scopecast-loss-{pid or os.getpid()}", "-j", "DROP"]
+def _iptables(netns: str, *args: str) -> list[str]:
+    return (["ip", "netns", "exec", netns] if netns else []) + ["iptables", *args]
+
+
+def _rule(probability: float, pid: int | None = None, loopback: bool = True) -> list[str]:
+    """The DROP rule; inside a host namespace of a local multi-host cluster every interface's UDP
+    (the bridge's and the host's own loopback), in this namespace loopback only."""
+    return ["INPUT", *(["-i", "lo"] if loopback else []), "-p", "udp", "--dport", PORTS,
+            "-m", "statistic", "--mode", "random", "--probability", f"{probability:.4f}",
+            "-m", "comment", "--comment", f"scopecast-loss-{pid or os.getpid()}", "-j", "DROP"]
 
 
 def _alive(pid: int) -> bool:
@@ -41,33 +47,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale() -> int:
+def sweep_stale(netns: str = "") -> int:
     """Remove the loss rules of processes that no longer exist; how many were removed."""
-    rules = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True,
+    rules = subprocess.run(_iptables(netns, "-S", "INPUT"), capture_output=True, text=True,
                            check=True).stdout.splitlines()
     removed = 0
     for rule in rules:
         tag = _TAG.search(rule)
         if rule.startswith("-A ") and tag and not _alive(int(tag.group(1))):
-            subprocess.run(["iptables", "-D", *shlex.split(rule)[1:]], check=True)
+            subprocess.run(_iptables(netns, "-D", *shlex.split(rule)[1:]), check=True)
             removed += 1
     return removed
 
 
 @contextlib.contextmanager
-def udp_loss(probability: float):
-    """Drop `probability` of loopback UDP datagrams while the block runs."""
-    sweep_stale()
-    subprocess.run(["iptables", "-A", *_rule(probability)], check=True)
+def udp_loss(probability: float, namespaces: list[str] = ()):
+    """Drop `probability` of loopback UDP datagrams while the block runs; with `namespaces`, of
+    every UDP datagram each of those hosts receives (each host loses on its own, as on a LAN)."""
+    where = list(namespaces) or [""]
+    rule = _rule(probability, loopback=not namespaces)
+    added = []
     try:
+        for netns in where:
+            sweep_stale(netns)
+            subprocess.run(_iptables(netns, "-A", *rule), check=True)
+            added.append(netns)
         yield
     finally:
-        subprocess.run(["iptables", "-D", *_rule(probability)], check=True)
+        for netns in added:
+            subprocess.run(_iptables(netns, "-D", *rule), check=True)
 
 
-def dropped() -> int:
-    """Datagrams the rules of this process dropped so far (from iptables' counters)."""
-    out = subprocess.run(["iptables", "-L", "INPUT", "-v", "-n", "-x"], capture_output=True,
-                         text=True, check=True).stdout
+def dropped(namespaces: list[str] = ()) -> int:
+    """Datagrams the rules of this process dropped so far (from iptables' counters), summed over
+    `namespaces` when given."""
     tag = f"scopecast-loss-{os.getpid()}"
-    return sum(int(line.split()[0]) for line in out.splitlines() if tag in line)
+    total = 0
+    for netns in list(namespaces) or [""]:
+        out = subprocess.run(_iptables(netns, "-L", "INPUT", "-v", "-n", "-x"),
+                             capture_output=True, text=True, check=True).stdout
+        total += sum(int(line.split()[0]) for line in out.splitlines() if tag in line)
+    return total

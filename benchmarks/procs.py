@@ -37,6 +37,16 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def report(result: dict) -> None:
+    """Print a case process's `RESULT {json}` line, with the network namespace it ran in (on
+    several hosts, the harness can tell each host's processes apart)."""
+    try:
+        result["netns"] = os.readlink("/proc/self/ns/net")
+    except OSError:
+        pass
+    print(RESULT + json.dumps(result), flush=True)
+
+
 def module_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 

@@ -29,7 +29,7 @@ def _lost(lost: list[int], published: int) -> str:
     return ", ".join(parts)
 
 
-def loss_table(rows: list[dict]) -> str:
+def loss_table(rows: list[dict], on_hosts: bool = False) -> str:
     """The loss suite: throughput under random datagram loss relative to lossless, repair times."""
     if not rows:
         return ""
@@ -42,7 +42,9 @@ def loss_table(rows: list[dict]) -> str:
                      f"{ratio} | {r['lost']} | {r['dropped_datagrams']} | {r['repairs']} | "
                      f"{r['repair_p50_ms']} / {r['repair_p99_ms']} | {r.get('target', '')}"
                      + (f" (error: {r['error'][:80]})" if r.get("error") else "") + " |")
-    return ("\nLoss suite (iptables drops that share of loopback UDP datagrams, data, tokens and "
+    where = ("of the UDP datagrams each host receives" if on_hosts
+             else "of loopback UDP datagrams")
+    return (f"\nLoss suite (iptables drops that share {where}, data, tokens and "
             "repairs alike; target at 1%: >= 0.8x lossless, nothing lost, p99 repair <= "
             f"{REPAIR_TARGET_MS:g} ms, 2 token periods):\n\n"
             + "\n".join(lines))

@@ -15,13 +15,12 @@ all N topics came.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, rss, stamp
-from benchmarks.procs import READY, RESULT, role_parser, run_role, topic_names
+from benchmarks.procs import READY, report, role_parser, run_role, topic_names
 
 CHECK_EVERY = 256  # publishes between clock reads
 
@@ -38,10 +37,6 @@ def _member_counters(cluster) -> dict:
         return {"drops": me["drops"], "stats": me["stats"], "recovery": me["recovery"]}
     except Exception as exc:  # counters are diagnostics; never lose the result for them
         return {"error": repr(exc)}
-
-
-def _report(result: dict) -> None:
-    print(RESULT + json.dumps(result), flush=True)
 
 
 def subscribe(args) -> None:
@@ -104,7 +99,7 @@ def subscribe(args) -> None:
             result["latency"] = latency.summary()
         result.update(role="subscriber", pid=os.getpid(), ended_by=ended_by, gaps=gaps,
                       last_seq=prev_seq, end_seq=end_seq, **_member_counters(cluster))
-        _report(result)
+        report(result)
         sub.close()
     finally:
         cluster.shutdown()
@@ -154,7 +149,7 @@ def publish(args) -> None:
                   "start": start, "stopped": stopped, "flushed": flushed, "closed": closed,
                   "flush_error": flush_error, "samples": sampler.samples,
                   **_member_counters(cluster)}
-        _report(result)
+        report(result)
     finally:
         cluster.shutdown()
 

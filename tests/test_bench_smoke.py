@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,8 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 270  # a quick run takes ~1 min; stays inside pytest's 300 s per test
 
 
-def _harness(out: Path, *args: str) -> dict:
-    """Run `python -m benchmarks.harness --quick ARGS` on its own embedded Ray; its latest.json."""
+def _harness(out: Path, *args: str, latest: str = "latest.json") -> dict:
+    """Run `python -m benchmarks.harness --quick ARGS` on its own embedded Ray (or its own hosts);
+    its `latest` results."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.harness", "--quick",
@@ -40,9 +42,9 @@ def _harness(out: Path, *args: str) -> dict:
             text, _ = proc.communicate()
         pytest.fail(f"harness did not finish within {TIMEOUT}s:\n{text[-3000:]}")
     assert proc.returncode == 0, text[-3000:]
-    latest = out / "latest.json"
-    assert latest.exists(), text[-3000:]
-    results = json.loads(latest.read_text())
+    path = out / latest
+    assert path.exists(), text[-3000:]
+    results = json.loads(path.read_text())
     assert (out / f"{results['timestamp']}.json").exists()
     return results
 
@@ -103,6 +105,30 @@ def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
     assert loss.sweep_stale() == 0, "the harness left its loss rule behind"
 
 
+@pytest.mark.skipif(not loss.available() or shutil.which("ip") is None,
+                    reason="several hosts need root, iproute2 and iptables")
+def test_quick_throughput_and_loss_suites_on_two_hosts(tmp_path):
+    """Issue 8 item 4: the harness makes its own hosts, runs the throughput and loss suites with
+    the sender on one host and the receivers on another, and removes the hosts."""
+    results = _harness(tmp_path, "--hosts", "2", "--hosts-prefix", "sctb", "--subscribers", "2",
+                       "--loss", "0.05", latest="latest-hosts.json")
+    assert [h["netns"] for h in results["hosts"]["hosts"]] == ["sctb-h1", "sctb-h2"]
+    assert {c["system"] for c in results["cases"]} == {"baseline", "scopecast"}
+    for case in results["cases"] + results["loss_cases"]:
+        assert case.get("error") is None, case.get("error")
+        sender = case["sender"]["netns"]
+        receivers = {r["netns"] for r in case["receivers"]}
+        # each process reported its own network namespace: the receivers' is not the sender's
+        assert len(receivers) == 1 and sender not in receivers, (sender, receivers)
+        assert case["published"] and (case["system"] == "baseline" or case["lost_total"] == 0)
+    (row,) = results["loss_suite"]
+    assert row["lost"] == 0 and row["dropped_datagrams"], row  # rules inside the hosts dropped
+    assert "On 2 hosts" in results["table_markdown"]
+    assert not (tmp_path / "latest.json").exists()  # a one-host run's results stay apart
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "sctb-" not in netns, netns  # the run removed its hosts
+
+
 def test_quick_spark_suite_writes_its_rows(tmp_path):
     results = _harness(tmp_path, "--systems", "scopecast", "--spark-rows", "2000", "--peers", "",
                        "--members", "")
@@ -121,3 +147,15 @@ def test_peer_sizes_too_small_for_the_latency_stamp_are_refused_before_anything_
     with pytest.raises(SystemExit, match="at least 8 bytes"):
         parse_args(["--peer-sizes", "4"])
     assert parse_args(["--peer-sizes", "4", "--peers", ""]).peer_sizes == [4]  # no peer suite
+
+
+def test_several_hosts_run_only_the_throughput_and_loss_suites():
+    from benchmarks.harness import parse_args
+
+    with pytest.raises(SystemExit, match="at least 2"):
+        parse_args(["--hosts", "1"])
+    with pytest.raises(SystemExit, match="drop --peers"):
+        parse_args(["--hosts", "3", "--peers", "redis"])
+    args = parse_args(["--hosts", "3"])
+    assert (args.peers, args.members, args.spark_rows) == ([], [], 0)
+    assert args.loss == [0.01, 0.05] and args.subscribers == [1, 2, 4]

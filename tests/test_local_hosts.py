@@ -108,6 +108,24 @@ def test_each_host_is_a_ray_node_with_its_own_address_labelled_with_its_lan(host
     assert LAN_LABEL == "scopecast-lan"
 
 
+DRIVER_NODE = """
+import json, ray
+from scopecast.ray_cluster.cluster import attach_ray
+attach_ray("10.78.1.1:6379")
+print(json.dumps([ray.util.get_node_ip_address()]))
+"""
+
+
+def test_a_driver_attaches_to_the_ray_node_of_its_own_host(hosts):
+    """Ray alone picks the head's node for a driver on any host of this machine (it finds every
+    raylet by their processes); scopecast's attach picks the node in the driver's namespace."""
+    for host in hosts.hosts:
+        out = hosts.run(host, [sys.executable, "-c", DRIVER_NODE], capture=True,
+                        extra_env={"PYTHONPATH": str(REPO)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(_last_json(out.stdout)) == [host.address]
+
+
 def test_ip_multicast_stays_inside_a_lan_and_unicast_crosses_lans(hosts):
     h1, h2, h3 = hosts.hosts
     assert _received(hosts, h1, [h2, h3], group="239.78.0.1") == [20, 0]

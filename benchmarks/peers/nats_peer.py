@@ -16,6 +16,7 @@ import asyncio
 import sys
 
 from benchmarks.peers import stream
+from benchmarks.procs import report
 
 BATCH = 1000  # publishes between flush round trips
 
@@ -53,7 +54,7 @@ async def _receive(args) -> None:
                 break
         elif receiver.done():
             break
-    stream.report(receiver.summary())
+    report(receiver.summary())
     await nc.close()
 
 
@@ -73,7 +74,7 @@ def send(args) -> None:
     stream.send_end(lambda p: loop.run_until_complete(burst(p, 1)))
     loop.run_until_complete(nc.close())
     loop.close()
-    stream.report(result)
+    report(result)
 
 
 def main(argv: list[str] | None = None) -> int:

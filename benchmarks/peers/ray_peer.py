@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from benchmarks.peers import stream
+from benchmarks.procs import report
 
 BATCH = 256
 IN_FLIGHT = 4
@@ -62,7 +63,7 @@ def receive(args) -> None:
     stream.ready()
     while (result := ray.get(sink.summary.remote())) is None:
         time.sleep(0.1)
-    stream.report(result)
+    report(result)
     ray.shutdown()
 
 
@@ -88,7 +89,7 @@ def send(args) -> None:
     result = stream.send_loop(send_batch, args.size, args.seconds, args.rate, BATCH,
                               args.stamped)
     ray.get([s.deliver.remote([stream.END]) for s in sinks])
-    stream.report(result)
+    report(result)
     ray.shutdown()
 
 

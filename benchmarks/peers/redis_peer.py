@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks.peers import stream
+from benchmarks.procs import report
 
 BATCH = 100  # publishes per pipeline round trip
 
@@ -58,7 +59,7 @@ def receive(args) -> None:
 
     stream.ready()
     try:
-        stream.report(stream.receive_loop(next_batch, receiver))
+        report(stream.receive_loop(next_batch, receiver))
     finally:
         ps.close()
 
@@ -76,7 +77,7 @@ def send(args) -> None:
     result = stream.send_loop(send_batch, args.size, args.seconds, args.rate, BATCH,
                               args.stamped)
     stream.send_end(lambda p: client.publish(channel(), p))
-    stream.report(result)
+    report(result)
 
 
 def main(argv: list[str] | None = None) -> int:

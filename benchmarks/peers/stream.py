@@ -12,12 +12,11 @@ peer's own wildcard). Paced at
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, stamp
-from benchmarks.procs import READY, RESULT, role_parser, run_role, topic_names
+from benchmarks.procs import READY, role_parser, run_role, topic_names
 
 END = b"E"               # shorter than any message
 END_LEN = len(END)
@@ -74,10 +73,6 @@ def send_end(send_one) -> None:
 
 def ready() -> None:
     print(READY, flush=True)
-
-
-def report(result: dict) -> None:
-    print(RESULT + json.dumps(result), flush=True)
 
 
 class Receiver:

@@ -19,6 +19,7 @@ import sys
 import time
 
 from benchmarks.peers import stream
+from benchmarks.procs import report
 
 BATCH = 256
 JOIN_TIMEOUT = 30.0
@@ -47,7 +48,7 @@ def receive(args) -> None:
 
     stream.ready()
     try:
-        stream.report(stream.receive_loop(next_batch, receiver))
+        report(stream.receive_loop(next_batch, receiver))
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -71,7 +72,7 @@ def send(args) -> None:
                               args.stamped)
     stream.send_end(lambda p: send_multipart((topic.next(), p)))
     time.sleep(0.2)  # let the last messages leave before the socket closes
-    stream.report(result)
+    report(result)
     sock.close(linger=1000)
     ctx.term()
 

@@ -17,6 +17,7 @@ from scopecast.netio.pubsub import Publisher, Subscriber
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
+from scopecast.ray_cluster.local_hosts import namespace_node_ip
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
 from scopecast.scopes.paths import scope_actor_name
@@ -97,7 +98,8 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
         check_reachable(target)
         _use_ray_token()
         try:
-            ray.init(address=target, namespace=declare.NAMESPACE, logging_level=logging.WARNING)
+            ray.init(address=target, namespace=declare.NAMESPACE, logging_level=logging.WARNING,
+                     _node_ip_address=namespace_node_ip())
         except ConnectionError as exc:
             raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
                                "`scopecast up`") from None

@@ -258,6 +258,33 @@ class LocalHosts:
         return cls(state["hosts"], state["lans"], state["prefix"], state["net"], state["python"])
 
 
+def namespace_node_ip() -> str | None:
+    """The address of the Ray node in this process's network namespace, when this machine's Ray
+    nodes live in several namespaces (the hosts above); else None.
+
+    A driver attaching by address lets Ray pick among every raylet of the machine, and Ray prefers
+    the head: a driver inside another host would become a driver of the head's node, and its
+    members would bind to an address their namespace does not have."""
+    import psutil
+
+    try:
+        mine = os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+    nodes: dict[str, str] = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] != "raylet":
+            continue
+        try:
+            netns = os.readlink(f"/proc/{proc.pid}/ns/net")
+        except OSError:  # gone, or another user's process without root
+            continue
+        for arg in proc.info["cmdline"] or ():
+            if arg.startswith("--node_ip_address="):
+                nodes[netns] = arg.split("=", 1)[1]
+    return nodes.get(mine) if len(nodes) > 1 else None
+
+
 def _check_root() -> None:
     if os.geteuid() != 0:
         raise LocalHostsError("a local multi-host cluster needs root (network namespaces, "
