@@ -121,20 +121,30 @@ def test_inconsistent_fragment_fields_rejected(fields):
     assert r.bytes_held == 0 and len(r) == 0
 
 
-@pytest.mark.parametrize("second", [
-    (2000, 1, 5, 400, 400),   # different total
-    (1000, 1, 2, 800, 200),   # different chunk (and count)
-], ids=["total", "chunk"])
-def test_fragment_disagreeing_with_its_partial_rejected(second):
+def test_fragment_disagreeing_with_its_partial_rejected():
     r = Reassembler()
     assert r.add(1, _frag(1000, 0, 3, 400, 400)) is None
     with pytest.raises(ReassemblyError) as e:
-        r.add(1, _frag(*second))
+        r.add(1, _frag(2000, 1, 5, 400, 400))  # a different total for the same message
     assert reason(e) == "bad_fragment"
     # the partial is untouched: the consistent rest still completes it
     assert r.add(1, _frag(1000, 1, 3, 400, 400)) is None
     assert r.add(1, _frag(1000, 2, 3, 400, 200)).payload == b"z" * 1000
     assert r.bytes_held == 0
+
+
+def test_a_message_cut_another_way_completes_it_and_ends_the_first_cut():
+    """The data path and a repair cut a message to different chunk sizes (their routing tables
+    differ): the repair's fragments complete the message whose original fragment was lost."""
+    r = Reassembler()
+    msg = message(bytes(range(250)) * 4)
+    original, repair = pieces(msg, 400), pieces(msg, 300)
+    assert r.add(1, original[0]) is None and r.add(1, original[2]) is None  # [1] was lost
+    assert r.bytes_held == 1000
+    out = [r.add(1, f) for f in repair]
+    assert out[-1] == msg and all(o is None for o in out[:-1])
+    assert r.bytes_held == 0 and len(r) == 0  # the first cut ended with it
+    assert r.expire() == 0
 
 
 def test_budget_exceeded_rejected_and_recovers():
@@ -223,3 +233,13 @@ def test_every_expired_partial_is_reported_once():
     clock.now += 2.0
     reported += r.expire()
     assert reported == 2
+
+
+def test_expiries_found_while_adding_are_each_reported_once():
+    clock = Clock()
+    r = Reassembler(timeout=1.0, clock=clock)
+    for s in range(1, 4):  # each new message finds the one before it expired
+        assert r.add(1, _frag(1000, 0, 2, 500, 500, stream_seq=s)) is None
+        clock.now += 2.0
+    assert r.expire() == 3
+    assert r.expire() == 0

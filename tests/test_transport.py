@@ -174,7 +174,7 @@ def test_transport_config_out_of_range_is_a_typed_error(kwargs):
 
 
 @pytest.mark.parametrize("kwargs", [{"window_bytes": 0}, {"max_message_bytes": 2**32},
-                                    {"ack_period": 0}, {"held_datagrams": -1}])
+                                    {"ack_period": 0}, {"held_bytes": -1}])
 def test_runtime_config_out_of_range_is_a_typed_error(kwargs):
     import scopecast
     from scopecast.netio.runtime import RuntimeConfig

@@ -2,7 +2,12 @@
 
 Fragments are untrusted: a message larger than `max_message`, fragment fields that disagree, or a
 message whose buffer would exceed the memory budget is refused with a reason; incomplete messages
-expire after `timeout` seconds. Callers count the reasons."""
+expire after `timeout` seconds. Callers count the reasons.
+
+One message may arrive cut two ways: the data path cuts it to fit its channel's routing table, a
+repair to fit the repair table. Each cut is assembled on its own (a *variant*, keyed by its chunk
+size); the first variant to complete yields the message and ends the others, so a repair completes
+a message whose original fragments were lost."""
 
 from __future__ import annotations
 
@@ -19,15 +24,25 @@ class ReassemblyError(Exception):
 
 
 class _Partial:
-    __slots__ = ("buf", "total", "count", "chunk", "have", "received", "deadline", "first")
+    __slots__ = ("buf", "total", "count", "have", "received", "first")
 
-    def __init__(self, total: int, count: int, chunk: int, deadline: float) -> None:
+    def __init__(self, total: int, count: int) -> None:
         self.buf = bytearray(total)
-        self.total, self.count, self.chunk = total, count, chunk
+        self.total, self.count = total, count
         self.have = bytearray(count)
         self.received = 0
-        self.deadline = deadline
         self.first: WireMessage | None = None
+
+
+class _Message:
+    """The variants of one message being assembled, and when they expire."""
+
+    __slots__ = ("variants", "deadline", "total")
+
+    def __init__(self, total: int, deadline: float) -> None:
+        self.variants: dict[int, _Partial] = {}  # by chunk size
+        self.deadline = deadline
+        self.total = total
 
 
 class Reassembler:
@@ -37,15 +52,15 @@ class Reassembler:
         self.budget_bytes = budget_bytes
         self.timeout = timeout
         self._clock = clock
-        self._partials: OrderedDict[tuple, _Partial] = OrderedDict()
+        self._messages: OrderedDict[tuple, _Message] = OrderedDict()
         self.bytes_held = 0
         self._expired_unreported = 0
 
     def __len__(self) -> int:
-        return len(self._partials)
+        return len(self._messages)
 
     def add(self, sender: int, frag: Fragment) -> WireMessage | None:
-        """Add one fragment; return the whole message once every fragment has arrived."""
+        """Add one fragment; return the whole message once every fragment of one cut arrived."""
         msg = frag.message
         total, index, count, chunk = frag.total, frag.index, frag.count, frag.chunk
         if total > self.max_message:
@@ -56,16 +71,20 @@ class Reassembler:
         if len(msg.payload) != expected:
             raise ReassemblyError("bad_fragment")
         key = (sender, msg.source, msg.stream, msg.stream_seq)
-        part = self._partials.get(key)
+        whole = self._messages.get(key)
+        if whole is None:
+            expired = self.expire()
+            self._expired_unreported += expired
+            whole = _Message(total, self._clock() + self.timeout)
+        elif whole.total != total:
+            raise ReassemblyError("bad_fragment")
+        part = whole.variants.get(chunk)
         if part is None:
-            self._expired_unreported += self.expire()
             if self.bytes_held + total > self.budget_bytes:
                 raise ReassemblyError("reassembly_budget")
-            part = _Partial(total, count, chunk, self._clock() + self.timeout)
-            self._partials[key] = part
+            part = whole.variants[chunk] = _Partial(total, count)
+            self._messages[key] = whole
             self.bytes_held += total
-        elif (part.total, part.count, part.chunk) != (total, count, chunk):
-            raise ReassemblyError("bad_fragment")
         if part.have[index]:
             return None  # duplicate fragment
         part.have[index] = 1
@@ -76,21 +95,21 @@ class Reassembler:
             part.first = msg
         if part.received < count:
             return None
-        del self._partials[key]
-        self.bytes_held -= total
+        del self._messages[key]
+        self.bytes_held -= total * len(whole.variants)
         m = part.first
         return WireMessage(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
                            m.content_type, m.route, bytes(part.buf))
 
     def expire(self) -> int:
-        """Drop partial messages past their deadline; return how many (each reported once)."""
+        """Drop messages past their deadline; return how many (each reported once)."""
         now = self._clock()
         dropped, self._expired_unreported = self._expired_unreported, 0
-        while self._partials:
-            key, part = next(iter(self._partials.items()))
-            if part.deadline > now:
+        while self._messages:
+            key, whole = next(iter(self._messages.items()))
+            if whole.deadline > now:
                 break
-            del self._partials[key]
-            self.bytes_held -= part.total
+            del self._messages[key]
+            self.bytes_held -= whole.total * len(whole.variants)
             dropped += 1
         return dropped

@@ -94,20 +94,23 @@ class ReceivePath:
 
     def _hold(self, sender: int, data: bytes) -> None:
         """Keep a datagram of a member the control plane has not told us about yet (bounded)."""
-        if len(self._held) >= self.config.held_datagrams:
+        if self._held_bytes + len(data) > self.config.held_bytes:
             self._drop("unknown_sender")
             return
         self._held.append((time.monotonic(), sender, data))
+        self._held_bytes += len(data)
         self.unknown_sender.set()
 
     def _release_held(self) -> None:
         held, self._held = self._held, deque()
+        self._held_bytes = 0
         now = time.monotonic()
         for t, sender, data in held:
             if sender in self._members:
                 self._dispatch(wire.unpack_header(data), data, len(data) - self._trailer)
             elif now - t < self.config.unknown_sender_grace:
                 self._held.append((t, sender, data))
+                self._held_bytes += len(data)
             else:
                 self._drop("unknown_sender")
 
@@ -351,6 +354,9 @@ class ReceivePath:
         topic, source, session, seq, stream, sseq, ctype, ridx, lengths, start = runs[0]
         if len(lengths) != 1:
             raise wire.DecodeError("bad_fragment", "fragment run of several messages")
+        if seq < self._next_seq.get((topic, source, session), 0):
+            self.stats["duplicates"] += 1  # a piece of a message delivered already (a repair's)
+            return
         piece = wire.WireMessage(topic, source, session, seq, stream, sseq, ctype, routes[ridx],
                                  bytes(body[start:start + lengths[0]]))
         try:

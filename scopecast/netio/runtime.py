@@ -63,7 +63,8 @@ class RuntimeConfig:
     ack_period: float = 0.002
     ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
     unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
-    held_datagrams: int = 512
+    held_bytes: int = 8 << 20            # ... and how many bytes of them (not a count: on a
+                                         # 1500-byte MTU a count holds a fraction of a second)
     reorder_bytes: int = 32 << 20        # runs that arrived ahead of a gap, held until it fills
     reorder_timeout: float = 0.2         # ... or until this long, then delivered with the gap
     join_timeout: float = 2.0            # reliable topics: how long a first run waits to learn
@@ -77,7 +78,7 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         for name in ("window_bytes", "stable_window_bytes", "queue_bytes", "max_backlog_bytes",
-                     "max_message_bytes", "reassembly_budget_bytes", "held_datagrams", "reorder_bytes"):
+                     "max_message_bytes", "reassembly_budget_bytes", "held_bytes", "reorder_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"RuntimeConfig.{name} must be positive")
         if self.max_message_bytes > MAX_MESSAGE:
@@ -167,6 +168,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         # (sender, channel) -> [dseq, dseq acked, when acked, when new data was last acked]
         self._recv_pos: dict[tuple[int, int], list] = {}
         self._held: deque[tuple[float, int, bytes]] = deque()
+        self._held_bytes = 0
         self._early: dict[tuple, list] = {}  # (topic, source, session) -> runs held, in order
         self._early_bytes = 0
         self._releasing = False
