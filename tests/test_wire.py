@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from scopecast.netio import wire
+from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.feed import Feed
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.wire import (
@@ -94,7 +95,7 @@ def test_feed_chunks_fit_a_datagram_and_decode(ptype, sender, channel, dseq, mes
     tables = {m.route: wire.encode_route_table([m.route]) for m in messages}
     assume(all(len(tables[m.route]) + wire.run_size(1, len(m.payload)) <= capacity - HEADER.size
                for m in messages))  # (larger ones are fragmented, tested below)
-    feed = Feed(("127.0.0.1", 1), 1)
+    feed = Feed(("127.0.0.1", 1), 1, DelayWindow(4 << 20, 0.005))
     for m in messages:
         feed.put(m.route, tables[m.route], capacity - HEADER.size, False, m.topic_id, m.source,
                  m.session, m.seq, m.stream, m.stream_seq, m.content_type, m.payload)

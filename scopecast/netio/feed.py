@@ -6,7 +6,8 @@ taken from publishers (or forwarded), and the socket pulls whole chunks when the
 datagram is assembled only when it can be sent, and a message costs one list append.
 
 Receivers acknowledge the highest datagram number they took from this destination's channel; the
-window is the bytes sent after the slowest live receiver's acknowledgement. A receiver the control
+bytes in flight are those sent after the slowest live receiver's acknowledgement, and the window
+they may fill adapts to the queueing delay they cause (`delay_window`). A receiver the control
 plane announced holds the window from the moment it is announced; one silent for `ack_timeout`
 while data is outstanding stops holding it (it will lose data until recovery exists for it).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 
 from scopecast.netio import wire
+from scopecast.netio.delay_window import DelayWindow
 
 RUN_COST = wire.RUN.size
 MESSAGE_COST = wire.LENGTH.size
@@ -63,19 +65,20 @@ class Feed:
     """Messages queued for one destination, and that destination's flow window."""
 
     __slots__ = ("address", "channel", "chunks", "open", "dseq", "sent_bytes", "history",
-                 "base_bytes", "acks", "frag")
+                 "base_bytes", "acks", "frag", "window")
 
-    def __init__(self, address: tuple[str, int], channel: int) -> None:
+    def __init__(self, address: tuple[str, int], channel: int, window: DelayWindow) -> None:
         self.address = address
         self.channel = channel
         self.chunks: deque[Chunk] = deque()
         self.open: Chunk | None = None
         self.dseq = 0
         self.sent_bytes = 0
-        self.history: deque[tuple[int, int]] = deque()  # (dseq, sent_bytes after it)
+        self.history: deque[tuple] = deque()  # (dseq, sent_bytes after it, when it was sent)
         self.base_bytes = 0                              # sent_bytes at the slowest receiver's ack
         self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
         self.frag = None                                 # (first own seq, fragments) in progress
+        self.window = window
 
     # ------------------------------------------------------------------------------- queue
 
@@ -170,16 +173,23 @@ class Feed:
         if dseq > entry[0]:
             entry[0] = dseq
         entry[1] = now
-        self._advance()
+        last = self._advance()
+        if last is not None:  # the slowest receiver moved: a round-trip sample
+            self.window.sample(last[0], now - last[2], now, self.dseq)
         return True
 
-    def _advance(self) -> None:
+    def _advance(self) -> tuple | None:
+        """Drop what the slowest receiver acknowledged; the last datagram of it, if any."""
         low = min((a[0] for a in self.acks.values()), default=self.dseq)
         history = self.history
+        last = None
         while history and history[0][0] <= low:
-            self.base_bytes = history.popleft()[1]
+            last = history.popleft()
+        if last is not None:
+            self.base_bytes = last[1]
         if not self.acks:
             self.base_bytes = self.sent_bytes
+        return last
 
     def expire(self, now: float, timeout: float) -> list[int]:
         """Stop waiting for receivers silent for `timeout` while data is outstanding."""

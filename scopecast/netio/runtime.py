@@ -52,7 +52,9 @@ class RuntimeConfig:
     """Data-plane settings of one member process; the defaults work on one machine."""
 
     transport: TransportConfig = field(default_factory=TransportConfig)
-    window_bytes: int = 4 << 20          # unacknowledged bytes in flight per destination
+    window_bytes: int = 4 << 20          # unacknowledged bytes in flight per destination, at most
+    window_delay: float = 0.005          # ... fewer while acks come back later than this beyond
+                                         # the least round trip (see delay_window)
     stable_window_bytes: int = 64 << 20  # own messages of reliable topics not yet stable
     block_when_full: bool = True         # publish() waits for stability; False: raise WindowFull
     queue_bytes: int = 8 << 20           # published but not yet sent; publish() blocks beyond
@@ -84,7 +86,7 @@ class RuntimeConfig:
         if self.max_message_bytes > MAX_MESSAGE:
             raise InvalidConfig(f"RuntimeConfig.max_message_bytes is at most {MAX_MESSAGE} (the "
                                 "wire format's 32-bit lengths)")
-        if min(self.ack_period, self.ack_timeout, self.reassembly_timeout,
+        if min(self.ack_period, self.ack_timeout, self.reassembly_timeout, self.window_delay,
                self.reorder_timeout, self.join_timeout) <= 0:
             raise InvalidConfig("RuntimeConfig periods and timeouts must be positive")
 
@@ -407,7 +409,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             "member": self.member_id, "name": self.name, "address": list(self.address),
             "drops": dict(self.drops), "stats": dict(self.stats),
             "groups": [f"{g}:{p}" for g, p in self._groups],
-            "feeds": {f"{h}:{p}": {"in_flight": f.in_flight(), "queued": f.queued_chunks(),
+            "feeds": {f"{h}:{p}": {"in_flight": f.in_flight(), "window": f.window.size,
+                                   "queued": f.queued_chunks(),
                                    "receivers": sorted(f.acks)}
                       for (h, p), f in self._feeds.items()},
             "topics": sorted(self._subs),

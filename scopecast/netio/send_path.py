@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import selectors
+import time
 
 from scopecast.netio import wire
+from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.feed import END, MESSAGE_COST, RUN_COST, Feed
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
@@ -164,7 +166,9 @@ class SendPath:
     def _feed(self, address: tuple[str, int]) -> Feed:
         feed = self._feeds.get(address)
         if feed is None:
-            feed = self._feeds[address] = Feed(address, len(self._feeds) + 1)
+            feed = self._feeds[address] = Feed(
+                address, len(self._feeds) + 1,
+                DelayWindow(self.config.window_bytes, self.config.window_delay))
             self._feeds_by_channel[feed.channel] = feed
         return feed
 
@@ -178,11 +182,11 @@ class SendPath:
             if not self._transmit(feed, data):
                 return False
         active = self._active
-        window = self.config.window_bytes
         progressed = False
         for _ in range(len(active)):
             feed = active.popleft()
-            while feed.pending() and feed.in_flight() < window:
+            window = feed.window
+            while feed.pending() and feed.in_flight() < window.size:
                 if not self._transmit(feed, self._pull(feed)):
                     break
                 progressed = True
@@ -233,7 +237,7 @@ class SendPath:
             self.drops["send_error"] += 1
             log.warning("send to %s:%d failed: %s", *feed.address, exc)
         feed.sent_bytes += len(datagram) + self._trailer
-        feed.history.append((feed.dseq, feed.sent_bytes))
+        feed.history.append((feed.dseq, feed.sent_bytes, time.monotonic()))
         if not feed.acks:
             feed.base_bytes = feed.sent_bytes
         self.stats["datagrams_out"] += 1
