@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale suite: scopecast from one publisher to this many subscriber "
                         "processes, with control traffic and token rounds (default "
                         f"{','.join(map(str, scale_suite.MEMBER_COUNTS))}; '' for none)")
+    p.add_argument("--datagram-bytes", type=int, default=0, metavar="B",
+                   help="datagram size of the throughput and loss suites' scopecast members "
+                        "(default: scopecast's own, the interface MTU; 64 KB on loopback). On "
+                        "several hosts, 65000 lets the kernel fragment datagrams, as JGroups does")
     p.add_argument("--hosts", type=int, default=0, metavar="N",
                    help="run the throughput and loss suites on N hosts (2 or more) of a local "
                         "multi-host cluster made for the run and removed after it: network "
@@ -197,6 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick and name in QUICK else value)
+    if args.datagram_bytes and not 1200 <= args.datagram_bytes <= 65000:
+        raise SystemExit("--datagram-bytes: 1200 to 65000")
     if args.seconds <= 0 or args.warmup < 0:
         raise SystemExit("--seconds must be positive and --warmup not negative")
     if args.peers and min(args.peer_sizes) < STAMP.size:
@@ -296,9 +302,12 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
     try:
         address = cluster.address
         tc = scopecast.TransportConfig()
+        datagram = args.datagram_bytes or scopecast.TransportConfig(
+            interface=placement.sender.interface).datagram_size()
         wiring_info = {"interface": placement.sender.interface, "ttl": tc.ttl, "loop": tc.loopback,
                        "rcvbuf": tc.rcvbuf_bytes, "sndbuf": tc.sndbuf_bytes,
                        "ray_address": address,
+                       "datagram_bytes": datagram,
                        "mac": cluster.status()["manager"]["mac"]}
         quiet = machine.settle(30.0)
         print(f"cluster up at {address} ({time.monotonic() - t0:.1f} s, machine {quiet:.0f}% busy)",
@@ -320,7 +329,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                     cases.append(result)
                     print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
                     continue
-                wiring = Wiring(address=address, topic=topic, placement=placement)
+                wiring = Wiring(address=address, topic=topic, placement=placement,
+                                datagram_bytes=args.datagram_bytes)
             else:
                 wiring = Wiring(group=f"239.255.{octet}.{i}", port=_free_udp_port(),
                                 placement=placement, ttl=tc.ttl, loop=tc.loopback,
@@ -341,8 +351,9 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                                 seconds=args.seconds, warmup=args.warmup,
                                 case_timeout=args.case_timeout, policy=args.policy) \
             if args.members and "scopecast" in args.systems else []
-        lossy = _loss_cases(args, cluster, Wiring(address=address, placement=placement), stamp,
-                            log_dir)
+        lossy = _loss_cases(args, cluster, Wiring(address=address, placement=placement,
+                                                  datagram_bytes=args.datagram_bytes),
+                            stamp, log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
                                      args.memory_mb) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
@@ -361,7 +372,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
                    "members": args.members, "loss": args.loss,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
-                   "spark_rows": args.spark_rows, "hosts": args.hosts},
+                   "spark_rows": args.spark_rows, "hosts": args.hosts,
+                   "datagram_bytes": args.datagram_bytes},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
                               "second inside each subscriber's window: from its first delivery "
@@ -384,7 +396,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         "spark_pipeline": pipeline,
         "peers": peers,
         "scale_members": scale,
-        "table_markdown": _hosts_line(on_hosts)
+        "table_markdown": _hosts_line(on_hosts, wiring_info["datagram_bytes"])
         + report.markdown_table(cases, targets) + peer_suite.table(peers)
         + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
         + report.loss_table(loss_rows, bool(on_hosts))
@@ -393,11 +405,12 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
     }, wiring_info
 
 
-def _hosts_line(on_hosts: dict | None) -> str:
+def _hosts_line(on_hosts: dict | None, datagram: int) -> str:
     if not on_hosts:
         return ""
     return (f"On {len(on_hosts['hosts'])} hosts ({on_hosts['network']}): the sender on "
-            f"{on_hosts['sender']}, receivers round-robin on {', '.join(on_hosts['receivers'])}.\n\n")
+            f"{on_hosts['sender']}, receivers round-robin on {', '.join(on_hosts['receivers'])}; "
+            f"scopecast datagrams of up to {datagram:,} bytes.\n\n")
 
 
 def _loss_cases(args, cluster, wiring: Wiring, stamp: str, log_dir: Path) -> list[dict]:
