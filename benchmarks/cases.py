@@ -76,7 +76,6 @@ class Wiring:
     group: str = ""              # fresh multicast group per case (baseline)
     port: int = 0                # baseline group port, peer server port, ZeroMQ PUB port
     placement: Placement = Placement()
-    datagram_bytes: int = 0      # scopecast members' datagram size (0: scopecast's default)
     ttl: int = 1
     loop: bool = True
     rcvbuf: int = 32 << 20
@@ -145,7 +144,6 @@ def _command(case: Case, wiring: Wiring, sender: bool, interface: str) -> list[s
     role += ["--topics", str(case.topics)] if case.topics > 1 else []
     if case.system == "scopecast":
         paced = ["--rate", str(case.rate)] if sender and case.latency else []
-        paced += ["--datagram-bytes", str(wiring.datagram_bytes)] if wiring.datagram_bytes else []
         return module_argv("benchmarks.throughput", "publish" if sender else "subscribe",
                            "--address", wiring.address, "--topic", wiring.topic, *paced, *role)
     if case.system == "baseline":

@@ -159,9 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "processes, with control traffic and token rounds (default "
                         f"{','.join(map(str, scale_suite.MEMBER_COUNTS))}; '' for none)")
     p.add_argument("--datagram-bytes", type=int, default=0, metavar="B",
-                   help="datagram size of the throughput and loss suites' scopecast members "
-                        "(default: scopecast's own, the interface MTU; 64 KB on loopback). On "
-                        "several hosts, 65000 lets the kernel fragment datagrams, as JGroups does")
+                   help="datagram size of the cluster the harness deploys, connect("
+                        "datagram_bytes=B) (default: scopecast's own, each member's interface "
+                        "MTU; 64 KB on loopback). On several hosts, 65000 lets the kernel "
+                        "fragment datagrams, as JGroups does")
     p.add_argument("--hosts", type=int, default=0, metavar="N",
                    help="run the throughput and loss suites on N hosts (2 or more) of a local "
                         "multi-host cluster made for the run and removed after it: network "
@@ -295,7 +296,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
     t0 = time.monotonic()
     # a state directory of the run's own: its topics and members never mix with a user's cluster
     os.environ.setdefault("SCOPECAST_HOME", tempfile.mkdtemp(prefix="scopecast-bench-"))
-    cluster = scopecast.connect(ray_address, **({"mac": args.mac} if args.mac else {}))
+    cluster = scopecast.connect(ray_address, datagram_bytes=args.datagram_bytes or None,
+                                **({"mac": args.mac} if args.mac else {}))
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own; ours unwinds
     cases: list[dict] = []
@@ -329,8 +331,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                     cases.append(result)
                     print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
                     continue
-                wiring = Wiring(address=address, topic=topic, placement=placement,
-                                datagram_bytes=args.datagram_bytes)
+                wiring = Wiring(address=address, topic=topic, placement=placement)
             else:
                 wiring = Wiring(group=f"239.255.{octet}.{i}", port=_free_udp_port(),
                                 placement=placement, ttl=tc.ttl, loop=tc.loopback,
@@ -351,9 +352,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                                 seconds=args.seconds, warmup=args.warmup,
                                 case_timeout=args.case_timeout, policy=args.policy) \
             if args.members and "scopecast" in args.systems else []
-        lossy = _loss_cases(args, cluster, Wiring(address=address, placement=placement,
-                                                  datagram_bytes=args.datagram_bytes),
-                            stamp, log_dir)
+        lossy = _loss_cases(args, cluster, Wiring(address=address, placement=placement), stamp,
+                            log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
                                      args.memory_mb) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}

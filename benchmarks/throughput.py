@@ -25,14 +25,10 @@ from benchmarks.procs import READY, report, role_parser, run_role, topic_names
 CHECK_EVERY = 256  # publishes between clock reads
 
 
-def _connect(args):
+def _connect(address: str):
     import scopecast
 
-    config = None
-    if args.datagram_bytes:
-        config = scopecast.RuntimeConfig(
-            transport=scopecast.TransportConfig(datagram_bytes=args.datagram_bytes))
-    return scopecast.connect(address=args.address, start=False, config=config)
+    return scopecast.connect(address=address, start=False)
 
 
 def _member_counters(cluster) -> dict:
@@ -44,7 +40,7 @@ def _member_counters(cluster) -> dict:
 
 
 def subscribe(args) -> None:
-    cluster = _connect(args)
+    cluster = _connect(args.address)
     try:
         sub = cluster.subscriber(args.topic if args.topics <= 1 else f"{args.topic}/*")
         print(READY, flush=True)
@@ -110,7 +106,7 @@ def subscribe(args) -> None:
 
 
 def publish(args) -> None:
-    cluster = _connect(args)
+    cluster = _connect(args.address)
     try:
         advertising = monotonic()
         pubs = cluster.publishers(topic_names(args.topic, args.topics))
@@ -180,8 +176,6 @@ def build_parser():
     for s in (pub_opts, sub_opts):
         s.add_argument("--address", required=True, help="Ray GCS address of the harness's cluster")
         s.add_argument("--topic", required=True)
-        s.add_argument("--datagram-bytes", type=int, default=0, metavar="B",
-                       help="the member's datagram size (default 0: scopecast's, from the MTU)")
         s.add_argument("--topics", type=int, default=1, metavar="N",
                        help="publish to N topics T/0 .. T/N-1 in turn, subscribe to T/* "
                             "(default 1: the topic T itself)")

@@ -43,7 +43,7 @@ def cmd_up(args) -> int:
     from scopecast.ray_cluster import launch
 
     info = launch.up(address=args.address, port=args.port, mac=args.mac,
-                     trusted_keys=args.trusted_key)
+                     trusted_keys=args.trusted_key, datagram_bytes=args.datagram_bytes)
     how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
     print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
           f"state {info['state']})")
@@ -301,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept only plug-ins signed by this Ed25519 public key (repeatable)")
     u.add_argument("--mac", default="gmac", choices=["gmac", "hmac-sha256"],
                    help="packet authenticator of a newly deployed cluster (gmac)")
+    u.add_argument("--datagram-bytes", type=int, default=None, metavar="B",
+                   help="datagram size of a newly deployed cluster's members (default: each "
+                        "member's interface MTU, 64 KB on loopback); up to 65000 lets the kernel "
+                        "fragment datagrams inside a LAN: far fewer datagrams for small messages, "
+                        "where IP fragments pass and frames are seldom lost")
     u.set_defaults(func=cmd_up)
 
     dn = attach(sub.add_parser("down", help="remove every scopecast actor from the cluster"))

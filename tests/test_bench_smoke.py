@@ -111,7 +111,7 @@ def test_quick_throughput_and_loss_suites_on_two_hosts(tmp_path):
     """Issue 8 item 4: the harness makes its own hosts, runs the throughput and loss suites with
     the sender on one host and the receivers on another, and removes the hosts."""
     results = _harness(tmp_path, "--hosts", "2", "--hosts-prefix", "sctb", "--subscribers", "2",
-                       "--loss", "0.05", latest="latest-hosts.json")
+                       "--loss", "0.05", "--datagram-bytes", "9000", latest="latest-hosts.json")
     assert [h["netns"] for h in results["hosts"]["hosts"]] == ["sctb-h1", "sctb-h2"]
     assert {c["system"] for c in results["cases"]} == {"baseline", "scopecast"}
     for case in results["cases"] + results["loss_cases"]:
@@ -121,6 +121,10 @@ def test_quick_throughput_and_loss_suites_on_two_hosts(tmp_path):
         # each process reported its own network namespace: the receivers' is not the sender's
         assert len(receivers) == 1 and sender not in receivers, (sender, receivers)
         assert case["published"] and (case["system"] == "baseline" or case["lost_total"] == 0)
+        if case["system"] == "scopecast":  # the cluster's datagram size reached every member:
+            # 1 KB messages travel several to a datagram, not one per 1500-byte frame
+            assert all(r["stats"]["delivered"] > 2 * r["stats"]["datagrams_in"]
+                       for r in case["receivers"]), [r["stats"] for r in case["receivers"]]
     (row,) = results["loss_suite"]
     assert row["lost"] == 0 and row["dropped_datagrams"], row  # rules inside the hosts dropped
     assert "On 2 hosts" in results["table_markdown"]

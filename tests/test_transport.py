@@ -181,3 +181,10 @@ def test_runtime_config_out_of_range_is_a_typed_error(kwargs):
 
     with pytest.raises(scopecast.InvalidConfig):
         RuntimeConfig(**kwargs)
+
+
+def test_a_cluster_datagram_size_out_of_range_is_refused_before_anything_starts():
+    import scopecast
+
+    with pytest.raises(scopecast.InvalidConfig, match="datagram_bytes"):
+        scopecast.connect(datagram_bytes=100)

@@ -15,6 +15,7 @@ from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber
 from scopecast.netio.runtime import RuntimeConfig
+from scopecast.netio.transport import TransportConfig
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
 from scopecast.ray_cluster.local_hosts import namespace_node_ip
@@ -43,7 +44,8 @@ def embedded_ray_options() -> dict:
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             start: bool = True, mac: str = "gmac", interface: str | None = None,
             name: str | None = None, settings: dict | None = None,
-            levels: list[str] | None = None, trusted_keys: list[str] | None = None) -> Cluster:
+            levels: list[str] | None = None, trusted_keys: list[str] | None = None,
+            datagram_bytes: int | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet authenticator of a
@@ -55,15 +57,21 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     recovery token's period while senders are active and when idle), and `levels` the Ray node labels that
     group its hosts, top first, the last one the LAN (default: one LAN). `name` names this process's
     member in its scopes (default host:pid). `trusted_keys` (Ed25519 public keys, PEM text or file paths)
-    make a cluster deployed now accept only plug-ins signed by one of them. With `start=False`, raise
-    `NotConnected` instead of starting an embedded Ray or deploying."""
+    make a cluster deployed now accept only plug-ins signed by one of them. `datagram_bytes` sets the
+    datagram size of a cluster deployed now for every member that does not set its own (default:
+    each member's interface MTU, 64 KB on loopback; up to 65000 lets the kernel fragment datagrams
+    inside a LAN, several messages per datagram even of 1 KB, where IP fragments pass and frames are
+    seldom lost). With `start=False`, raise `NotConnected` instead of starting an embedded Ray or
+    deploying."""
+    if datagram_bytes is not None:
+        TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)
     if start:
         manager = declare.get_or_create(
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
             interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
             settings=settings, levels=levels,
-            trusted_keys=[_pem(k) for k in trusted_keys or ()])
+            trusted_keys=[_pem(k) for k in trusted_keys or ()], datagram_bytes=datagram_bytes)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:

@@ -52,8 +52,10 @@ class ClusterScopeManager(ScopeManager):
 
     def __init__(self, interface: str | None = None, mac: str = "gmac",
                  state: str | None = None, settings: dict | None = None,
-                 levels: list[str] | None = None, trusted_keys: list[str] | None = None) -> None:
+                 levels: list[str] | None = None, trusted_keys: list[str] | None = None,
+                 datagram_bytes: int | None = None) -> None:
         super().__init__("", "cluster", None)
+        self._datagram_bytes = datagram_bytes  # None: each member's from its interface MTU
         self._store = ScopeStore(Path(state) if state else None)
         cluster = self._store.get("cluster")
         if cluster is None:
@@ -99,7 +101,7 @@ class ClusterScopeManager(ScopeManager):
         """Cluster key and transport settings, for a process that connects."""
         self._ensure_ticking()
         return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface,
-                "mac": self._mac}
+                "mac": self._mac, "datagram_bytes": self._datagram_bytes}
 
     async def _root_call(self, method: str, *args):
         return await getattr(self, method)(*args)

@@ -64,6 +64,9 @@ class ControlledElement:
         if config.transport.interface is None:
             interface = member_interface(hello.get("interface"))
             config = replace(config, transport=replace(config.transport, interface=interface))
+        if config.transport.datagram_bytes is None and hello.get("datagram_bytes"):
+            config = replace(config, transport=replace(config.transport,
+                                                       datagram_bytes=hello["datagram_bytes"]))
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.member_id = 0
         self._version = 0
