@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 
 from benchmarks.meter import cpu_between
+from scopecast.ray_cluster.local_hosts import in_netns
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
 
 TARGET_SIZES = (1000, 1024)  # "1 KB"
@@ -187,8 +188,8 @@ def udp_counters(namespaces: list[str] = ()) -> dict[str, int]:
             return {}
     total: dict[str, int] = {}
     for netns in namespaces:
-        out = subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"],
-                             capture_output=True, text=True)
+        out = subprocess.run(in_netns(netns, ["cat", "/proc/net/snmp"]), capture_output=True,
+                             text=True)
         for k, v in _udp_line(out.stdout).items():
             total[k] = total.get(k, 0) + v
     return total

@@ -16,6 +16,7 @@ from pathlib import Path
 from benchmarks import analysis
 from benchmarks.peers import PEERS
 from benchmarks.procs import READY, CaseError, ChildGroup, module_argv
+from scopecast.ray_cluster.local_hosts import in_netns
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,9 +47,6 @@ class Where:
 
     netns: str = ""
     interface: str = "127.0.0.1"
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
 
 
 @dataclass(slots=True, frozen=True)
@@ -131,7 +129,7 @@ def _run(case: Case, wiring: Wiring, group: ChildGroup,
 def _argv(case: Case, wiring: Wiring, sender: bool, index: int = 0) -> list[str]:
     """The command line of a case's sender or of its receiver `index`, on its host."""
     where = wiring.placement.sender if sender else wiring.placement.receiver(index)
-    return where.wrap(_command(case, wiring, sender, where.interface))
+    return in_netns(where.netns, _command(case, wiring, sender, where.interface))
 
 
 def _command(case: Case, wiring: Wiring, sender: bool, interface: str) -> list[str]:

@@ -178,10 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--"]:  # `scopecast bench -- --quick` passes the separator through
-        argv = argv[1:]
+def parse_args(argv: list[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.hosts:
         if args.hosts < 2:
@@ -234,7 +231,8 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv = argv[1:] if argv[:1] == ["--"] else argv
+    if argv[:1] == ["--"]:  # `scopecast bench -- --quick` passes the separator through
+        argv = argv[1:]
     args = parse_args(argv)
     if args.hosts and not args.on_hosts:
         return hosts.run(argv, args.hosts, args.hosts_prefix)

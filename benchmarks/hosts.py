@@ -69,8 +69,8 @@ def placement(prefix: str) -> tuple[Placement, str, dict]:
 
     hosts = LocalHosts.existing(prefix)
     head, *others = hosts.hosts
-    where = {h.name: Where(h.name, h.address) for h in hosts.hosts}
-    spread = Placement(where[head.name], tuple(where[h.name] for h in others or [head]))
+    spread = Placement(Where(head.name, head.address),
+                       tuple(Where(h.name, h.address) for h in others or [head]))
     info = {"hosts": [{"netns": h.name, "address": h.address} for h in hosts.hosts],
             "sender": head.name, "receivers": [w.netns for w in spread.receivers],
             "network": "one Linux bridge (veth pairs), multicast snooping off"}

@@ -17,6 +17,8 @@ import shlex
 import shutil
 import subprocess
 
+from scopecast.ray_cluster.local_hosts import in_netns
+
 PORTS = "32768:60999"
 _TAG = re.compile(r"scopecast-loss-(\d+)")
 
@@ -26,7 +28,7 @@ def available() -> bool:
 
 
 def _iptables(netns: str, *args: str) -> list[str]:
-    return (["ip", "netns", "exec", netns] if netns else []) + ["iptables", *args]
+    return in_netns(netns, ["iptables", *args])
 
 
 def _rule(probability: float, pid: int | None = None, loopback: bool = True) -> list[str]:

@@ -141,7 +141,7 @@ class LocalHosts:
             _ip("link", "set", br, "up")
         _ip("netns", "add", self.router)
         _ip("-n", self.router, "link", "set", "lo", "up")
-        _run(["ip", "netns", "exec", self.router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        _run(in_netns(self.router, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
         for k in range(1, self.lans + 1):
             self._leg(self.router, f"{self.prefix}-r{k}", f"lan{k}", k, f"10.{self.net}.{k}.254")
         for host in self.hosts:
@@ -186,13 +186,13 @@ class LocalHosts:
     def run(self, host: Host, cmd: list[str], capture: bool = False,
             extra_env: dict | None = None, timeout: float | None = 300.0):
         """Run `cmd` inside `host`'s namespace (to completion)."""
-        return subprocess.run(["ip", "netns", "exec", host.name, *cmd], env=self.env(extra_env),
+        return subprocess.run(in_netns(host.name, cmd), env=self.env(extra_env),
                               capture_output=capture, text=True, timeout=timeout)
 
     def popen(self, host: Host, cmd: list[str], **kwargs) -> subprocess.Popen:
         """Start `cmd` inside `host`'s namespace."""
         kwargs.setdefault("env", self.env())
-        return subprocess.Popen(["ip", "netns", "exec", host.name, *cmd], **kwargs)
+        return subprocess.Popen(in_netns(host.name, cmd), **kwargs)
 
     def kill_host(self, host: Host) -> int:
         """kill -9 every process of `host` (its raylet, workers, actors): a host that died."""
@@ -256,6 +256,11 @@ class LocalHosts:
             raise LocalHostsError(f"no local cluster {prefix!r} (no {path}); start one: "
                                   "scopecast cluster local --hosts N") from None
         return cls(state["hosts"], state["lans"], state["prefix"], state["net"], state["python"])
+
+
+def in_netns(netns: str, cmd: list[str]) -> list[str]:
+    """`cmd` run inside network namespace `netns` ("": this process's own)."""
+    return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
 
 
 def namespace_node_ip() -> str | None:
