@@ -169,5 +169,6 @@ class RecoveryDomains:
         return changed
 
     async def describe(self) -> dict:
+        # over a copy: while an agent's status is awaited, an update may add or drop a domain
         return {p: {**d.describe(), "agents": await d.agent_status()}
-                for p, d in self.domains.items()}
+                for p, d in list(self.domains.items())}
