@@ -269,13 +269,12 @@ def test_a_member_that_stays_behind_is_demoted_to_client_instead_of_stalling_the
         pub.flush(timeout=180)
     _check_all([ray.get(pending, timeout=300)], n, expected)
     deadline = time.monotonic() + 60
-    while True:
+    while True:  # the scope demotes it, then tells it: its own counters say so a moment later
         (member,) = [m for m in members(cluster.status()) if m["pid"] == slow_pid]
-        if member["demoted"]:
+        if member["demoted"] and member["role"] == member["counters"]["role"] == "client":
             break
-        assert time.monotonic() < deadline, f"never demoted: {member['counters']}"
+        assert time.monotonic() < deadline, f"never demoted: {member}"
         time.sleep(0.5)
-    assert member["role"] == "client" and member["counters"]["role"] == "client"
     ray.get([a.close.remote() for a in (fast, slow)])
 
 

@@ -3,10 +3,9 @@ continue in the new one once every member knows it, and subscribers lose nothing
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
+from member_pair import member_pair, received, wait_for
 from session_stream import stream_across_a_session_change
 
 from scopecast.ray_cluster.consumers import TopicConsumer
@@ -36,49 +35,14 @@ def test_update_topic_starts_a_new_session_without_loss(cluster, topic_name):
 
 def test_a_run_of_an_unannounced_session_is_refused_until_announced():
     """Subscribers accept a session only when their scope has told them about it."""
-    import os
-
-    from scopecast.netio.delivery import Subscription
-    from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route
-    from scopecast.scopes.channel import UnicastEndpoint
-    from scopecast.scopes.routing import RoutingLabel
-
-    key = os.urandom(32)
-    pub, sub = MemberRuntime(1, "A", key), MemberRuntime(2, "B", key)
-    try:
-        members = [MemberInfo(rt.member_id, rt.name, *rt.address) for rt in (pub, sub)]
-        for rt in (pub, sub):
-            rt.call_wait(rt.install_members, members)
-            rt.call_wait(rt.install_topics, {7: "T"}, {7: 1})
-        inbox = Subscription(frozenset([7]))
-        sub.call_wait(sub.add_subscription, inbox)
-        pub.call_wait(pub.install_routes, {7: [Route(RoutingLabel(("A",), ("B",), 7, "A"),
-                                                     UnicastEndpoint(*sub.address))]})
-
-        def delivered() -> list:
-            out = []
-            while inbox.queue:
-                batch, nbytes = inbox.queue.popleft()
-                inbox.consumed_bytes += nbytes
-                out += batch
-            return out
-
-        def wait_for(predicate) -> None:
-            deadline = time.monotonic() + 10
-            while not predicate():
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-
+    with member_pair(session=1) as (pub, sub, inbox):
         for seq in (1, 2, 3):
             pub.publish(7, 2, seq, 0, b"early %d" % seq)  # session 2, not yet announced
         wait_for(lambda: sub.stats["unannounced_session"] == 3)
-        assert delivered() == []
+        assert received(inbox) == []
         sub.call_wait(sub.install_topics, {7: "T"}, {7: 2})
         for seq in (4, 5):
             pub.publish(7, 2, seq, 0, b"later %d" % seq)
         got: list = []
-        wait_for(lambda: got.extend(delivered()) or len(got) >= 2)
+        wait_for(lambda: got.extend(received(inbox)) or len(got) >= 2)
         assert [(m.session, m.seq) for m in got] == [(2, 4), (2, 5)]
-    finally:
-        pub.close()
-        sub.close()

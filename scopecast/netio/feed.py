@@ -10,6 +10,11 @@ bytes in flight are those sent after the slowest live receiver's acknowledgement
 they may fill adapts to the queueing delay they cause (`delay_window`). A receiver the control
 plane announced holds the window from the moment it is announced; one silent for `ack_timeout`
 while data is outstanding stops holding it (it will lose data until recovery exists for it).
+
+A receiver that lost every datagram sent after its last acknowledgement would repeat that
+acknowledgement for ever, and a full window would never open: so a full window whose slowest
+receiver has not moved for `PROBE_AFTER` is probed (the sender re-announces its last datagram
+number; recovery repairs what was lost), as Aeron's heartbeats and TCP's tail-loss probes do.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from scopecast.netio.delay_window import DelayWindow
 RUN_COST = wire.RUN.size
 MESSAGE_COST = wire.LENGTH.size
 END = wire.ContentType.END
+PROBE_AFTER = 0.05   # seconds a full window waits for its slowest receiver before probing
 
 
 class Run:
@@ -65,7 +71,7 @@ class Feed:
     """Messages queued for one destination, and that destination's flow window."""
 
     __slots__ = ("address", "channel", "chunks", "open", "dseq", "sent_bytes", "history",
-                 "base_bytes", "acks", "frag", "window")
+                 "base_bytes", "acks", "frag", "window", "moved_at", "probed_dseq")
 
     def __init__(self, address: tuple[str, int], channel: int, window: DelayWindow) -> None:
         self.address = address
@@ -79,6 +85,8 @@ class Feed:
         self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
         self.frag = None                                 # (first own seq, fragments) in progress
         self.window = window
+        self.moved_at = 0.0                              # the slowest receiver last moved (or probe)
+        self.probed_dseq = 0                             # the last datagram a probe re-announced
 
     # ------------------------------------------------------------------------------- queue
 
@@ -163,6 +171,7 @@ class Feed:
         for m in members:
             if m not in self.acks:
                 self.acks[m] = [self.dseq, now]
+                self.moved_at = now
         self._advance()
 
     def acknowledge(self, member: int, dseq: int, now: float) -> bool:
@@ -174,8 +183,19 @@ class Feed:
             entry[0] = dseq
         entry[1] = now
         last = self._advance()
-        if last is not None:  # the slowest receiver moved: a round-trip sample
-            self.window.sample(last[0], now - last[2], now, self.dseq)
+        if last is not None:  # the slowest receiver moved: a round-trip sample, unless a probe
+            self.moved_at = now  # may have caused it (Karn: ambiguous samples are not taken)
+            if last[0] > self.probed_dseq:
+                self.window.sample(last[0], now - last[2], now, self.dseq)
+        return True
+
+    def probe_due(self, now: float) -> bool:
+        """The window is full and its slowest receiver has not moved for PROBE_AFTER (nor since
+        the last probe): the caller re-announces `dseq` to the receivers."""
+        if self.in_flight() < self.window.size or now - self.moved_at < PROBE_AFTER:
+            return False
+        self.moved_at = now
+        self.probed_dseq = self.dseq
         return True
 
     def _advance(self) -> tuple | None:

@@ -21,6 +21,7 @@ from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
 
 log = logging.getLogger("scopecast.netio.runtime")
+EMPTY_TABLE = wire.encode_route_table([])
 
 
 class SendPath:
@@ -176,10 +177,11 @@ class SendPath:
         """Let destinations pull datagrams while their windows are open and the socket takes them."""
         if self._want_write:
             return False
+        now = time.monotonic()
         if self._stalled is not None:
             feed, data = self._stalled
             self._stalled = None
-            if not self._transmit(feed, data):
+            if not self._transmit(feed, data, now):
                 return False
         active = self._active
         progressed = False
@@ -187,11 +189,13 @@ class SendPath:
             feed = active.popleft()
             window = feed.window
             while feed.pending() and feed.in_flight() < window.size:
-                if not self._transmit(feed, self._pull(feed)):
+                if not self._transmit(feed, self._pull(feed), now):
                     break
                 progressed = True
             if feed.pending():
                 active.append(feed)
+                if feed.probe_due(now):
+                    self._probe(feed)
             if self._want_write:
                 break
         if progressed:
@@ -224,7 +228,18 @@ class SendPath:
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
                                 1, parts, frag)
 
-    def _transmit(self, feed: Feed, datagram: bytes) -> bool:
+    def _probe(self, feed: Feed) -> None:
+        """Re-announce the last datagram number to `feed`'s receivers in a DATA datagram without
+        runs (see `feed`): each acknowledges it once it has taken everything sent before."""
+        datagram = wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
+                                    EMPTY_TABLE, 0, [])
+        try:
+            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
+            self.stats["window_probes"] += 1
+        except OSError:
+            self.drops["send_error"] += 1  # probed again after PROBE_AFTER
+
+    def _transmit(self, feed: Feed, datagram: bytes, now: float) -> bool:
         try:
             self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
         except BlockingIOError:
@@ -237,7 +252,7 @@ class SendPath:
             self.drops["send_error"] += 1
             log.warning("send to %s:%d failed: %s", *feed.address, exc)
         feed.sent_bytes += len(datagram) + self._trailer
-        feed.history.append((feed.dseq, feed.sent_bytes, time.monotonic()))
+        feed.history.append((feed.dseq, feed.sent_bytes, now))
         if not feed.acks:
             feed.base_bytes = feed.sent_bytes
         self.stats["datagrams_out"] += 1

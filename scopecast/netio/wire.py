@@ -15,7 +15,8 @@ Datagram layout (network byte order)::
              then n payload lengths (u32 each), then the n payloads
 
 `sender` is the member id of the process that sent the datagram (a forwarder, not necessarily the
-source); `channel`/`dseq` number the datagrams of one sender toward one destination (flow control).
+source); `channel`/`dseq` number the datagrams of one sender toward one destination (flow control;
+a DATA datagram of no runs re-announces the last number: a full window's probe, see `feed`).
 A *run* is n messages of one topic, source and session with consecutive sequence numbers (the
 per-topic delivery order, 1, 2, ... per session) and consecutive stream sequence numbers (the
 sender's sequence space toward one recovery domain, which recovery keys on), one content type (raw
