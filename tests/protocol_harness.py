@@ -13,12 +13,12 @@ CLOCK = [0.0]
 REC = [1000, [[7, 1, 1, 1, 1000, 1000]]]  # sender 9 has messages 1..1000 of topic 7 unstable
 
 
-def group(cls, n: int, has_upper: bool = False, **options) -> list:
+def group(cls, n: int, has_upper: bool = False, regions: tuple = (), **options) -> list:
     """`n` agents of protocol `cls` in one peer group (view version 1)."""
     options.setdefault("idle_period", PERIOD)  # every period of the harness is a round
     agents = [cls(DomainContext(f"d|{i}", 1, options)) for i in range(n)]
     for i, a in enumerate(agents):
-        a.on_view(PeerView(1, tuple(f"m{j}" for j in range(n)), i, has_upper))
+        a.on_view(PeerView(1, tuple(f"m{j}" for j in range(n)), i, has_upper, regions=regions))
     return agents
 
 

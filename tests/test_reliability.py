@@ -116,6 +116,44 @@ def test_every_subscriber_sees_the_end_of_stream_marker_under_loss(cluster, topi
 
 
 @needs_iptables
+def test_subscribers_of_the_same_topics_share_a_region_and_repair_each_other_under_loss(
+        cluster, topic_name):
+    """One sender, two topics, two subscribers each, in one host scope: one recovery domain (the
+    sender's stream is one), two regions (QSM), each kept together in the ring; NAKs are served
+    within a region, whose peers take the same topics."""
+    topics = [f"{topic_name}/a", f"{topic_name}/b"]
+    for t in topics:
+        cluster.create_topic(t, policy="lan_multicast")
+    actors = {t: _consumers(t, 2) for t in topics}
+    pids = {t: {_pid(a) for a in xs} for t, xs in actors.items()}
+    n = 10_000
+    pending = [a.consume.remote(n, 300.0) for xs in actors.values() for a in xs]
+    with udp_loss(0.05):
+        with cluster.publisher(topics[0]) as pa, cluster.publisher(topics[1]) as pb:
+            for i in range(1, n + 1):
+                pa.publish(b"a%08d" % i)
+                pb.publish(b"b%08d" % i)
+            pa.flush(timeout=180)
+            pb.flush(timeout=180)
+            status = cluster.status()
+        results = ray.get(pending, timeout=300)
+        assert dropped() > 0
+    for r in results:
+        assert (r["count"], r["gaps"], r["out_of_order"]) == (n, 0, 0), r
+    names = {m["pid"]: m["name"] for m in members(status)}
+    mine = {names[p] for ps in pids.values() for p in ps}
+    (domain,) = [d for s in walk(status) for d in s.get("recovery", {}).values()
+                 if mine <= set(d["members"])]
+    region = dict(zip(domain["members"], domain["regions"], strict=True))
+    by_topic = [{region[names[p]] for p in pids[t]} for t in topics]
+    assert all(len(r) == 1 for r in by_topic) and by_topic[0] != by_topic[1], domain
+    order = domain["regions"]
+    assert all(order.index(r) + order.count(r) - 1 == len(order) - 1 - order[::-1].index(r)
+               for r in set(order)), order  # each region's members are together in the ring
+    ray.get([a.close.remote() for xs in actors.values() for a in xs])
+
+
+@needs_iptables
 def test_a_subscriber_that_stops_for_two_seconds_catches_up(cluster, topic_name):
     cluster.create_topic(topic_name, policy="lan_multicast")
     actors = _consumers(topic_name, 2)

@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
-from scopecast.agents.token_ring import TokenRing
+from scopecast.agents.token_ring import TokenRing, partitions
 from tests.protocol_harness import REC, group, run, summary
 
 
 def _group(n: int, has_upper: bool = False, **options) -> list[TokenRing]:
     return group(TokenRing, n, has_upper, **options)
+
+
+def test_partitions_follow_regions_and_never_cross_one():
+    assert partitions(8, (0, 0, 0, 1, 1, 1, 1, 2), 3) == [[0, 1, 2], [3, 4, 5], [6], [7]]
+    assert partitions(4, (), 5) == [[0, 1, 2, 3]]
+    assert partitions(3, (0, 1), 5) == [[0, 1, 2]]  # not one per peer: taken as one region
+    agents = _group(5, regions=(0, 0, 1, 1, 1))
+    assert [a.rings["p"].members for a in agents] == [[0, 1], [0, 1], [2, 3, 4], [2, 3, 4],
+                                                      [2, 3, 4]]
+    assert agents[0].rings["g"].members == [0, 2] and "g" not in agents[1].rings
+
+
+def test_a_nak_is_served_in_its_region_not_by_a_peer_that_does_not_take_the_topic():
+    """Peers of region 0 take other topics of sender 9: they acknowledge its stream as held
+    (owed nothing of topic 7), and without regions the first of them took the NAK off the token
+    and its member had nothing to send."""
+    nak = [9, 7, 1, 40, 45, 40, 45, 4, "127.0.0.1", 5000]
+
+    def pushed(regions: tuple, acks: list[int]) -> list[bool]:
+        agents = _group(5, regions=regions)
+        for a, ack in zip(agents[:4], acks, strict=True):
+            a.on_summary(summary({9: ack}, recs={9: REC} if a is agents[0] else None), 0.0)
+        agents[4].on_summary(summary({9: 39}, naks=[nak]), 0.0)
+        run(agents, periods=3)
+        return [bool(a.on_summary(a.bottom, 1.0)["push"]) for a in agents]
+
+    assert pushed((), [100] * 4) == [True, False, False, False, False]  # m0 takes it
+    assert pushed((0, 0, 1, 1, 1), [100] * 4) == [False, False, True, False, False]
+    # nobody in its region holds it: the regional token passes it by region 0 (the member
+    # pulls from the sender)
+    assert pushed((0, 0, 1, 1, 1), [100, 100, 39, 39]) == [False] * 5
 
 
 def test_a_nak_is_pushed_by_a_caching_neighbour_that_holds_the_range():

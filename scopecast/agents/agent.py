@@ -72,12 +72,13 @@ class RecoveryAgent:
 
     def install(self, version: int, peers: list[list], index: int, upper: list | None,
                 top: bool, missing: int) -> None:
-        """A new view of the peer group: `peers` are [name, host, port] in ring order; `upper`
-        the agent above (None at the top, or while it is being placed); `missing` members have
-        no agent in the group yet."""
-        self._peers = [(h, int(p)) for _n, h, p in peers]
+        """A new view of the peer group: `peers` are [name, host, port, region] in ring order;
+        `upper` the agent above (None at the top, or while it is being placed); `missing`
+        members have no agent in the group yet."""
+        self._peers = [(h, int(p)) for _n, h, p, _r in peers]
         self._upper = (upper[0], int(upper[1])) if upper else None
-        self._view = PeerView(version, tuple(n for n, _h, _p in peers), index, not top, missing)
+        self._view = PeerView(version, tuple(n for n, *_ in peers), index, not top, missing,
+                              tuple(int(r) for *_, r in peers))
         self.protocol.on_view(self._view)
 
     def status(self) -> dict:

@@ -8,7 +8,9 @@ tells the protocol what happened; the protocol answers with what to send.
 - **View**: the peer group (agents in ring order, this agent's place), whether an agent above
   exists (the peer group's aggregate goes up through the leader), and how many members of the
   domain are not in the group yet (their agents are being placed): a protocol must not count a
-  message as held by the group while any are missing.
+  message as held by the group while any are missing. Peers with identical subscription sets
+  share a *region* (QSM): they receive the same streams, so they can repair each other; the ring
+  order keeps each region's peers together, and a protocol may partition along regions.
 - **Bottom interface**: the member (or, for a higher domain, the co-located leader agent of the peer
   group below) pushes a `Summary` each token period; the reply is an `Instructions`.
 - **Peer messages**: tokens, requests; opaque msgpack-able values between agents of one group.
@@ -63,6 +65,7 @@ class PeerView:
     has_upper: bool             # an agent above takes this group's aggregate (else: the top)
     missing: int = 0            # members of the domain whose agents are not reachable yet: until
                                 # they are, nothing counts as held by the whole group
+    regions: tuple[int, ...] = ()  # per peer, its region (contiguous in `peers`); () = one region
 
 
 class RecoveryProtocol:

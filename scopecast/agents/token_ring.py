@@ -1,6 +1,8 @@
 """`token_ring`, the default recovery protocol (QSM, thesis 4467-4560).
 
-The peer group is cut into partitions of `partition` agents (5 by default). In each partition a
+The peer group is cut into partitions of up to `partition` agents (5 by default), never across a
+region (peers with identical subscription sets, kept together in the ring by the scope): a
+partition's peers receive the same streams, so one can serve another's NAKs. In each partition a
 token goes round every period, released by the partition's first agent: each agent folds in its
 bottom's summary — the minimum MaxContiguous per sender stream (with a count, so a stream a peer has
 not reported yet is not taken as held), the senders' records, and its bottom's NAKs. An agent whose
@@ -38,6 +40,19 @@ def _add_acks(token: dict, acks: dict) -> None:
     for stream, a in acks.items():
         token["acks"][stream] = min(token["acks"].get(stream, a), a)
         token["cnt"][stream] = token["cnt"].get(stream, 0) + 1
+
+
+def partitions(n: int, regions: tuple[int, ...], size: int) -> list[list[int]]:
+    """Peer indices 0..n-1 cut into runs of at most `size`, a new one wherever the region
+    changes (no regions, or not one per peer: one region)."""
+    if len(regions) != n:
+        regions = (0,) * n
+    out: list[list[int]] = []
+    for i in range(n):
+        if not out or len(out[-1]) >= size or regions[i] != regions[i - 1]:
+            out.append([])
+        out[-1].append(i)
+    return out
 
 
 def _aggregate(token: dict, size: int) -> dict:
@@ -78,6 +93,7 @@ class TokenRing(RecoveryProtocol):
         self.cachers = int(opts.get("cachers", 5))
         self.partition = max(2, int(opts.get("partition", 5)))
         self.view: PeerView | None = None
+        self.region = 0         # this agent's region in the view
         self.rings: dict[str, _Ring] = {}
         self.bottom: dict = {}
         self.down: dict = {}
@@ -97,17 +113,18 @@ class TokenRing(RecoveryProtocol):
 
     def on_view(self, view: PeerView) -> None:
         self.view = view
-        k = self.partition
-        n = len(view.peers)
-        first = view.index - view.index % k
-        self.rings = {"p": _Ring("p", list(range(first, min(first + k, n))), view.index)}
-        if view.index % k == 0 and n > k:
-            self.rings["g"] = _Ring("g", list(range(0, n, k)), view.index)
+        parts = partitions(len(view.peers), view.regions, self.partition)
+        mine = next(p for p in parts if view.index in p)
+        self.region = view.regions[view.index] if len(view.regions) == len(view.peers) else 0
+        self.rings = {"p": _Ring("p", mine, view.index)}
+        if mine[0] == view.index and len(parts) > 1:
+            self.rings["g"] = _Ring("g", [p[0] for p in parts], view.index)
         self.part = None
 
     @property
     def cacher(self) -> bool:
-        return self.view is not None and self.view.index % self.partition < self.cachers
+        ring = self.rings.get("p")
+        return ring is not None and ring.members.index(ring.me) < self.cachers
 
     def on_summary(self, summary: dict, now: float) -> dict:
         self.bottom = summary
@@ -188,18 +205,23 @@ class TokenRing(RecoveryProtocol):
         delivered = self.bottom.get("seen", {})
         left = []
         for nak in token["naks"]:
-            # served by a caching peer that delivered past the range (it sends what it holds
-            # of it; a tail NAK asks for what it delivered beyond the requester)
+            # served by a caching peer of the requester's region (it takes the same topics)
+            # that delivered past the range (it sends what it holds of it; a tail NAK asks for
+            # what it delivered beyond the requester); a peer of another region acknowledges a
+            # topic it does not take as held, and would take the NAK off for nothing
             held = max(have.get(nak[0], 0), delivered.get(nak[0], 0))
-            if self.cacher and held >= nak[6]:
-                self.pushes.append(nak)
+            if self.cacher and held >= nak[6] and nak[10] == self.region:
+                self.pushes.append(nak[:10])
                 self.stats["naks_served"] += 1
             else:
                 left.append(nak)
         # each agent's fresh NAKs, up to its share of the token, go before the older ones (its
         # bottom asks again next period): one member's many holes never starve the others'
         share = max(1, MAX_TOKEN_NAKS // len(ring.members))
-        own = [n for n in source.get("naks", ()) if n not in left][:share]
+        fresh = source.get("naks", ())
+        if ring.kind == "p":  # the bottom's own: tagged with this agent's region
+            fresh = [[*n[:10], self.region] for n in fresh]
+        own = [n for n in fresh if n not in left][:share]
         token["naks"] = (own + left)[:MAX_TOKEN_NAKS]
         if token["naks"] or any(r[1] for r in token["recs"].values()):
             token["act"] = True

@@ -58,6 +58,7 @@ class RecoveryDomain:
         self.protocol = protocol
         self.top = top  # the root's domain decides stability; any other waits for its upper
         self.members: list[str] = []
+        self.regions: dict[str, int] = {}  # member -> its region (identical subscription sets)
         self.agents: dict[str, AgentRecord] = {}
         self.version = 0
         self.upper: list | None = None  # [host, port] of this domain's agent in the parent's group
@@ -66,10 +67,12 @@ class RecoveryDomain:
         rec = self.agents.get(member)
         return list(rec.address) if rec is not None and rec.address else None
 
-    async def update(self, members: list[str], place) -> bool:
-        """Bring agents and views in line with `members` (ring order); `place(name)` delegates a
-        new member's agent and returns its AgentRecord. True when an agent's address changed (the
-        members' tables name their agents)."""
+    async def update(self, members: list[tuple[str, int]], place) -> bool:
+        """Bring agents and views in line with `members`, (name, region) in ring order;
+        `place(name)` delegates a new member's agent and returns its AgentRecord. True when an
+        agent's address changed (the members' tables name their agents)."""
+        regions = dict(members)
+        members = [name for name, _ in members]
         for name in members:
             if name not in self.agents:
                 self.agents[name] = await place(name)
@@ -79,9 +82,9 @@ class RecoveryDomain:
             rec = self.agents.pop(name)
             rec.host.drop.remote(rec.spec["name"])
         changed = await self._ping()
-        if changed or members != self.members:
+        if changed or members != self.members or regions != self.regions:
             self.version += 1
-            self.members = list(members)
+            self.members, self.regions = members, regions
         self._install_views()
         return changed
 
@@ -107,7 +110,7 @@ class RecoveryDomain:
 
     def _install_views(self) -> None:
         live = [n for n in self.members if self.agents[n].address]
-        peers = [[n, *self.agents[n].address] for n in live]
+        peers = [[n, *self.agents[n].address, self.regions[n]] for n in live]
         missing = len(self.members) - len(live)  # (they hold the group's stability back)
         for index, name in enumerate(live):
             rec = self.agents[name]
@@ -127,7 +130,8 @@ class RecoveryDomain:
                 for n, r, g in zip(names, recs, got, strict=True)}
 
     def describe(self) -> dict:
-        return {"version": self.version, "members": self.members, "upper": self.upper}
+        return {"version": self.version, "members": self.members, "upper": self.upper,
+                "regions": [self.regions[n] for n in self.members]}
 
 
 class RecoveryDomains:
@@ -153,9 +157,10 @@ class RecoveryDomains:
         for p, d in self.domains.items():
             d.upper = self.upper.get(p)
 
-    async def update(self, members: dict[str, list[str]], place) -> bool:
-        """Bring every protocol's domain in line with its `members`; `place(protocol, name)`
-        delegates an agent. True when an agent's address changed."""
+    async def update(self, members: dict[str, list[tuple[str, int]]], place) -> bool:
+        """Bring every protocol's domain in line with its `members` ((name, region) in ring
+        order); `place(protocol, name)` delegates an agent. True when an agent's address
+        changed."""
         changed = False
         for protocol in sorted(set(members) | set(self.domains)):
             d = self.domains.get(protocol)

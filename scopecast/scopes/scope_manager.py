@@ -890,13 +890,21 @@ class ScopeManager:
         return {t: key for t in mine if t in self.topics
                 and (key := self.topics[t].recovery_key) != "none"}
 
-    def _domain_members(self) -> dict[str, list[str]]:
-        """Per protocol, the children in its domain (ring order)."""
-        out: dict[str, list[str]] = {}
-        for c in sorted(self.children.values(), key=lambda c: c.name):
+    def _domain_members(self) -> dict[str, list[tuple[str, int]]]:
+        """Per protocol, the children in its domain with their regions, in ring order: children
+        that subscribe to the same topics share a region (QSM), numbered in order of their
+        first member, and the ring keeps a region's members together."""
+        grouped: dict[str, list[tuple[tuple, str]]] = {}
+        for c in self.children.values():
             keys = c.recovering if c.kind == "scope" else set(self._reliable_topics(c).values())
+            interest = tuple(sorted(t for t, role in c.subs.items() if role == "member"))
             for key in keys:
-                out.setdefault(key, []).append(c.name)
+                grouped.setdefault(key, []).append((interest, c.name))
+        out: dict[str, list[tuple[str, int]]] = {}
+        for key, entries in grouped.items():
+            numbers: dict[tuple, int] = {}
+            out[key] = [(name, numbers.setdefault(interest, len(numbers)))
+                        for interest, name in sorted(entries)]
         return out
 
     async def _recovery_tick(self) -> None:
