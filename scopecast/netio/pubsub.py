@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import msgpack
 
-from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClosed
+from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClosed, WindowFull
 from scopecast.netio.message import Message
 from scopecast.netio.runtime import Subscription
 from scopecast.netio.wire import ContentType
@@ -122,14 +122,21 @@ class Publisher:
 
         The marker is the stream's last message: it is waited for like the rest (stable, or sent
         with recovery="none") for up to END_WAIT seconds more, and repaired meanwhile; one still
-        not stable then does not fail the close, whose data is."""
+        not stable then does not fail the close, whose data is. It is queued before the flush
+        (unless the window is full), so that data and marker become stable together rather than
+        one token round after the other."""
         if self._closed:
             return
         self._closed = True
         try:
+            end = self._runtime.end_stream(self._topic_id, self._session, self._seq)
+        except WindowFull:  # (block_when_full=False) it follows the flush
+            end = None
+        try:
             self.flush(timeout)
         finally:
-            end = self._runtime.end_stream(self._topic_id, self._session, self._seq)
+            if end is None:
+                end = self._runtime.end_stream(self._topic_id, self._session, self._seq)
             wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
             wait(end, min(timeout, END_WAIT))
             self._element.release(publisher_of=self.topic)

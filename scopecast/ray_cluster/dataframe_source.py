@@ -207,29 +207,42 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
         while part in columns:
             part += "_"
         source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
-    refs, total = _convert(source)
+    actors = _start_publishers(run, parallelism, config)  # (a process each) while Spark converts
     try:
-        for name in destinations:
-            if name != topic:
-                cluster.create_topic(name, policy=base.policy, recovery=base.recovery, root=base.root,
-                                     options=base.options, history=base.history)
-        for name in run_topics:
-            cluster.set_topic_schema(name, schema)
-        plan = _Plan(run=run, mode=mode, publishers=parallelism, topics=run_topics, base=topic,
-                     topic_column=topic_column, routes=routes, part_column=part,
-                     max_message_bytes=max_bytes, flush_timeout=flush_timeout,
-                     spark_schema=spark_schema)
-        if part is not None:
-            shares = [refs] * parallelism  # every publisher reads every block and keeps its keys
-        else:
-            shares = [refs[i::parallelism] for i in range(parallelism)]
-        report = _run_publishers(plan, shares, total, progress, config)
+        report = _publish(cluster, source, actors, schema, destinations, base,
+                          _Plan(run=run, mode=mode, publishers=parallelism, topics=run_topics,
+                                base=topic, topic_column=topic_column, routes=routes,
+                                part_column=part, max_message_bytes=max_bytes,
+                                flush_timeout=flush_timeout, spark_schema=spark_schema),
+                          progress)
     finally:
-        _release(source)
+        for a in actors:
+            ray.kill(a, no_restart=True)
     report.seconds = time.monotonic() - started
     log.info("published %d rows of a DataFrame to %d topic(s) in %d messages (%.1f s, run %s)",
              report.rows, len(report.topics), report.messages, report.seconds, run)
     return report
+
+
+def _publish(cluster, source, actors: list, schema: dict, destinations: list[str], base,
+             plan: _Plan, progress) -> PublishReport:
+    """Convert, create the routed topics, record the schema, and let the publishers run."""
+    refs, total = _convert(source)
+    try:
+        for name in destinations:
+            if name != base.name:
+                cluster.create_topic(name, policy=base.policy, recovery=base.recovery, root=base.root,
+                                     options=base.options, history=base.history)
+        for name in plan.topics:
+            cluster.set_topic_schema(name, schema)
+        n = plan.publishers
+        if plan.part_column is not None:
+            shares = [refs] * n  # every publisher reads every block and keeps its keys
+        else:
+            shares = [refs[i::n] for i in range(n)]
+        return _run_publishers(plan, actors, shares, total, progress)
+    finally:
+        _release(source)
 
 
 def _convert(df) -> tuple[list, int]:
@@ -284,17 +297,22 @@ class _Plan:
     spark_schema: dict
 
 
-def _run_publishers(plan: _Plan, shares: list[list], total: int, progress, config) -> PublishReport:
+def _start_publishers(run: str, n: int, config: RuntimeConfig | None) -> list:
+    """The run's publisher actors, spread over the nodes: each starts a worker process and joins
+    the cluster as a member (seconds, before the first row) while Spark still converts."""
     remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_DataFramePublisher)
-    actors = [remote.options(scheduling_strategy="SPREAD").remote(plan, i, config)
-              for i in range(plan.publishers)]
+    return [remote.options(scheduling_strategy="SPREAD").remote(run, i, config) for i in range(n)]
+
+
+def _run_publishers(plan: _Plan, actors: list, shares: list[list], total: int,
+                    progress) -> PublishReport:
     callback = progress if callable(progress) else None
     bar = None
     if progress is not False and callback is None and sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="rows", desc=f"publishing to {plan.base}")
-    pending = {a.run.remote(share): a for a, share in zip(actors, shares, strict=True)}
+    pending = {a.run.remote(plan, share): a for a, share in zip(actors, shares, strict=True)}
     results: dict[int, dict] = {}
     error: BaseException | None = None
     shown = 0
@@ -326,8 +344,6 @@ def _run_publishers(plan: _Plan, shares: list[list], total: int, progress, confi
     finally:
         if bar is not None:
             bar.close()
-        for a in actors:
-            ray.kill(a, no_restart=True)
     report = PublishReport()
     counts: dict[str, int] = {}
     for out in results.values():
@@ -360,25 +376,24 @@ class _DataFramePublisher:
     """One publisher of a `publish_dataframe` run: a scopecast member that publishes its share of
     the blocks to the run's topics and ends every one of them (a private Ray actor)."""
 
-    def __init__(self, plan: _Plan, index: int, config: RuntimeConfig | None) -> None:
+    def __init__(self, run: str, index: int, config: RuntimeConfig | None) -> None:
         import scopecast
 
-        self._plan = plan
         self._index = index
         self._stop: str | None = None
         self._rows = 0
-        self._cluster = scopecast.connect(config=config, name=f"dataframe-{plan.run}-p{index}")
+        self._bytes = 0
         self._pubs = {}
-        try:
-            for name in plan.topics:
-                self._pubs[name] = self._cluster.publisher(name)
-        except BaseException:
-            self._cluster.shutdown()
-            raise
+        self._cluster = scopecast.connect(config=config, name=f"dataframe-{run}-p{index}")
+
+    def _open(self, plan: _Plan) -> None:
+        """Publishers of the run's topics (created, by now)."""
+        self._plan = plan
         self._messages = dict.fromkeys(plan.topics, 0)
         self._topic_rows = dict.fromkeys(plan.topics, 0)
-        self._bytes = 0
         self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
+        for name in plan.topics:
+            self._pubs[name] = self._cluster.publisher(name)
 
     def progress(self) -> int:
         return self._rows
@@ -386,9 +401,14 @@ class _DataFramePublisher:
     def stop(self, reason: str) -> None:
         self._stop = reason
 
-    def run(self, refs: list) -> dict:
+    def run(self, plan: _Plan, refs: list) -> dict:
         """Publish the blocks `refs` (in order), then end every topic of the run."""
         error: BaseException | None = None
+        try:
+            self._open(plan)
+        except BaseException:
+            self._cluster.shutdown()
+            raise
         try:
             for ref in refs:
                 if self._stop is not None:
