@@ -94,3 +94,18 @@ def test_a_member_that_joined_after_all_its_sender_named_owes_no_ack_of_it(membe
         return member._owed(time.monotonic())
     acks, naks = member.call_wait(joined_after_100)
     assert acks[SOURCE] == 100 and naks == []
+
+
+def test_a_new_hole_is_asked_of_the_sender_at_once_even_if_another_of_its_stream_just_was(member):
+    """Each hole is NAKed to the sender by itself: one that opens a moment after another of the
+    same stream was NAKed does not wait a period behind it (it used to: repair p50 halved)."""
+    def tick() -> int:
+        member._recovery_tick(time.monotonic())
+        return member.stats["naks_sent"]
+
+    _deliver(member, 1, 10)
+    _deliver(member, 20, 11)  # 11..19 missing
+    first = member.call_wait(tick)
+    _deliver(member, 40, 11)  # 31..39 missing too, a moment later
+    second = member.call_wait(tick)
+    assert (first, second) == (1, 2)  # the new hole now; the first not again within its period

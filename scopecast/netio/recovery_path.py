@@ -90,7 +90,7 @@ class RecoveryPath:
         self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]},
                                                  # when received, when it last moved, heartbeat)
         self._beat = 0                           # own summaries with a record (its heartbeat)
-        self._nak_at: dict[tuple, float] = {}    # (topic, source, session) -> last NAKed to sender
+        self._nak_at: dict[tuple, float] = {}    # (topic, source, session, lo) -> last NAKed
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
@@ -335,12 +335,11 @@ class RecoveryPath:
 
     def _nak_holes(self, key: tuple, nxt: int, last: int, naks: list,
                    tail: tuple | None = None) -> bool:
-        """Add the NAKs of `key`'s holes to `naks` (and mark it for the sender); any?"""
+        """Add the NAKs of `key`'s holes to `naks`; any?"""
         holes = self._holes(key, nxt, last, tail)
         if holes:
             topic, source, session = key
             naks += [[source, topic, session, *h] for h in holes]
-            self._nak_at.setdefault(key, 0.0)
         return bool(holes)
 
     def _holes(self, key: tuple, nxt: int, last: int, tail: tuple | None = None) -> list[list]:
@@ -394,7 +393,9 @@ class RecoveryPath:
         acks, naks = self._owed(now)
         self._deliver()  # runs released by records that came
         self._caught_up()
-        missing = {(n[1], n[0], n[2]) for n in naks}
+        # each hole by itself: one found since the last tick is NAKed now, even on a stream
+        # whose other holes were NAKed a moment ago; each again once a period passed
+        missing = {(n[1], n[0], n[2], n[3]) for n in naks}
         for key in [k for k in self._nak_at if k not in missing]:
             del self._nak_at[key]
         record = {self.member_id: self._own_record()} if self._tails or self._taken_sseq else None
@@ -409,17 +410,18 @@ class RecoveryPath:
             self.stats["summaries_sent"] += 1
             self.stats["naks_reported"] += len(summary["naks"])
         # the sender holds everything not yet stable: pull from it (again once a period passed)
-        due = {k for k, t in self._nak_at.items() if now - t >= self._period}
+        nak_at = self._nak_at
         for nak in naks[:MAX_NAKS]:
-            if (nak[1], nak[0], nak[2]) in due:
-                member = self._members.get(nak[0])
-                if member is not None:
-                    self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
-                    self.stats["naks_sent"] += 1
-                else:
-                    self._look_up(nak[0])
-        for key in due:
-            self._nak_at[key] = now
+            key = (nak[1], nak[0], nak[2], nak[3])
+            if now - nak_at.get(key, -1.0) < self._period:
+                continue
+            nak_at[key] = now
+            member = self._members.get(nak[0])
+            if member is not None:
+                self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
+                self.stats["naks_sent"] += 1
+            else:
+                self._look_up(nak[0])
         self._expire_records(now)
 
     def _expire_records(self, now: float) -> None:

@@ -40,7 +40,7 @@ from scopecast.scopes.routing import RoutingLabel, origin_record
 log = logging.getLogger(__name__)
 
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
-HOLE_DELAY = 0.005  # a hole is NAKed this soon (runs reordered across paths come within it)
+HOLE_DELAY = 0.002  # a hole is NAKed this soon (runs reordered across paths come within it)
 IDLE_FROM = 0.1    # a token period this long is the idle one: a moving stream reports at once
 MAX_MESSAGE = 0xFFFFFFFF
 MAX_NAMES = 4096   # names of members remembered, current and gone
