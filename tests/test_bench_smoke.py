@@ -140,7 +140,8 @@ def test_quick_spark_suite_writes_its_rows(tmp_path):
     assert pipeline["rows"] == 2000
     ceiling, *cases = pipeline["cases"]
     assert ceiling["rows"] == 2000 and ceiling["rows_per_s"] > 0, ceiling
-    assert [c["parallelism"] for c in cases] == [1, 2]
+    assert [(c["mode"], c["parallelism"]) for c in cases] == [
+        ("rows", 1), ("rows", 2), ("arrow", 1), ("arrow", 2)]
     assert all(c["complete"] and c["delivered"] == 2000 for c in cases), cases
     assert "Spark pipeline suite" in results["table_markdown"]
 
