@@ -189,3 +189,11 @@ def stamp(payload: bytearray) -> bytes:
     """`payload` with the time now in its first 8 bytes (what `LatencyLog` reads)."""
     STAMP.pack_into(payload, 0, monotonic())
     return bytes(payload)
+
+
+def pace(count: int, start: float, rate: float, now: float, step: int = 1) -> None:
+    """An offered rate: sleep while `count` messages sent since `start` are `step` or more ahead
+    of `rate` msgs/s."""
+    ahead = count - (now - start) * rate
+    if ahead >= step:
+        time.sleep(ahead / rate)

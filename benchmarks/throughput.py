@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, rss, stamp
+from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, pace, rss, stamp
 from benchmarks.procs import READY, report, role_parser, run_role, topic_names
 
 CHECK_EVERY = 256  # publishes between clock reads
@@ -159,9 +158,7 @@ def _paced(publish_one, template: bytearray, rate: float, start: float, stop_at:
     """Publish stamped payloads at `rate` msgs/s until `stop_at`; returns how many."""
     count = 0
     while (now := monotonic()) < stop_at:
-        ahead = count - (now - start) * rate
-        if ahead >= 1:
-            time.sleep(ahead / rate)
+        pace(count, start, rate, now)
         publish_one(stamp(template))
         count += 1
         if not count % 64:

@@ -15,7 +15,7 @@ import itertools
 import os
 import time
 
-from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, stamp
+from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, pace, stamp
 from benchmarks.procs import READY, role_parser, run_role, topic_names
 
 END = b"E"               # shorter than any message
@@ -42,9 +42,7 @@ def send_loop(send_batch, size: int, seconds: float, rate: float, batch: int,
         if now >= stop_at:
             break
         if rate > 0:
-            ahead = count - (now - start) * rate
-            if ahead >= step:
-                time.sleep(ahead / rate)
+            pace(count, start, rate, now, step)
         send_batch(stamp(template) if stamped else payload, step)
         count += step
         sampler.sample(count)
