@@ -25,8 +25,10 @@ def test_a_listener_hears_the_token_sent_to_the_group():
     assert _heard(token, token, 47311) == 1  # stops at the first
 
 
-def test_datagrams_without_the_token_are_not_counted():
-    assert _heard(multicast_probe.new_token(), multicast_probe.new_token(), 47312) == 0
+def test_datagrams_without_the_token_are_not_counted_as_heard_but_logged(caplog):
+    with caplog.at_level("WARNING", logger="scopecast.scopes.multicast_probe"):
+        assert _heard(multicast_probe.new_token(), multicast_probe.new_token(), 47312) == 0
+    assert "ignored 5 datagram(s) without its token" in caplog.text
 
 
 def test_multicast_passes_only_when_every_listener_heard_it():

@@ -7,11 +7,12 @@ passes: one host scope manager sends a few datagrams carrying a random token to 
 own interface, then a second one sends to the first; multicast is on only if every host heard the
 token. A LAN is probed again when its
 hosts change, and every RETRY seconds while it is unicast-only. Datagrams without the token are
-ignored: the probe port is as open as any other.
+ignored, and logged with their count: the probe port is as open as any other.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ LEAD = 0.3           # this long for the listeners to join; they listen for
 LISTEN = 1.5         # this long (or until they heard one)
 RETRY = 60.0         # seconds between probes of a LAN found unicast-only
 _BUFFER = 1 << 16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,7 +55,7 @@ def listen(interface: str, group: str, port: int, token: bytes, seconds: float =
     """Join `group` on `interface` and count the datagrams carrying `token` (stops at the first,
     or after `seconds`)."""
     sock = multicast_socket(_config(interface), group, port)
-    heard = 0
+    heard = strays = 0
     try:
         sock.setblocking(True)
         deadline = time.monotonic() + seconds
@@ -62,9 +65,15 @@ def listen(interface: str, group: str, port: int, token: bytes, seconds: float =
                 data = sock.recv(len(token) + 1)
             except TimeoutError:
                 break
-            heard += data == token
+            if data == token:
+                heard += 1
+            else:
+                strays += 1
     finally:
         sock.close()
+    if strays:
+        log.warning("multicast probe on %s:%d: ignored %d datagram(s) without its token", group,
+                    port, strays)
     return heard
 
 
