@@ -147,9 +147,8 @@ def test_subscribers_of_the_same_topics_share_a_region_and_repair_each_other_und
     region = dict(zip(domain["members"], domain["regions"], strict=True))
     by_topic = [{region[names[p]] for p in pids[t]} for t in topics]
     assert all(len(r) == 1 for r in by_topic) and by_topic[0] != by_topic[1], domain
-    order = domain["regions"]
-    assert all(order.index(r) + order.count(r) - 1 == len(order) - 1 - order[::-1].index(r)
-               for r in set(order)), order  # each region's members are together in the ring
+    # each region's members are together in the ring, regions numbered in ring order
+    assert domain["regions"] == sorted(domain["regions"]), domain
     ray.get([a.close.remote() for xs in actors.values() for a in xs])
 
 
