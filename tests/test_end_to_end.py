@@ -58,6 +58,26 @@ def test_100k_messages_to_three_subscribers_in_order(cluster, ray_address, topic
         ray.get(a.close.remote())
 
 
+def test_a_publisher_reopened_in_one_process_numbers_on_after_the_last(cluster, topic_name):
+    """A process that closes its publisher of a topic and opens another goes on after the first
+    one's end marker: a subscriber elsewhere gets both runs (a restart at seq 1 in the same
+    session would be dropped there as duplicates)."""
+    cluster.create_topic(topic_name)
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name)
+    ray.get(consumer.ready.remote())
+    result = consumer.consume.remote(6, 120.0)
+    seqs = []
+    for run in range(2):
+        with cluster.publisher(topic_name) as pub:
+            seqs += [pub.publish(f"{run}-{i}".encode()) for i in range(3)]
+    summary = ray.get(result, timeout=180)
+    ends = ray.get(consumer.ends.remote())
+    ray.get(consumer.close.remote())
+    assert seqs == [1, 2, 3, 5, 6, 7]  # 4: the first publisher's end marker
+    assert summary["count"] == 6 and summary["gaps"] == 0 and summary["out_of_order"] == 0, (summary, ends)
+    assert list(ends.values()) == [7]  # the last data message before the second marker
+
+
 def test_values_round_trip_through_msgpack(cluster, topic_name):
     cluster.create_topic(topic_name)
     values = [{"a": 1, "b": [1.5, "x", None]}, [1, 2, 3], "text", 42, b"raw bytes"]

@@ -12,12 +12,14 @@ from collections import deque
 
 from scopecast.netio.message import Message
 
+MAX_MARKS = 4096  # end markers a subscription remembers (see Subscriber.ended)
+
 
 class Subscription:
     """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
 
     __slots__ = ("topics", "patterns", "queue", "event", "waiting", "delivered_bytes",
-                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "wake")
+                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "marks", "wake")
 
     def __init__(self, topics: frozenset[int] | set[int], patterns: tuple = ()) -> None:
         self.topics = set(topics)   # grows as topics matching `patterns` appear (I/O thread)
@@ -30,7 +32,16 @@ class Subscription:
         self.inbox: list[Message] = []
         self.inbox_bytes = 0
         self.ends: dict[tuple[str, str, int], int] = {}
+        self.marks: dict[tuple, None] = {}  # (topic, source, session, last seq) of the latest
+                                            # MAX_MARKS end markers, in arrival order
         self.wake = False  # queued for a wake-up at the end of the I/O thread's current burst
 
     def backlog(self) -> int:
         return self.delivered_bytes - self.consumed_bytes
+
+    def end(self, key: tuple[str, str, int], last_seq: int) -> None:
+        """A stream's end marker came after message `last_seq` (I/O thread)."""
+        self.ends[key] = last_seq
+        self.marks[(*key, last_seq)] = None
+        if len(self.marks) > MAX_MARKS:
+            del self.marks[next(iter(self.marks))]

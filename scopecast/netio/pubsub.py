@@ -61,7 +61,7 @@ class Publisher:
         self._session = self._sessions.setdefault(info.id, info.session)
         self._max = self._runtime.config.max_message_bytes
         self.reliable = info.recovery != "none"
-        self._seq = 0
+        self._seq = self._runtime.stream_ends.get((info.id, self._session), 0)
         self._last_sseq = 0
         self._closed = False
 
@@ -179,6 +179,12 @@ class Subscriber:
     def ends(self) -> dict[tuple[str, str, int], int]:
         """End-of-stream markers seen: (topic, source, session) -> last sequence number."""
         return dict(self._sub.ends)
+
+    def ended(self, topic: str, source: str, session: int, seq: int) -> bool:
+        """Whether an end marker of that stream came right after message `seq`: the marker takes
+        seq + 1, so when a publisher of the same process goes on after it, its first message is
+        seq + 2 (the latest few thousand markers are remembered)."""
+        return (topic, source, session, seq) in self._sub.marks
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after `timeout` seconds (None: wait until closed)."""

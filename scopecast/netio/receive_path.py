@@ -408,7 +408,7 @@ class ReceivePath:
         self._deliver()
         name = self.name if source == self.member_id else self._names.get(source) or str(source)
         for sub in self._subs.get(topic, ()):
-            sub.ends[(self._topic_names.get(topic, str(topic)), name, session)] = last_seq
+            sub.end((self._topic_names.get(topic, str(topic)), name, session), last_seq)
             if sub.waiting:
                 sub.event.set()
 

@@ -155,6 +155,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._topic_names: dict[int, str] = {}
         self._sessions: dict[int, int] = {}      # topic -> latest session announced (I/O thread)
         self.publish_sessions: dict[int, int] = {}  # topic -> session publishers use (control)
+        # (topic, session) -> seq of this member's last end marker: a later publisher of it in
+        # this process numbers on from there (receivers drop a restart at 1 as duplicates)
+        self.stream_ends: dict[tuple[int, int], int] = {}
         self._routes: dict[int, list[Route]] = {}
         self._plans: dict[tuple, list] = {}
         self._own_plans: dict[int, list] = {}
@@ -241,7 +244,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         """Queue an end-of-stream marker behind the messages already published on `topic`: the
         stream's last message (seq `last_seq` + 1), so it is ordered, forwarded, repaired and
         made stable like the rest. Returns its stream sequence number."""
-        return self.publish(topic, session, last_seq + 1, wire.ContentType.END, b"")
+        sseq = self.publish(topic, session, last_seq + 1, wire.ContentType.END, b"")
+        self.stream_ends[(topic, session)] = last_seq + 1
+        return sseq
 
     def _queued(self) -> int:
         return self.app_bytes - self.taken_bytes + self.feed_bytes
