@@ -16,6 +16,7 @@ import time
 import pytest
 
 import scopecast
+from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.dataframes import (
     MAX_NESTING,
     PublishReport,
@@ -222,6 +223,33 @@ def test_round_trip_keeps_every_row_and_the_schema(cluster, spark, topic_name, m
     assert recorded["topic_column"] is None and recorded["key_column"] is None
 
 
+def _idle_publishers() -> list[str]:
+    return [actor._actor_id.hex() for _, actor in publisher_pool._idle]
+
+
+@pytest.mark.ray
+def test_a_later_run_reuses_the_publisher_processes_as_new_members(cluster, spark, topic_name):
+    """The publisher actors of a run that succeeded serve the next run of the driver (no process
+    start); each run joins as members of its own, so the second run's rows on the same topic are
+    numbered afresh and every one arrives."""
+    cluster.create_topic(topic_name)
+    df = spark.range(0, 300, 1, 2)
+    kept, started = [], []
+    for _ in range(2):
+        with TopicCollector(topic_name) as collector:
+            started.append(publish_dataframe(df, topic_name, parallelism=2,
+                                             progress=False).publishers_started)
+            collector.wait(TIMEOUT)
+            ids = collector.to_arrow(TIMEOUT).column("id").to_pylist()
+            streams = collector.status()["streams"]
+        assert sorted(ids) == list(range(300))
+        assert all(s["gaps"] == 0 and s["dups"] == 0 for s in streams)
+        kept.append(set(_idle_publishers()))
+    assert started[1] == 0 and len(kept[1]) >= 2 and kept[1] == kept[0]  # the same, idle again
+    names = {s["source"] for s in streams}
+    assert len(names) == 2 and all(n.startswith("dataframe-") for n in names)
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("mode", ["rows", "arrow"])
 def test_topic_column_routes_rows_to_topics_created_like_the_base(cluster, spark, topic_name, mode):
@@ -319,9 +347,11 @@ def test_a_row_over_the_message_size_stops_the_run_without_losing_what_was_publi
     df = spark.range(0, 100, 1, 2).withColumn(
         "blob", F.when(F.col("id") == 30, F.expr(f"cast(repeat('x', {big}) as binary)"))
         .otherwise(F.expr("cast(cast(id as string) as binary)")))
+    idle = _idle_publishers()
     with TopicCollector(topic_name) as collector:
         with pytest.raises(scopecast.DataFrameRejected) as err:
             publish_dataframe(df, topic_name, parallelism=2, progress=False)
+        assert _idle_publishers() == idle[2:]  # a failed run's publishers are not kept
         summary = collector.wait(TIMEOUT)  # every publisher still ended its stream
         status = collector.status()
         out = collector.to_arrow(TIMEOUT)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import msgpack
 import pytest
 import ray
 import ray.cloudpickle
@@ -206,7 +207,16 @@ class WindowProbe:
                                                               block_when_full=False))
         self.pub = self.cluster.publisher(topic)
 
-    def fill(self) -> tuple[int, str]:
+    def fill(self, batch: bool) -> tuple[int, str]:
+        """Publish until the window is full: (the first message refused, the error)."""
+        if batch:  # a batch stops where the window filled; the next one is refused
+            payload = msgpack.packb(b"x" * 1000)
+            queued = self.pub.publish_msgpack_batch([payload] * 100_000)
+            try:
+                self.pub.publish_msgpack_batch([payload])
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                return queued + 1, type(exc).__name__
+            return 0, ""
         for i in range(1, 100_000):
             try:
                 self.pub.publish(b"x" * 1000)
@@ -225,7 +235,8 @@ class WindowProbe:
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
 
 
-def test_a_full_window_raises_window_full_when_not_blocking(cluster, topic_name):
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_full_window_raises_window_full_when_not_blocking(cluster, topic_name, batch):
     cluster.create_topic(topic_name, policy="lan_multicast")
     (actor,) = _consumers(topic_name, 1)
     pid = _pid(actor)
@@ -234,7 +245,7 @@ def test_a_full_window_raises_window_full_when_not_blocking(cluster, topic_name)
     ray.get(probe.__ray_ready__.remote())  # publishing at once: stopped for less than a timeout
     os.kill(pid, signal.SIGSTOP)
     try:
-        at, error = ray.get(probe.fill.remote(), timeout=120)
+        at, error = ray.get(probe.fill.remote(batch), timeout=120)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert error == WindowFull.__name__

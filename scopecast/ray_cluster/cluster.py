@@ -18,6 +18,7 @@ from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.transport import TransportConfig
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
+from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.local_hosts import namespace_node_ip
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
@@ -311,6 +312,8 @@ class Cluster:
         for element in self._elements.values():
             element.close()
         self._elements.clear()
+        if ray.is_initialized():
+            publisher_pool.release_all()  # publish_dataframe's warm publishers
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 

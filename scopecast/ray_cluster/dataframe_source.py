@@ -9,10 +9,13 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -24,15 +27,18 @@ from scopecast.actors.errors import (
     MessageTooLarge,
     ScopecastError,
     SparkUnavailable,
+    WindowFull,
     typed_cause,
 )
 from scopecast.netio.runtime import RuntimeConfig
+from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.dataframe_codec import (
     CHAR_TYPES,
     END_TAG,
     MAX_PARALLELISM,
     arrow_schema,
     check_schema,
+    packed_rows,
     to_msgpack_rows,
     type_name,
     wire_schema,
@@ -60,13 +66,15 @@ _VALID_PART = re.compile(r"[A-Za-z0-9_.\-]")
 @dataclass
 class PublishReport:
     """What `publish_dataframe` published: rows, messages (end messages not counted), payload bytes,
-    wall-clock seconds, and rows per destination topic."""
+    wall-clock seconds, rows per destination topic, and how many publisher processes it started
+    (the others were warm from an earlier run of this driver)."""
 
     rows: int = 0
     messages: int = 0
     bytes: int = 0
     seconds: float = 0.0
     topics: dict[str, int] = field(default_factory=dict)
+    publishers_started: int = 0
 
 
 def topic_part(value: Any) -> str:
@@ -132,6 +140,9 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     - `progress`: a tqdm bar over rows when stderr is a terminal (False: never); a callable gets
       the number of rows published so far, about four times a second.
     - `config`: the publishers' RuntimeConfig (its max_message_bytes bounds a message).
+    - The publisher processes of a run that succeeds stay idle for this driver's next run with
+      the same config, which starts none of its own (`report.publishers_started`; each run still
+      joins as new members). `Cluster.shutdown()` stops them, and so does the driver's exit.
 
     Before anything is created or published the schema is checked (DataFrameRejected for a map
     anywhere, nesting deeper than 32 struct/array levels, intervals and user-defined types,
@@ -155,7 +166,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     """
     from scopecast.ray_cluster.cluster import connect
 
-    started = time.monotonic()
+    begun = time.monotonic()
     if mode not in MODES:
         raise InvalidConfig(f"unknown mode {mode!r}: {' or '.join(MODES)}")
     if not isinstance(parallelism, int) or not 1 <= parallelism <= MAX_PARALLELISM:
@@ -207,7 +218,8 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
         while part in columns:
             part += "_"
         source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
-    actors = _start_publishers(run, parallelism, config)  # (a process each) while Spark converts
+    actors, started = _start_publishers(run, parallelism, config)  # (joining while Spark converts)
+    report = None
     try:
         report = _publish(cluster, source, actors, schema, destinations, base,
                           _Plan(run=run, mode=mode, publishers=parallelism, topics=run_topics,
@@ -216,9 +228,12 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
                                 flush_timeout=flush_timeout, spark_schema=spark_schema),
                           progress)
     finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
-    report.seconds = time.monotonic() - started
+        if report is None:
+            publisher_pool.kill(actors)
+        else:
+            publisher_pool.give_back(config, actors)
+    report.seconds = time.monotonic() - begun
+    report.publishers_started = started
     log.info("published %d rows of a DataFrame to %d topic(s) in %d messages (%.1f s, run %s)",
              report.rows, len(report.topics), report.messages, report.seconds, run)
     return report
@@ -297,11 +312,16 @@ class _Plan:
     spark_schema: dict
 
 
-def _start_publishers(run: str, n: int, config: RuntimeConfig | None) -> list:
-    """The run's publisher actors, spread over the nodes: each starts a worker process and joins
-    the cluster as a member (seconds, before the first row) while Spark still converts."""
+def _start_publishers(run: str, n: int, config: RuntimeConfig | None) -> tuple[list, int]:
+    """The run's publisher actors, spread over the nodes (warm ones of an earlier run first, see
+    `publisher_pool`), and how many were started: each joins the cluster as a member of its own
+    while Spark still converts."""
     remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_DataFramePublisher)
-    return [remote.options(scheduling_strategy="SPREAD").remote(run, i, config) for i in range(n)]
+    actors, started = publisher_pool.take(
+        config, n, lambda: remote.options(scheduling_strategy="SPREAD").remote(config))
+    for index, actor in enumerate(actors):
+        actor.join.remote(run, index)
+    return actors, started
 
 
 def _run_publishers(plan: _Plan, actors: list, shares: list[list], total: int,
@@ -373,18 +393,37 @@ def _progress(actors) -> int:
 
 
 class _DataFramePublisher:
-    """One publisher of a `publish_dataframe` run: a scopecast member that publishes its share of
-    the blocks to the run's topics and ends every one of them (a private Ray actor)."""
+    """One publisher of `publish_dataframe` runs (a private Ray actor): for each run it joins as
+    a scopecast member, publishes its share of the blocks to the run's topics, ends every one of
+    them and leaves; the process stays warm for the next run (see `publisher_pool`)."""
 
-    def __init__(self, run: str, index: int, config: RuntimeConfig | None) -> None:
-        import scopecast
+    def __init__(self, config: RuntimeConfig | None) -> None:
+        import scopecast  # imported once per process, not once per run
 
+        self._connect = scopecast.connect
+        self._config = config
+        self._joined = threading.Event()
+        self._cluster = None
+        self._join_error: BaseException | None = None
+        self._rows = 0
+
+    def ping(self) -> bool:
+        return True
+
+    def join(self, run: str, index: int) -> None:
+        """Join the cluster as this run's publisher `index` (called before `run`, which waits)."""
         self._index = index
         self._stop: str | None = None
         self._rows = 0
         self._bytes = 0
         self._pubs = {}
-        self._cluster = scopecast.connect(config=config, name=f"dataframe-{run}-p{index}")
+        self._join_error = None
+        try:
+            self._cluster = self._connect(config=self._config, name=f"dataframe-{run}-p{index}")
+        except BaseException as exc:
+            self._join_error = exc
+        finally:
+            self._joined.set()
 
     def _open(self, plan: _Plan) -> None:
         """Publishers of the run's topics (created, by now)."""
@@ -402,7 +441,11 @@ class _DataFramePublisher:
         self._stop = reason
 
     def run(self, plan: _Plan, refs: list) -> dict:
-        """Publish the blocks `refs` (in order), then end every topic of the run."""
+        """Publish the blocks `refs` (in order), then end every topic of the run and leave."""
+        self._joined.wait()  # (a threaded actor may start this call before join's ends)
+        self._joined.clear()
+        if self._join_error is not None:
+            raise self._join_error
         error: BaseException | None = None
         try:
             self._open(plan)
@@ -470,19 +513,25 @@ class _DataFramePublisher:
         return [routes[v] for v in batch.column(plan.topic_column).to_pylist()]
 
     def _publish_rows(self, batch, wire) -> None:
-        packb = msgpack.packb
-        pubs = self._pubs
+        """One msgpack map per row, the rows of one topic in a row handed over as one batch; a
+        row over the message size stops the run just before it."""
+        limit = self._plan.max_message_bytes
+        payloads = packed_rows(batch, wire)
+        big = next((i for i, p in enumerate(payloads) if len(p) > limit), None)
         names = self._route(batch)
-        for name, row in zip(names, to_msgpack_rows(batch, wire), strict=True):
-            data = packb(row, use_bin_type=True)
-            size = len(data)
-            if size > self._plan.max_message_bytes:
-                raise _too_large(row, size, self._plan.max_message_bytes, self._rows)
-            pubs[name].publish_msgpack(data)
-            self._bytes += size
-            self._messages[name] += 1
-            self._topic_rows[name] += 1
-            self._rows += 1
+        for name, group in groupby(zip(names, payloads[:big], strict=False), key=itemgetter(0)):
+            part = [p for _, p in group]
+            queued = self._pubs[name].publish_msgpack_batch(part)
+            self._bytes += sum(map(len, part[:queued]))
+            self._messages[name] += queued
+            self._topic_rows[name] += queued
+            self._rows += queued
+            if queued < len(part):
+                raise WindowFull(f"{name!r}: the publisher's window is full (block_when_full="
+                                 "False); the run stopped")
+        if big is not None:
+            row = to_msgpack_rows(batch.slice(big, 1), wire)[0]
+            raise _too_large(row, len(payloads[big]), limit, self._rows)
 
     def _groups(self, batch):
         """(topic, rows of the batch routed to it), rows in their order."""
