@@ -39,6 +39,7 @@ def split(msg: WireMessage, chunk: int) -> list:
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
+topics = st.integers(1, 2**32 - 1)  # 0 marks a mixed run
 data_types = st.sampled_from([PacketType.DATA, PacketType.REPAIR])
 control_types = st.sampled_from([t for t in PacketType if t not in wire.DATA_TYPES])
 # scope member names; the decoder bounds strings at 256 bytes (<= 4 bytes per character here)
@@ -50,8 +51,21 @@ payloads = st.binary(max_size=2000)
 @st.composite
 def wire_messages(draw, route_pool=None, payload=payloads):
     route = draw(st.sampled_from(route_pool)) if route_pool else draw(routes)
-    return WireMessage(draw(u32), draw(u32), draw(u32), draw(u64), draw(u32), draw(u64),
+    return WireMessage(draw(topics), draw(u32), draw(u32), draw(u64), draw(u32), draw(u64),
                        draw(st.integers(0, 2)), route, draw(payload))
+
+
+@st.composite
+def round_robin(draw):
+    """A publisher going round topics: consecutive stream seqs of one source and session, each
+    message of a topic of its own (or now and then the same as the one before)."""
+    head = draw(wire_messages())
+    n = draw(st.integers(2, 80))
+    picks = draw(st.lists(topics, min_size=n, max_size=n))
+    seqs = draw(st.lists(u64, min_size=n, max_size=n))
+    return [dataclasses.replace(head, topic_id=t, seq=q, stream_seq=head.stream_seq % 2**63 + i,
+                                payload=draw(st.binary(max_size=300)))
+            for i, (t, q) in enumerate(zip(picks, seqs, strict=True))]
 
 
 @st.composite
@@ -87,8 +101,31 @@ def test_consecutive_messages_share_one_run():
 
 
 @SETTINGS
+@given(messages=round_robin())
+def test_a_publisher_going_round_topics_travels_in_one_mixed_run(messages):
+    assume(not any(map(wire._same_run, messages, messages[1:])))
+    data = wire.encode_datagram(PacketType.DATA, 9, 1, 1, messages)
+    header, decoded = wire.decode_data(data)
+    assert header.count == 1 and decoded == messages
+    assert len(data) == (HEADER.size + len(wire.encode_route_table([messages[0].route]))
+                         + wire.RUN.size + sum(wire.MIXED_ENTRY.size + len(m.payload)
+                                               for m in messages))
+
+
+def test_a_mixed_run_naming_topic_0_is_refused():
+    route = (("A", "A"),)
+    msgs = [WireMessage(t, 9, 1, 1, 9, 100 + i, 0, route, b"p") for i, t in enumerate((5, 6))]
+    data = bytearray(wire.encode_datagram(PacketType.DATA, 9, 1, 1, msgs))
+    at = HEADER.size + len(wire.encode_route_table([route])) + wire.RUN.size
+    data[at:at + 4] = bytes(4)  # the first entry's topic
+    with pytest.raises(DecodeError, match="topic 0"):
+        wire.decode_data(bytes(data))
+
+
+@SETTINGS
 @given(ptype=data_types, sender=u32, channel=u16, dseq=u64,
-       messages=message_lists(max_size=60).filter(bool), capacity=st.integers(400, 65_000 - 28))
+       messages=st.one_of(message_lists(max_size=60).filter(bool), round_robin()),
+       capacity=st.integers(400, 65_000 - 28))
 def test_feed_chunks_fit_a_datagram_and_decode(ptype, sender, channel, dseq, messages, capacity):
     """The I/O loop's way: messages queued in a Feed's chunks (runs under one routing record),
     each chunk encoded as the runtime does, within capacity, decoding to the same messages."""
@@ -105,8 +142,23 @@ def test_feed_chunks_fit_a_datagram_and_decode(ptype, sender, channel, dseq, mes
         parts = [p for run in chunk.runs for p in run.parts()]
         data = wire.encode_data(ptype, sender, channel, dseq, chunk.table, len(chunk.runs), parts)
         assert len(data) <= capacity
-        decoded += wire.decode_data(data)[1]
+        assert len(data) == HEADER.size + len(chunk.table) + chunk.size
+        got = wire.decode_data(data)[1]
+        # what the runtime counts as queued: payload and MESSAGE_COST per message, no framing
+        assert chunk.size - chunk.framing == sum(len(m.payload) + wire.LENGTH.size for m in got)
+        decoded += got
     assert decoded == messages
+
+
+def test_a_feed_queues_a_publisher_going_round_topics_as_one_mixed_run():
+    route = (("A", "A"),)
+    table = wire.encode_route_table([route])
+    feed = Feed(("127.0.0.1", 1), 1, DelayWindow(4 << 20, 0.005))
+    for i in range(12):  # topics 1, 2, 3, 1, 2, 3, ...: one message each in a row
+        feed.put(route, table, 60_000, True, 1 + i % 3, 7, 1, 1 + i // 3, 7, 100 + i, 0, b"x" * 10)
+    chunk = feed.take()
+    assert not feed.pending() and len(chunk.runs) == 1 and chunk.first_own == 100
+    assert chunk.size == wire.RUN.size + 12 * (wire.MIXED_ENTRY.size + 10)
 
 
 def test_routing_table_holds_up_to_max_routes():
@@ -286,9 +338,10 @@ def test_mutated_datagrams_only_raise_decode_error(messages, data):
 @pytest.mark.parametrize("raw, reason", [
     (b"SC", "truncated"),
     (b"XX" + bytes(22), "bad_magic"),
-    (HEADER.pack(b"SC", 2, 1, 0, 0, 0, 1, 0, 0, 0), "bad_version"),
-    (HEADER.pack(b"SC", 1, 99, 0, 0, 0, 1, 0, 0, 0), "bad_type"),
-    (HEADER.pack(b"SC", 1, 1, 0, 0, 1, 1, 0, 0, 0), "truncated"),
+    (HEADER.pack(b"SC", wire.VERSION - 1, 1, 0, 0, 0, 1, 0, 0, 0), "bad_version"),
+    (HEADER.pack(b"SC", wire.VERSION + 1, 1, 0, 0, 0, 1, 0, 0, 0), "bad_version"),
+    (HEADER.pack(b"SC", wire.VERSION, 99, 0, 0, 0, 1, 0, 0, 0), "bad_type"),
+    (HEADER.pack(b"SC", wire.VERSION, 1, 0, 0, 1, 1, 0, 0, 0), "truncated"),
 ])
 def test_header_errors_have_reasons(raw, reason):
     with pytest.raises(DecodeError) as e:

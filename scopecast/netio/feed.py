@@ -26,6 +26,7 @@ from scopecast.netio.delay_window import DelayWindow
 
 RUN_COST = wire.RUN.size
 MESSAGE_COST = wire.LENGTH.size
+MIXED_EXTRA = wire.MIXED_ENTRY.size - MESSAGE_COST  # what a message in a mixed run costs more
 END = wire.ContentType.END
 PROBE_AFTER = 0.05   # seconds a full window waits for its slowest receiver before probing
 
@@ -49,11 +50,37 @@ class Run:
                               self.first_sseq, self.ctype, route_index, self.payloads)
 
 
+class MixedRun:
+    """Consecutive stream messages of one source and session, each of its own topic (see `wire`):
+    what a publisher going round many topics makes. `next_seq` never matches, so callers that
+    extend a run by seq leave it to `Feed.put`."""
+
+    __slots__ = ("source", "session", "stream", "first_sseq", "ctype", "topics", "seqs",
+                 "payloads", "next_seq", "next_sseq")
+
+    def __init__(self, run: Run) -> None:
+        self.source, self.session, self.stream = run.source, run.session, run.stream
+        self.first_sseq, self.ctype = run.first_sseq, run.ctype
+        self.topics = [run.topic]
+        self.seqs = [run.first_seq]
+        self.payloads = run.payloads
+        self.next_seq = -1
+        self.next_sseq = run.next_sseq
+
+    @property
+    def topic(self) -> int:
+        return wire.MIXED
+
+    def parts(self, route_index: int = 0) -> list:
+        return wire.mixed_run_parts(self.source, self.session, self.stream, self.first_sseq,
+                                    self.ctype, route_index, self.topics, self.seqs, self.payloads)
+
+
 class Chunk:
     """Runs for one datagram (or one end-of-stream marker, or one message to fragment)."""
 
-    __slots__ = ("record", "table", "runs", "last", "size", "room", "first_own", "end_of_stream",
-                 "oversized")
+    __slots__ = ("record", "table", "runs", "last", "size", "framing", "room", "first_own",
+                 "end_of_stream", "oversized")
 
     def __init__(self, record: tuple | None, table: bytes, room: int) -> None:
         self.record = record
@@ -61,6 +88,7 @@ class Chunk:
         self.runs: list[Run] = []
         self.last: Run | None = None  # the run new messages may extend
         self.size = 0                 # bytes of the runs so far
+        self.framing = 0              # of which run headers and mixed entries beyond MESSAGE_COST
         self.room = room              # bytes of runs that fit one datagram with this table
         self.first_own = 0            # stream seq of the first of this member's own messages
         self.end_of_stream = False    # one end-of-stream marker
@@ -112,6 +140,17 @@ class Feed:
                 r.next_sseq += 1
                 c.size += n
                 return r
+            if (r.next_sseq == sseq and r.source == source and r.session == session
+                    and r.stream == stream and r.ctype == ctype):
+                # the next of this stream but of another topic: a mixed run (see `wire`)
+                if r.__class__ is MixedRun:
+                    if c.size + n + MIXED_EXTRA <= c.room:
+                        return self._mix(c, r, topic, seq, payload, n + MIXED_EXTRA)
+                elif len(r.payloads) == 1 and c.size + n + 2 * MIXED_EXTRA <= c.room:
+                    m = c.runs[-1] = c.last = MixedRun(r)
+                    c.size += MIXED_EXTRA
+                    c.framing += MIXED_EXTRA
+                    return self._mix(c, m, topic, seq, payload, n + MIXED_EXTRA)
             if c.size + RUN_COST + n > c.room:
                 c = self._start(record, table, capacity, RUN_COST + n)
         else:
@@ -120,11 +159,22 @@ class Feed:
         c.runs.append(r)
         c.last = r
         c.size += RUN_COST + n
+        c.framing += RUN_COST
         if own and not c.first_own:
             c.first_own = sseq
         if c.end_of_stream:  # closed at once: nothing joins it
             self.chunks.append(c)
             self.open = None
+        return r
+
+    @staticmethod
+    def _mix(c: Chunk, r: MixedRun, topic: int, seq: int, payload: bytes, n: int) -> MixedRun:
+        r.topics.append(topic)
+        r.seqs.append(seq)
+        r.payloads.append(payload)
+        r.next_sseq += 1
+        c.size += n
+        c.framing += MIXED_EXTRA
         return r
 
     def _start(self, record: tuple, table: bytes, capacity: int, n: int) -> Chunk:

@@ -19,6 +19,7 @@ from scopecast.netio.reassembly import ReassemblyError
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
+MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
 
@@ -133,6 +134,10 @@ class ReceivePath:
                         # come again as duplicates, and are dropped as such)
                         self._hold(source, data)
                         return
+                    if topic == MIXED:
+                        self._take_mixed(data, routes, run)
+                        in_order = not self._early
+                        continue
                     key = (topic, source, session)
                     if in_order and next_seq.get(key) == first \
                             and session <= sessions.get(topic, session):
@@ -194,6 +199,53 @@ class ReceivePath:
         self._accept(data, routes, key, first, stream, first_sseq, ctype, ridx, lengths, off)
         if self._early and key in self._early and not self._releasing:
             self._release_early(key)
+
+    def _take_mixed(self, data: bytes, routes: list, run: tuple) -> None:
+        """A mixed run (see `wire`): each message the next of its own topic. Those next in order
+        on topics this member takes and does not forward are delivered here in one pass (what
+        `_accept` does, per message); any other goes by `_take_run` as a run of its own."""
+        _, source, session, _, stream, sseq, ctype, ridx, entries, off = run
+        next_seq, sessions, subs_of, forwards = self._next_seq, self._sessions, self._subs, \
+            self._routes
+        reliable, last_sseq, topic_names = self._reliable, self._last_sseq, self._topic_names
+        touched = self._touched
+        route = routes[ridx]
+        source_name = self._names.get(source) or str(source)
+        self.stats["mixed_runs"] += 1
+        in_order = not self._early and ctype != END
+        cacher = self._cacher
+        kept: list = []
+        top = 0
+        for i in range(0, len(entries), 3):
+            topic, seq, n = entries[i], entries[i + 1], entries[i + 2]
+            key = (topic, source, session)
+            subs = subs_of.get(topic)
+            if in_order and subs and next_seq.get(key) == seq and topic not in forwards \
+                    and session <= sessions.get(topic, session):
+                next_seq[key] = seq + 1
+                payload = data[off:off + n]
+                msg = Message(topic_names.get(topic) or str(topic), source_name, session, seq,
+                              payload, ctype, route)
+                for sub in subs:
+                    if not sub.inbox:
+                        touched.append(sub)
+                    sub.inbox.append(msg)
+                    sub.inbox_bytes += n + MESSAGE_COST
+                if topic in reliable:
+                    last_sseq[key] = top = sseq
+                    if cacher:  # kept until stable, to repair peers (see recovery_path)
+                        kept.append((sseq, topic, session, seq, ctype, payload))
+            else:
+                self._take_run(data, routes, topic, source, session, seq, stream, sseq, ctype, ridx,
+                               (n,), off)
+                in_order = not self._early and ctype != END
+            off += n
+            sseq += 1
+        if top > self._max_seen.get(source, 0):
+            self._max_seen[source] = top
+            self.progressed = True
+        if kept:
+            self._keep(source, kept)
 
     def _accept(self, data: bytes, routes: list, key: tuple, first: int, stream: int,
                 first_sseq: int, ctype: int, ridx: int, lengths: tuple, off: int) -> None:

@@ -15,7 +15,7 @@ import time
 
 from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
-from scopecast.netio.feed import END, MESSAGE_COST, RUN_COST, Feed
+from scopecast.netio.feed import END, MESSAGE_COST, Feed
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
@@ -208,7 +208,7 @@ class SendPath:
         if feed.frag is not None:
             return self._next_fragment(feed)
         chunk = feed.take()
-        self.feed_bytes -= chunk.size - RUN_COST * len(chunk.runs)  # what _take_publishes added
+        self.feed_bytes -= chunk.size - chunk.framing  # what _take_publishes added
         if chunk.oversized:
             room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
             feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))

@@ -12,7 +12,9 @@ Datagram layout (network byte order)::
 
     run      topic u32 | source u32 | session u32 | first seq u64 | stream u32
              | first stream seq u64 | content type u8 | routing index u8 | n u16        (36 bytes)
-             then n payload lengths (u32 each), then the n payloads
+             then n payload lengths (u32 each), then the n payloads;
+             a *mixed* run has topic 0 and first seq 0, then n entries topic u32 | seq u64
+             | length u32 (16 bytes each), then the n payloads
 
 `sender` is the member id of the process that sent the datagram (a forwarder, not necessarily the
 source); `channel`/`dseq` number the datagrams of one sender toward one destination (flow control;
@@ -22,7 +24,10 @@ per-topic delivery order, 1, 2, ... per session) and consecutive stream sequence
 sender's sequence space toward one recovery domain, which recovery keys on), one content type (raw
 bytes, msgpack value, Arrow batch) and one routing record (an index into the datagram's table).
 A publisher's messages form runs naturally, so a message costs 4 bytes of framing, and the receiver
-checks order and duplicates once per run rather than once per message.
+checks order and duplicates once per run rather than once per message. A publisher that goes round
+many topics makes runs of one message each; those travel as *mixed* runs instead: consecutive
+stream sequence numbers of one source and session, each message naming its topic and seq (16
+bytes of framing rather than a 36-byte run each).
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ from enum import IntEnum
 import msgpack
 
 MAGIC = b"SC"
-VERSION = 1
+VERSION = 2
 
 HEADER = struct.Struct("!2sBBBBHIHHQ")
 RUN = struct.Struct("!IIIQIQBBH")
 LENGTH = struct.Struct("!I")
+MIXED_ENTRY = struct.Struct("!IQI")  # a mixed run's message: topic, seq, length
+MIXED = 0                            # the topic field of a mixed run
 FRAGMENT = struct.Struct("!IIII")
 ROUTE_LEN = struct.Struct("!H")
 
@@ -195,7 +202,22 @@ def run_parts(topic: int, source: int, session: int, first_seq: int, stream: int
             _lengths(n).pack(*map(len, payloads)), *payloads]
 
 
+def mixed_run_parts(source: int, session: int, stream: int, first_stream_seq: int, ctype: int,
+                    route_index: int, topics: list[int], seqs: list[int], payloads: list) -> list:
+    """The byte strings of one mixed run: its fixed part, its entries, its payloads."""
+    n = len(payloads)
+    if not 0 < n <= MAX_RUN:
+        raise ValueError(f"a run holds 1..{MAX_RUN} messages, not {n}")
+    entries = [0] * (3 * n)
+    entries[0::3] = topics
+    entries[1::3] = seqs
+    entries[2::3] = map(len, payloads)
+    return [RUN.pack(MIXED, source, session, 0, stream, first_stream_seq, ctype, route_index, n),
+            _entries(n).pack(*entries), *payloads]
+
+
 _LENGTHS: dict[int, struct.Struct] = {}
+_ENTRIES: dict[int, struct.Struct] = {}
 
 
 def _lengths(n: int) -> struct.Struct:
@@ -203,6 +225,14 @@ def _lengths(n: int) -> struct.Struct:
     s = _LENGTHS.get(n)
     if s is None:
         s = _LENGTHS[n] = struct.Struct(f"!{n}I")
+    return s
+
+
+def _entries(n: int) -> struct.Struct:
+    """The struct of a mixed run's n entries (made once per n <= MAX_RUN)."""
+    s = _ENTRIES.get(n)
+    if s is None:
+        s = _ENTRIES[n] = struct.Struct("!" + "IQI" * n)
     return s
 
 
@@ -225,10 +255,17 @@ def _same_run(a: WireMessage, b: WireMessage) -> bool:
             and b.seq == a.seq + 1 and b.stream_seq == a.stream_seq + 1)
 
 
+def _same_stream(a: WireMessage, b: WireMessage) -> bool:
+    return ((a.source, a.session, a.stream, a.content_type, a.route)
+            == (b.source, b.session, b.stream, b.content_type, b.route)
+            and b.stream_seq == a.stream_seq + 1)
+
+
 def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
                     messages: list[WireMessage]) -> bytes:
     """Encode messages (any mix of topics, sources and routing records) into one data datagram,
-    without MAC, grouping consecutive messages into runs."""
+    without MAC, grouping consecutive messages into runs (mixed runs where runs would hold one
+    message each)."""
     index: dict[tuple, int] = {}
     parts: list = []
     runs = 0
@@ -237,10 +274,19 @@ def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
         j = i + 1
         while j < len(messages) and j - i < MAX_RUN and _same_run(messages[j - 1], messages[j]):
             j += 1
-        m = messages[i]
+        mixed = j == i + 1
+        while mixed and j < len(messages) and j - i < MAX_RUN \
+                and _same_stream(messages[j - 1], messages[j]):
+            j += 1
+        m, group = messages[i], messages[i:j]
         ridx = index.setdefault(m.route, len(index))
-        parts += run_parts(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
-                           m.content_type, ridx, [x.payload for x in messages[i:j]])
+        if mixed and len(group) > 1:
+            parts += mixed_run_parts(m.source, m.session, m.stream, m.stream_seq, m.content_type,
+                                     ridx, [x.topic_id for x in group], [x.seq for x in group],
+                                     [x.payload for x in group])
+        else:
+            parts += run_parts(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
+                               m.content_type, ridx, [x.payload for x in group])
         runs += 1
         i = j
     if len(index) > MAX_ROUTES:
@@ -260,7 +306,9 @@ def encode_fragment(ptype: int, sender: int, channel: int, dseq: int, fragment: 
 def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
     """Validate and yield the runs of a data datagram body (without MAC) starting at `offset`:
     (topic, source, session, first seq, stream, first stream seq, content type, routing index,
-    payload lengths, offset of the first payload). Raises DecodeError on malformed input."""
+    payload lengths, offset of the first payload). A mixed run comes as topic MIXED with, in
+    place of the lengths, its entries flat: (topic, seq, length) per message. Raises DecodeError
+    on malformed input."""
     end = len(view)
     unpack = RUN.unpack_from
     for _ in range(runs):
@@ -273,12 +321,22 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
             raise DecodeError("bad_run", "empty run")
         if fields[7] >= nroutes:
             raise DecodeError("bad_routes", "route index")
-        if offset + LENGTH.size * n > end:
-            raise DecodeError("truncated", "run lengths")
-        lengths = _lengths(n).unpack_from(view, offset)
-        offset += LENGTH.size * n
-        start = offset
-        offset += sum(lengths)
+        if fields[0] == MIXED:
+            if offset + MIXED_ENTRY.size * n > end:
+                raise DecodeError("truncated", "mixed run entries")
+            lengths = _entries(n).unpack_from(view, offset)
+            if not all(lengths[0::3]):
+                raise DecodeError("bad_run", "topic 0 in a mixed run")
+            offset += MIXED_ENTRY.size * n
+            start = offset
+            offset += sum(lengths[2::3])
+        else:
+            if offset + LENGTH.size * n > end:
+                raise DecodeError("truncated", "run lengths")
+            lengths = _lengths(n).unpack_from(view, offset)
+            offset += LENGTH.size * n
+            start = offset
+            offset += sum(lengths)
         if offset > end:
             raise DecodeError("truncated", "payload")
         yield fields[:8] + (lengths, start)
@@ -304,8 +362,12 @@ def decode_data(view: memoryview | bytes) -> tuple[Header, list[WireMessage] | F
     messages = []
     for topic, source, session, seq, stream, sseq, ctype, ridx, lengths, off in iter_runs(
             view, offset, header.count, len(routes)):
-        for i, n in enumerate(lengths):
-            messages.append(WireMessage(topic, source, session, seq + i, stream, sseq + i, ctype,
+        if topic == MIXED:
+            entries = zip(lengths[0::3], lengths[1::3], lengths[2::3], strict=True)
+        else:
+            entries = ((topic, seq + i, n) for i, n in enumerate(lengths))
+        for i, (t, q, n) in enumerate(entries):
+            messages.append(WireMessage(t, source, session, q, stream, sseq + i, ctype,
                                         routes[ridx], bytes(view[off:off + n])))
             off += n
     if fragment is not None:
