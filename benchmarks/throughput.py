@@ -138,8 +138,7 @@ def publish(args) -> None:
         flushed = monotonic()
         sampler.sample(count, flushed, force=True)
         published = sum(p.seq for p in pubs)
-        for p in pubs:
-            p.close(timeout=args.flush_timeout)
+        cluster.close_publishers(pubs, timeout=args.flush_timeout)
         closed = monotonic()
         sampler.sample(count, closed, force=True)
         result = {"role": "publisher", "pid": os.getpid(), "published": published,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import ray
 
+from scopecast import PublisherClosed
 from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
 
 pytestmark = pytest.mark.ray
@@ -76,6 +78,33 @@ def test_a_publisher_reopened_in_one_process_numbers_on_after_the_last(cluster, 
     assert seqs == [1, 2, 3, 5, 6, 7]  # 4: the first publisher's end marker
     assert summary["count"] == 6 and summary["gaps"] == 0 and summary["out_of_order"] == 0, (summary, ends)
     assert list(ends.values()) == [7]  # the last data message before the second marker
+
+
+def test_publishers_closed_together_end_every_stream(cluster, topic_name):
+    """close_publishers queues every end marker, then flushes and waits once: each stream ends
+    after its last message, for a subscriber elsewhere."""
+    names = [f"{topic_name}/{i}" for i in range(200)]
+    for name in names:
+        cluster.create_topic(name)
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(f"{topic_name}/*")
+    ray.get(consumer.ready.remote())
+    result = consumer.consume.remote(3 * len(names), 120.0)
+    pubs = cluster.publishers(names)
+    for i in range(3):
+        for pub in pubs:
+            pub.publish(b"%d" % i)
+    cluster.close_publishers(pubs)
+    summary = ray.get(result, timeout=180)
+    deadline = time.monotonic() + 60
+    while len(ends := ray.get(consumer.ends.remote())) < len(names):
+        assert time.monotonic() < deadline, len(ends)
+        time.sleep(0.2)
+    ray.get(consumer.close.remote())
+    assert summary["count"] == 3 * len(names) and summary["gaps"] == 0
+    assert sorted(k.split("|")[0] for k in ends) == sorted(names)
+    assert set(ends.values()) == {3}
+    with pytest.raises(PublisherClosed):
+        pubs[0].publish(b"late")
 
 
 def test_values_round_trip_through_msgpack(cluster, topic_name):

@@ -132,8 +132,7 @@ class Publisher:
     def flush(self, timeout: float = 10.0) -> None:
         """Return when every message published so far is stable: held by every regular member
         of the topic's recovery domains (a topic with recovery="none": handed to the socket)."""
-        wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
-        if not wait(self._last_sseq, timeout):
+        if not self._wait(self._last_sseq, timeout):
             what = "stable" if self.reliable else "sent"
             raise FlushTimeout(f"{self.topic!r}: messages up to seq {self._seq} not {what} within "
                                f"{timeout}s; receivers may be slow or gone (see cluster.status())")
@@ -145,28 +144,46 @@ class Publisher:
         with recovery="none") for up to END_WAIT seconds more, and repaired meanwhile; one still
         not stable then does not fail the close, whose data is. It is queued before the flush
         (unless the window is full), so that data and marker become stable together rather than
-        one token round after the other."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            end = self._runtime.end_stream(self._topic_id, self._session, self._seq)
-        except WindowFull:  # (block_when_full=False) it follows the flush
-            end = None
-        try:
-            self.flush(timeout)
-        finally:
-            if end is None:
-                end = self._runtime.end_stream(self._topic_id, self._session, self._seq)
-            wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
-            wait(end, min(timeout, END_WAIT))
-            self._element.release(publisher_of=self.topic)
+        one token round after the other. To close many publishers, `close_publishers` waits
+        once for all of them."""
+        close_publishers([self], timeout)
+
+    def _wait(self, sseq: int, timeout: float) -> bool:
+        wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
+        return wait(sseq, max(0.0, timeout))
 
     def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def close_publishers(pubs: list[Publisher], timeout: float = 10.0) -> None:
+    """Close publishers together (see `Publisher.close`): every end marker is queued first, then
+    one flush and one wait for the markers cover them all, within `timeout` (and END_WAIT). One
+    by one, each close waits a token round or more for its marker: minutes for thousands."""
+    pubs = [p for p in pubs if not p._closed]
+    ends: dict[Publisher, int] = {}
+    for p in pubs:
+        p._closed = True
+        try:
+            ends[p] = p._runtime.end_stream(p._topic_id, p._session, p._seq)
+        except WindowFull:  # (block_when_full=False) it follows the flush
+            pass
+    deadline = time.monotonic() + timeout
+    try:
+        for p in pubs:
+            p.flush(deadline - time.monotonic())
+    finally:
+        for p in pubs:
+            if p not in ends:
+                ends[p] = p._runtime.end_stream(p._topic_id, p._session, p._seq)
+        deadline = time.monotonic() + min(timeout, END_WAIT)
+        for p in pubs:
+            p._wait(ends[p], deadline - time.monotonic())
+        for p in pubs:
+            p._element.release(publisher_of=p.topic)
 
 
 class Subscriber:

@@ -13,7 +13,7 @@ import ray
 
 from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected
-from scopecast.netio.pubsub import Publisher, Subscriber
+from scopecast.netio.pubsub import Publisher, Subscriber, close_publishers
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.transport import TransportConfig
 from scopecast.policies import trust
@@ -277,6 +277,11 @@ class Cluster:
         self._handles.extend(pubs)
         return pubs
 
+    def close_publishers(self, pubs: list[Publisher], timeout: float = 10.0) -> None:
+        """Close several publishers at once: one flush and one wait for their end markers, where
+        closing them one by one waits for each (see `Publisher.close`)."""
+        close_publishers(pubs, timeout)
+
     def subscriber(self, topics: str | list[str], on_message=None,
                    role: str = "member", scope: str | None = None) -> Subscriber:
         """Subscribe to topics by name or by pattern (`"flights/*"`: every topic of that form,
@@ -303,6 +308,11 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""
+        pubs = [h for h in self._handles if isinstance(h, Publisher)]
+        try:
+            close_publishers(pubs)
+        except Exception as exc:
+            log.warning("closing %d publisher(s) failed: %s", len(pubs), exc)
         for handle in reversed(self._handles):
             try:
                 handle.close()

@@ -595,11 +595,10 @@ class _DataFramePublisher:
                              self._topic_rows[name], status])
             except Exception as exc:  # closed by a session move, ...: the others still end
                 errors.append(exc)
-        for pub in self._pubs.values():
-            try:
-                pub.close(plan.flush_timeout)
-            except Exception as exc:
-                errors.append(exc)
+        try:
+            self._cluster.close_publishers(list(self._pubs.values()), plan.flush_timeout)
+        except Exception as exc:
+            errors.append(exc)
         if errors:
             raise errors[0]
 
