@@ -109,3 +109,29 @@ def test_a_new_hole_is_asked_of_the_sender_at_once_even_if_another_of_its_stream
     _deliver(member, 40, 11)  # 31..39 missing too, a moment later
     second = member.call_wait(tick)
     assert (first, second) == (1, 2)  # the new hole now; the first not again within its period
+
+
+def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_stalls(member):
+    """A sender going round many topics moves each of them less often than once a period: a
+    topic whose messages are still in flight must not be NAKed while the sender's stream keeps
+    coming (per topic, members asked for thousands of spurious repairs a second at 3,000
+    topics); once the stream stalls, what the record names beyond it is asked for."""
+    u = T + 1
+    member.call_wait(member.install_topics, {T: "T", u: "U"})
+    member.call_wait(member.add_subscription, Subscription(frozenset([u])))
+    member.call_wait(member.install_recovery, {PROTOCOL: ("127.0.0.1", 9)},
+                     {T: PROTOCOL, u: PROTOCOL})
+    _deliver(member, 1, 200)  # T 1..200 at stream seqs 1..200; the record names T up to 300
+    record = {"down": {str(SOURCE): [0, [1000, [[T, 1, 1, 1, 300, 300]], 7]]},
+              "hi": {str(SOURCE): 0}, "period": 0.02}
+
+    def summary(u_seq: int | None) -> list:
+        if u_seq is not None:  # the stream moves on another topic
+            member._take_run(b"u", [()], u, SOURCE, 1, u_seq, SOURCE, 400 + u_seq, 0, 0, (1,), 0)
+        member._on_instructions(record, PROTOCOL)
+        return member._owed(time.monotonic())[1]
+
+    moving = [member.call_wait(summary, i) for i in range(1, 5)]
+    stalled = [member.call_wait(summary, None) for _ in range(2)]
+    assert moving == [[]] * 4
+    assert stalled[-1] == [[SOURCE, T, 1, 201, 300, 201, 300]]

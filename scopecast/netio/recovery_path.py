@@ -82,7 +82,8 @@ class RecoveryPath:
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
         self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
-        self._stalls: dict[tuple, int] = {}      # key -> last sseq received at the last summary
+        self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
+                                                 # summary
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> entries, as _cache
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
@@ -271,9 +272,11 @@ class RecoveryPath:
     def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
         """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses.
 
-        What a sender's record names beyond the last run received is NAKed only once the stream
-        has stalled since the last summary: while runs keep coming it is in flight (or in this
-        member's socket buffer), and asking for it would only make the sender send it twice."""
+        What a sender's record names beyond the last run received is NAKed only once the sender's
+        stream has stalled since the last summary: while its runs keep coming it is in flight (or
+        in this member's socket buffer), and asking for it would only make the sender send it
+        twice. (The stream, not the topic: a sender going round thousands of topics moves each
+        of them less often than once a period.)"""
         acks: dict[int, int] = {}
         naks: list[list] = []
         early = self._early
@@ -281,6 +284,9 @@ class RecoveryPath:
         for source, (top, topics, *_when) in self._records.items():
             if source == self.member_id:
                 continue
+            seen = self._max_seen.get(source, 0)
+            stalled = stalls.get(source) == seen
+            self._stalls[source] = seen
             a = top
             for (topic, session), (fs, fss, ls, lss) in topics.items():
                 if topic not in self._reliable or topic not in self._subs:
@@ -301,8 +307,7 @@ class RecoveryPath:
                 if nxt > ls:  # joined after all the record names: owed nothing of it
                     continue
                 last = self._last_sseq.get(key, fss - 1)
-                self._stalls[key] = last
-                tail = (ls, min(lss, top)) if stalls.get(key) == last else None
+                tail = (ls, min(lss, top)) if stalled else None
                 if self._nak_holes(key, nxt, last, naks, tail) or last < lss:
                     a = min(a, last)
             acks[source] = a
