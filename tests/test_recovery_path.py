@@ -135,3 +135,26 @@ def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_sta
     stalled = [member.call_wait(summary, None) for _ in range(2)]
     assert moving == [[]] * 4
     assert stalled[-1] == [[SOURCE, T, 1, 201, 300, 201, 300]]
+
+
+def test_a_hole_in_a_topic_the_record_does_not_name_holds_the_acknowledgement_back(member):
+    """A sender's record names at most MAX_RECORD_TOPICS of its unstable topics: a hole in one it
+    leaves out must still keep the member's acknowledgement of the stream below it (it did not:
+    the message could become stable, leave every cache, and never be repaired)."""
+    u = T + 1
+    member.call_wait(member.install_topics, {T: "T", u: "U"})
+    member.call_wait(member.add_subscription, Subscription(frozenset([u])))
+    member.call_wait(member.install_recovery, {PROTOCOL: ("127.0.0.1", 9)},
+                     {T: PROTOCOL, u: PROTOCOL})
+    _deliver(member, 1, 10)  # T 1..10 at stream seqs 1..10: all the record names (T)
+    record = {"down": {str(SOURCE): [0, [20, [[T, 1, 1, 1, 10, 10]], 7]]},
+              "hi": {str(SOURCE): 0}, "period": 0.02}
+
+    def owed():
+        member._take_run(b"u", [()], u, SOURCE, 1, 1, SOURCE, 11, 0, 0, (1,), 0)
+        member._take_run(b"u", [()], u, SOURCE, 1, 3, SOURCE, 15, 0, 0, (1,), 0)  # U 2 lost
+        member._on_instructions(record, PROTOCOL)
+        return member._owed(time.monotonic())
+    acks, naks = member.call_wait(owed)
+    assert acks[SOURCE] == 11  # U 1, the last before the hole
+    assert [SOURCE, u, 1, 2, 2, 12, 14] in naks

@@ -311,13 +311,16 @@ class RecoveryPath:
                 if self._nak_holes(key, nxt, last, naks, tail) or last < lss:
                     a = min(a, last)
             acks[source] = a
-        # gaps no record names (it has not come yet): pulled from the sender all the same
+        # gaps no record names (it has not come yet, or the record names only MAX_RECORD_TOPICS
+        # of the sender's topics): pulled from the sender all the same, and not acknowledged
         named = {(n[1], n[0], n[2]) for n in naks}
         for key in early:
             if key[0] not in self._reliable or key in named:
                 continue
             if (nxt := self._next_seq.get(key)) is not None:
-                self._nak_holes(key, nxt, self._last_sseq.get(key, 0), naks)
+                last = self._last_sseq.get(key, 0)
+                if self._nak_holes(key, nxt, last, naks) and key[1] in acks:
+                    acks[key[1]] = min(acks[key[1]], last)
             else:
                 self._asking(key, now)
         if self._reliable and self.handed:
