@@ -109,3 +109,18 @@ def test_mixed_runs_are_delivered_in_order_per_topic_holes_filled_duplicates_dro
     assert [q for t, q in got if t == "U"] == [1, 2, 3, 4]
     assert rt.stats["mixed_runs"] == 4 and rt.stats["held_early"] == 2
     assert rt.stats["duplicates"] == 4 and rt.stats["gaps"] == 0
+
+
+def test_a_caching_member_keeps_a_mixed_run_in_stream_order(member):
+    """Messages of a mixed run go by the one-pass path or by the per-run path (here the first
+    seen of U); a caching member's copies stay in stream order whichever (repairs are looked up
+    by stream seq)."""
+    rt, sub = member
+    rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
+                 {T: "token_ring", U: "token_ring"})
+    rt._cacher = True
+    mixed(rt, 1, [(T, 1)])
+    mixed(rt, 2, [(T, 2), (U, 1), (T, 3)])
+    assert received(sub, 4) == [1, 2, 1, 3]
+    kept = rt.call_wait(lambda: [e[0] for e in rt._peer_cache[SOURCE]])
+    assert kept == [1, 2, 3, 4]

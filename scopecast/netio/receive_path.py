@@ -236,6 +236,9 @@ class ReceivePath:
                     if cacher:  # kept until stable, to repair peers (see recovery_path)
                         kept.append((sseq, topic, session, seq, ctype, payload))
             else:
+                if kept:  # the cache stays in stream order
+                    self._keep(source, kept)
+                    kept = []
                 self._take_run(data, routes, topic, source, session, seq, stream, sseq, ctype, ridx,
                                (n,), off)
                 in_order = not self._early and ctype != END
