@@ -132,17 +132,15 @@ class Feed:
             c.end_of_stream = True
         elif c is not None and (c.record is record or c.record == record):
             r = c.last
-            if (c.size + n <= c.room and r.next_seq == seq and r.next_sseq == sseq
-                    and r.topic == topic and r.source == source and r.session == session
-                    and r.stream == stream and r.ctype == ctype):
+            same_stream = (r.next_sseq == sseq and r.source == source and r.session == session
+                           and r.stream == stream and r.ctype == ctype)
+            if same_stream and r.next_seq == seq and r.topic == topic and c.size + n <= c.room:
                 r.payloads.append(payload)
                 r.next_seq += 1
                 r.next_sseq += 1
                 c.size += n
                 return r
-            if (r.next_sseq == sseq and r.source == source and r.session == session
-                    and r.stream == stream and r.ctype == ctype):
-                # the next of this stream but of another topic: a mixed run (see `wire`)
+            if same_stream:  # the next of this stream but of another topic: a mixed run (`wire`)
                 if r.__class__ is MixedRun:
                     if c.size + n + MIXED_EXTRA <= c.room:
                         return self._mix(c, r, topic, seq, payload, n + MIXED_EXTRA)

@@ -249,16 +249,16 @@ def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes, 
     return b"".join((header, table, *parts))
 
 
-def _same_run(a: WireMessage, b: WireMessage) -> bool:
-    return ((a.topic_id, a.source, a.session, a.stream, a.content_type, a.route)
-            == (b.topic_id, b.source, b.session, b.stream, b.content_type, b.route)
-            and b.seq == a.seq + 1 and b.stream_seq == a.stream_seq + 1)
-
-
 def _same_stream(a: WireMessage, b: WireMessage) -> bool:
+    """`b` may follow `a` in one mixed run."""
     return ((a.source, a.session, a.stream, a.content_type, a.route)
             == (b.source, b.session, b.stream, b.content_type, b.route)
             and b.stream_seq == a.stream_seq + 1)
+
+
+def _same_run(a: WireMessage, b: WireMessage) -> bool:
+    """`b` may follow `a` in one run."""
+    return _same_stream(a, b) and a.topic_id == b.topic_id and b.seq == a.seq + 1
 
 
 def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
