@@ -41,7 +41,7 @@ class ControlWatch:
     def _run(self) -> None:
         while not self._stop.wait(self._period):
             try:
-                self._read(self._cluster.status())
+                self._read(self._cluster.status(topics=False))
             except Exception:  # a status call that failed mid-case: the next one counts
                 self._errors += 1
 

@@ -70,8 +70,11 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
     view = ray.get(manager.watch.remote(member["id"], 1, 0))  # a stale version: the current view
     assert view is not None and view["version"] >= member["view"]  # (it may have moved on)
     # reports that are not from a child scope, or malformed, are ignored (logged)
-    assert ray.get(manager.report.remote("L", {"incarnation": 1}, None)) is None
-    assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is None
+    assert ray.get(manager.report.remote("L", {"incarnation": 1}, None)) is True
+    assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is True
+    # a heartbeat naming a state this scope does not have asks for the state (False)
+    assert ray.get(manager.report.remote("zz", {"incarnation": 1, "acked": 0, "rev": 1},
+                                         None)) is False
     assert "zz" not in {s["name"] for s in scope(cluster.status(), "bad/ok")["scopes"]}
     still_delivers(cluster, listener)
 

@@ -57,3 +57,19 @@ def test_delete_topic_leaves_others(cluster, topic_name):
     assert topic_name + "/gone" not in names and keep.name in names
     with pytest.raises(scopecast.TopicNotFound):
         cluster.topic(topic_name + "/gone")
+
+
+def test_status_without_topics_leaves_out_what_is_per_topic(cluster, topic_name):
+    """`status(topics=False)`, for polling a cluster of thousands of topics: the topic list is
+    its length, scopes omit their layouts and members their topic ids; the rest is there."""
+    from scopecast.scopes.status import members, walk
+    info = cluster.create_topic(topic_name)
+    with cluster.subscriber(topic_name):
+        full, brief = cluster.status(), cluster.status(topics=False)
+    assert info.id in {t["id"] for t in full["topics"]}
+    assert isinstance(brief["topics"], int) and brief["topics"] >= 1
+    assert any(str(info.id) in s.get("topics", {}) for s in walk(full))
+    assert not any("topics" in s for s in walk(brief))
+    mine = [m for m in members(brief) if info.name in m["subscriptions"]]
+    assert mine and all("subscribes" not in m and "counters" in m for m in mine)
+    assert [m for m in members(full) if info.id in m.get("subscribes", ())]

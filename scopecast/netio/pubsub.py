@@ -182,8 +182,11 @@ def close_publishers(pubs: list[Publisher], timeout: float = 10.0) -> None:
         deadline = time.monotonic() + min(timeout, END_WAIT)
         for p in pubs:
             p._wait(ends[p], deadline - time.monotonic())
+        by_element: dict[object, list[str]] = {}
         for p in pubs:
-            p._element.release(publisher_of=p.topic)
+            by_element.setdefault(p._element, []).append(p.topic)
+        for element, topics in by_element.items():
+            element.release(publisher_of=topics)
 
 
 class Subscriber:

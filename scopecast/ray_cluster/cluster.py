@@ -295,9 +295,11 @@ class Cluster:
         self._handles.append(sub)
         return sub
 
-    def status(self) -> dict:
-        """The cluster's scope state, plus this member's data-plane counters if it is one."""
-        status = call(self._manager.status)
+    def status(self, topics: bool = True) -> dict:
+        """The cluster's scope state, plus this member's data-plane counters if it is one.
+        `topics=False` leaves out what is per topic (the topic list becomes its length, scopes
+        omit their layouts): at thousands of topics the whole document is too big to poll."""
+        status = call(self._manager.status, topics)
         if self._elements:
             status["this_process"] = self.counters()
         return status

@@ -307,13 +307,14 @@ class ClusterScopeManager(ScopeManager):
     def _used_by(self, sha: str) -> list[str]:
         return [t.name for t in self.topics.values() if sha in (t.plugin, t.recovery_plugin)]
 
-    async def status(self) -> dict:
-        tree = await super().status()
+    async def status(self, topics: bool = True) -> dict:
+        tree = await super().status(topics)
         return {"cluster_id": f"{self._cluster_id:012x}",
                 "uptime_s": round(time.time() - self._started, 1),
                 "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
                 "settings": {k: v for k, v in self.settings.items() if k in DEFAULT_SETTINGS},
-                "topics": [t.to_dict() for t in sorted(self.topics.values(), key=lambda t: t.id)],
+                "topics": [self.table.entries[k] for k in sorted(self.table.entries, key=int)]
+                if topics else len(self.table.entries),
                 "directory": len(self._directory), "trusted_keys": self._library.trusted,
                 "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 

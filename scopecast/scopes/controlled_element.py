@@ -141,14 +141,15 @@ class ControlledElement:
             time.sleep(0.02)
         return True
 
-    def release(self, publisher_of: str | None = None,
+    def release(self, publisher_of: list[str] = (),
                 subscriber_of: list[str] | None = None, role: str = "member") -> None:
-        """A publisher or subscriber closed: leave topics no other handle in this process uses.
-        A publisher leaves without waiting: the scope re-lays once for a burst of them (closing
-        thousands of publishers would otherwise wait for one re-layout each); calls from this
-        process reach the scope in order, so a later advertise of the topic comes after it."""
-        if publisher_of is not None and _decrement(self._published, publisher_of):
-            self.manager.unadvertise.remote(self.member_id, publisher_of)
+        """Publishers or a subscriber closed: leave topics no other handle in this process uses.
+        Publishers leave in one call, without waiting: the scope re-lays once for a burst of them
+        (closing thousands of publishers would otherwise wait for one re-layout each); calls from
+        this process reach the scope in order, so a later advertise of a topic comes after it."""
+        unpublished = [n for n in publisher_of if _decrement(self._published, n)]
+        if unpublished:
+            self.manager.unadvertise.remote(self.member_id, unpublished)
         gone = [n for n in subscriber_of or () if _decrement(self._subscribed, (n, role))]
         if gone:
             call(self.manager.unsubscribe, self.member_id, gone, role)

@@ -78,6 +78,7 @@ class Child:
     offers: dict[int, Offer] = field(default_factory=dict)
     joined: dict[str, list[int]] = field(default_factory=dict)
     incarnation: int = 0
+    rev: int = 0                   # child scopes: revision of the state they reported
     last_seen: float = field(default_factory=time.monotonic)
     sent_version: int = 0          # version of the last delegation or view sent
     sent: object = None            # its content, to send only changes
@@ -95,18 +96,18 @@ class Child:
                          (self.id,) if self.regular else ())
         return self.offers.get(topic)
 
-    def record(self) -> dict:
+    def record(self, topics: bool = True) -> dict:
+        """For status; `topics`: with the ids of the topics it subscribes to and publishes."""
+        ids = {"subscribes": sorted(self.subs), "publishes": sorted(self.pubs)} if topics else {}
         if self.kind == "member":
             return {"name": self.name, "id": self.id, "address": f"{self.host}:{self.port}",
                     "pid": self.pid, "node": self.node, "role": "member" if self.regular
                     else "client", "subscriptions": sorted(self.subscriptions),
-                    "client_subscriptions": sorted(self.client_subscriptions),
-                    "subscribes": sorted(self.subs), "publishes": sorted(self.pubs),
+                    "client_subscriptions": sorted(self.client_subscriptions), **ids,
                     "view": self.sent_version, "installed": self.acked, "counters": self.counters,
                     "demoted": self.demoted,
                     **_channels(self.sent)}
-        return {"name": self.name, "depth": self.depth, "subscribes": sorted(self.subs),
-                "publishes": sorted(self.pubs), "delegated": self.sent_version,
+        return {"name": self.name, "depth": self.depth, **ids, "delegated": self.sent_version,
                 "installed": self.acked}
 
 
@@ -134,12 +135,14 @@ class ScopeManager:
         self._version = time.time_ns()   # grows across restarts too
         self.applied = 0                 # version of the parent's delegation in place
         self._pending_version = 0        # version of the parent's delegation last received
-        self._reported = None
+        self._reported = None            # the state last reported up (without its revision)
+        self._report_rev = 0
         self._report_ref = None  # the last report's call: done once the parent has taken it in
         self._hosts: dict[str, object] = {}
         # (plug-in policy, topic) -> why the plug-in no longer lays that topic here
         self._failed: dict[tuple[str, int], str] = {}
         self._dirty = False
+        self._domains: dict[str, list[tuple[str, int]]] | None = None  # see _domain_members
         self._task: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
         self._recovering: asyncio.Task | None = None
@@ -275,6 +278,7 @@ class ScopeManager:
         """Lay channels again soon (coalesced: one re-layout runs at a time)."""
         self._ensure_ticking()
         self._dirty = True
+        self._domains = None  # what changed may change them
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._relayout_loop())
 
@@ -356,11 +360,11 @@ class ScopeManager:
         await self._settle()
         return infos
 
-    async def unadvertise(self, member_id: int, name: str) -> None:
+    async def unadvertise(self, member_id: int, names: list[str]) -> None:
         member = self._member(member_id, missing_ok=True)
-        info = self._topic_named(name)
-        if member is not None and info is not None:
-            member.pubs.discard(info.id)
+        ids = {info.id for info in map(self._topic_named, names) if info is not None}
+        if member is not None and ids & member.pubs:
+            member.pubs -= ids
             self._kick()
 
     async def watch(self, member_id: int, have_version: int = 0,
@@ -395,35 +399,43 @@ class ScopeManager:
 
     # ------------------------------------------------------------------------ child scopes
 
-    async def report(self, name: str, body: dict, handle) -> None:
-        """A child scope's state (cascading subscription), also its heartbeat."""
+    async def report(self, name: str, body: dict, handle) -> bool:
+        """A child scope's state (cascading subscription), also its heartbeat: a body without
+        state names the revision this scope should have. False: it has not, send it."""
         self._ensure_ticking()
         child = self.children.get(name)
         if child is not None and child.kind != "scope":
             log.warning("scope %r: report from %r, which is a member process here", self.path, name)
-            return
+            return True
         try:
-            incarnation, acked = int(body["incarnation"]), int(body["acked"])
-            state = (int(body["depth"]), {int(k): str(v) for k, v in body["subs"].items()},
-                     {int(t) for t in body["pubs"]},
-                     {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
-                     dict(body["joined"]), bool(body["regular"]),
-                     tuple(str(p) for p in body.get("recovering", ())))
+            incarnation, acked, rev = int(body["incarnation"]), int(body["acked"]), int(body["rev"])
+            state = None if "subs" not in body else (
+                int(body["depth"]), {int(k): str(v) for k, v in body["subs"].items()},
+                {int(t) for t in body["pubs"]},
+                {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
+                dict(body["joined"]), bool(body["regular"]),
+                tuple(str(p) for p in body.get("recovering", ())))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("scope %r: malformed report from %r ignored: %s", self.path, name, exc)
-            return
-        if child is None or child.incarnation != incarnation:
-            if child is None:
-                log.info("scope %r: child scope %r joined", self.path, name)
-            child = self.children[name] = Child(name, "scope", handle=handle,
-                                                incarnation=incarnation)
+            return True
+        if state is None:
+            if child is None or child.incarnation != incarnation or child.rev != rev:
+                return False
+        else:
+            if child is None or child.incarnation != incarnation:
+                if child is None:
+                    log.info("scope %r: child scope %r joined", self.path, name)
+                child = self.children[name] = Child(name, "scope", handle=handle,
+                                                    incarnation=incarnation)
+            child.rev = rev
+            if state != (child.depth, child.subs, child.pubs, child.offers, child.joined,
+                         child.regular, child.recovering):
+                (child.depth, child.subs, child.pubs, child.offers, child.joined,
+                 child.regular, child.recovering) = state
+                self._kick()
         child.last_seen = time.monotonic()
         child.acked = acked
-        if state != (child.depth, child.subs, child.pubs, child.offers, child.joined,
-                     child.regular, child.recovering):
-            (child.depth, child.subs, child.pubs, child.offers, child.joined,
-             child.regular, child.recovering) = state
-            self._kick()
+        return True
 
     async def install(self, version: int, delegation: dict) -> None:
         """The parent's delegation: settings, topics, sessions, channels delegated here."""
@@ -469,8 +481,8 @@ class ScopeManager:
         if self._report_ref is None:
             return True
         try:
-            await asyncio.wait_for(self._report_ref, self.settings["scope_timeout"])
-            return True
+            known = await asyncio.wait_for(self._report_ref, self.settings["scope_timeout"])
+            return known is not False  # (False: the state is on its way again)
         except Exception:  # the parent is gone or restarting: its check cannot pass either
             return False
 
@@ -481,9 +493,11 @@ class ScopeManager:
         return await asyncio.gather(*(asyncio.wait_for(call(c), timeout) for c in children),
                                     return_exceptions=True)
 
-    async def status(self) -> dict:
+    async def status(self, topics: bool = True) -> dict:
+        """This subtree's state; `topics=False` leaves out what is per topic (layouts, topic
+        ids of members): at thousands of topics that is megabytes, too much to poll."""
         scopes = [c for c in self.children.values() if c.kind == "scope"]
-        below = await self._ask(scopes, lambda c: c.handle.status.remote())
+        below = await self._ask(scopes, lambda c: c.handle.status.remote(topics))
         sub = {c.name: b if isinstance(b, dict)
                else {"path": "/".join(filter(None, (self.path, c.name))), "error": str(b)}
                for c, b in zip(scopes, below, strict=True)}
@@ -492,14 +506,15 @@ class ScopeManager:
                 "delegation_version": self.applied, "depth": self._depth(),
                 "multicast": self._group() if self.multicast else None,
                 **({"multicast_probe": self._probe.record()} if self.kind == "lan" else {}),
-                "members": [c.record() for c in self.children.values() if c.kind == "member"],
-                "topics": self.container.describe(),
-                "delegated_here": self.delegation.get("exits", []),
-                "covered_here": self.delegation.get("covered", {}),
+                "members": [c.record(topics) for c in self.children.values()
+                            if c.kind == "member"],
+                **({"topics": self.container.describe(),
+                    "delegated_here": self.delegation.get("exits", []),
+                    "covered_here": self.delegation.get("covered", {})} if topics else {}),
                 "policy_rejections": dict(self.container.rejected),
                 "failed_policies": {f"{p} topic {t}": why for (p, t), why in self._failed.items()},
                 "recovery": await self.recovery.describe(),
-                "scopes": [{**c.record(), **sub[c.name]} for c in scopes]}
+                "scopes": [{**c.record(topics), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
 
@@ -563,8 +578,9 @@ class ScopeManager:
         for x in self.delegation.get("exits", ()):
             replicas.setdefault(x["topic"], set()).add(x["replicas"])
         wanted = {}
-        for tid, info in self.topics.items():
-            if tid in covered or not self._relevant(info):
+        for tid in sorted(subs.keys() | pubs.keys() | exits.keys()):  # (no one's: nothing to lay)
+            info = self.topics.get(tid)
+            if info is None or tid in covered or not self._relevant(info):
                 continue
             members = {m for m in subs.get(tid, ()) if self.children[m].regular} | exits.get(tid,
                                                                                            set())
@@ -793,23 +809,42 @@ class ScopeManager:
     # ------------------------------------------------------------------------- sending up
 
     def _report(self, force: bool = False) -> None:
-        """Send this scope's state up if it changed; `force` sends it anyway (a heartbeat: the
-        body of the last re-layout, as nothing it depends on changes without one)."""
+        """Send this scope's state up if it changed, else a heartbeat; `force`: a heartbeat. A state
+        the parent has (same revision) goes as a heartbeat only: the state of thousands of
+        topics, sent every period, kept both scopes busy parsing and comparing it."""
         if self._parent_name is None:
             return
-        if force and self._reported is not None:
-            body = self._reported
-        else:
-            body = self._report_body()
-            if body == self._reported and not force:
+        if not force or self._reported is None:  # (what it depends on changes by re-layouts)
+            state = self._report_body()
+            if state != self._reported:
+                self._reported = state
+                self._report_rev += 1
+                self._send_report({**state, "rev": self._report_rev})
                 return
-        self._reported = body
+        self._send_report({"rev": self._report_rev})  # also says what it has in place now
+
+    def _send_report(self, body: dict) -> None:
+        body.update(incarnation=self.incarnation, acked=self.applied)
         try:
-            self._report_ref = self._parent_handle().report.remote(
+            ref = self._parent_handle().report.remote(
                 self.name, body, ray.get_runtime_context().current_actor)
         except Exception as exc:
             log.warning("scope %r: cannot report to %r: %s", self.path, self._parent_name, exc)
             self._parent = None
+            return
+        self._report_ref = ref
+        if "subs" not in body:
+            asyncio.get_running_loop().create_task(self._resend_if_unknown(ref))
+
+    async def _resend_if_unknown(self, ref) -> None:
+        """A parent that answers a heartbeat with False lacks this scope's state (it restarted,
+        or dropped a malformed report): it gets the whole state at once."""
+        try:
+            known = await ref
+        except Exception:  # the parent is gone: the next heartbeat finds out
+            return
+        if known is False and ref is self._report_ref:
+            self._send_report({**self._reported, "rev": self._report_rev})
 
     def _report_body(self) -> dict:
         subs: dict[int, str] = {}
@@ -826,8 +861,7 @@ class ScopeManager:
         for c in self.children.values():
             for key, ids in c.joined.items():
                 joined.setdefault(key, set()).update(ids)
-        return {"incarnation": self.incarnation, "depth": self._depth(), "acked": self.applied,
-                "subs": {str(t): r for t, r in subs.items()}, "pubs": sorted(pubs),
+        return {"depth": self._depth(), "subs": {str(t): r for t, r in subs.items()}, "pubs": sorted(pubs),
                 "offers": {str(t): o.to_wire() for t, o in self._offers(subs).items()},
                 "joined": {k: sorted(v) for k, v in joined.items()},
                 "regular": any(c.regular for c in self.children.values()),
@@ -893,7 +927,14 @@ class ScopeManager:
     def _domain_members(self) -> dict[str, list[tuple[str, int]]]:
         """Per protocol, the children in its domain with their regions, in ring order: children
         that subscribe to the same topics share a region (QSM), numbered in order of their
-        first member, and the ring keeps a region's members together."""
+        first member, and the ring keeps a region's members together. Kept until the next
+        change of children or topics (`_kick`): asked every tick, it costs a pass over every
+        topic of every child."""
+        if self._domains is None:
+            self._domains = self._group_domains()
+        return self._domains
+
+    def _group_domains(self) -> dict[str, list[tuple[str, int]]]:
         grouped: dict[str, list[tuple[tuple, str]]] = {}
         for c in self.children.values():
             keys = c.recovering if c.kind == "scope" else set(self._reliable_topics(c).values())
