@@ -137,6 +137,33 @@ def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_sta
     assert stalled[-1] == [[SOURCE, T, 1, 201, 300, 201, 300]]
 
 
+@pytest.mark.parametrize("sender", ["sending", "idle"])
+def test_a_tail_the_sender_may_not_have_sent_yet_is_asked_for_only_once_it_was_on_the_wire(
+        member, sender):
+    """The record names a topic's unstable messages up to stream seq `lss`, which may be past
+    what the sender has sent (`top`): while the sender keeps sending (other topics, to other
+    members), the member asks for that topic's tail only once the stream was past `lss` a
+    period ago, or the sender went idle (then up to `top`). Stalled members used to ask at
+    once: at 3,000 topics every summary asked for hundreds of tails still on their way."""
+    _deliver(member, 1, 200)  # T 1..200 at stream seqs 1..200: nothing more comes (stalled)
+
+    def summary(top: int) -> list:
+        time.sleep(0.03)  # each record a period (20 ms) after the one before
+        member._on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, 300, 5000]], 7]]},
+                                 "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
+        return member._owed(time.monotonic())[1]
+
+    tops = [4000, 4500, 4900] if sender == "sending" else [4000] * 5
+    before = [member.call_wait(summary, top) for top in tops]
+    if sender == "sending":
+        assert before == [[]] * 3  # 201..300 may all be past 4,900: not asked for
+        member.call_wait(summary, 5100)  # the stream passes 5,000 ...
+        after = member.call_wait(summary, 5200)  # ... a period ago
+        assert after == [[SOURCE, T, 1, 201, 300, 201, 5000]]
+    else:  # idle at 4,000 for IDLE_PERIODS periods: what it has sent, it has sent
+        assert before[0] == [] and before[-1] == [[SOURCE, T, 1, 201, 300, 201, 4000]]
+
+
 def test_a_hole_in_a_topic_the_record_does_not_name_holds_the_acknowledgement_back(member):
     """A sender's record names at most MAX_RECORD_TOPICS of its unstable topics: a hole in one it
     leaves out must still keep the member's acknowledgement of the stream below it (it did not:

@@ -52,12 +52,26 @@ TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks fo
 TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
                                      # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
+IDLE_PERIODS, IDLE_MIN = 4, 0.05     # a sender whose stream stands still this long is idle
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
 
 
 def _sseq(entry: tuple) -> int:
     return entry[0]
+
+
+@dataclass(slots=True)
+class _Record:
+    """A sender's record as this member last heard it (see `agents.api`), with when it moved."""
+
+    top: int                # the sender's stream is on the wire up to here
+    topics: dict            # (topic, session) -> [first seq, first sseq, last seq, last sseq]
+    received: float
+    beat_at: float          # when its heartbeat last moved (a sender that stops is gone)
+    beat: int
+    top_at: float           # when `top` last moved (a sender that stops sending)
+    settled: int            # the latest `top` heard a period or more before this record
 
 
 @dataclass(slots=True)
@@ -88,8 +102,7 @@ class RecoveryPath:
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
-        self._records: dict[int, tuple] = {}     # source -> (max_sseq, {(t, s): [fs..lss]},
-                                                 # when received, when it last moved, heartbeat)
+        self._records: dict[int, _Record] = {}   # source -> its record
         self._beat = 0                           # own summaries with a record (its heartbeat)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session, lo) -> last NAKed
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
@@ -281,14 +294,18 @@ class RecoveryPath:
         naks: list[list] = []
         early = self._early
         stalls, self._stalls = self._stalls, {}
-        for source, (top, topics, *_when) in self._records.items():
+        for source, record in self._records.items():
             if source == self.member_id:
                 continue
             seen = self._max_seen.get(source, 0)
             stalled = stalls.get(source) == seen
             self._stalls[source] = seen
-            a = top
-            for (topic, session), (fs, fss, ls, lss) in topics.items():
+            top = a = record.top
+            # the sender sends nothing new either: what it handed before is all there is (not
+            # within a period or two: a sender on a busy machine misses a period now and then)
+            idle = now - record.top_at >= max(IDLE_PERIODS * self._period, IDLE_MIN)
+            settled = max(record.settled, seen)
+            for (topic, session), (fs, fss, ls, lss) in record.topics.items():
                 if topic not in self._reliable or topic not in self._subs:
                     continue
                 key = (topic, source, session)
@@ -307,7 +324,11 @@ class RecoveryPath:
                 if nxt > ls:  # joined after all the record names: owed nothing of it
                     continue
                 last = self._last_sseq.get(key, fss - 1)
-                tail = (ls, min(lss, top)) if stalled else None
+                # a lost tail: all of it was on the wire a period ago (or before what this member
+                # has seen), or the sender is idle. While it sends, the topic's next message may
+                # be a moment old (going round thousands of topics, asking for those cost more
+                # than the data)
+                tail = (ls, min(lss, top)) if stalled and (lss <= settled or idle) else None
                 if self._nak_holes(key, nxt, last, naks, tail) or last < lss:
                     a = min(a, last)
             acks[source] = a
@@ -375,7 +396,7 @@ class RecoveryPath:
             if seen is None or hi <= seen or source == self.member_id:
                 continue
             record = self._records.get(source)
-            if record is not None and now - record[3] < 3 * max(self._period, 0.05):
+            if record is not None and now - record.beat_at < 3 * max(self._period, 0.05):
                 continue  # the sender lives: its own record names what is missing
             asked = self._tail_asks.setdefault(source, [seen, now])
             if asked[0] != seen:
@@ -433,7 +454,7 @@ class RecoveryPath:
         self._expire_records(now)
 
     def _expire_records(self, now: float) -> None:
-        for source in [s for s, r in self._records.items() if now - r[2] > RECORD_TTL]:
+        for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
             del self._records[source]
 
     def _on_instructions(self, ins: dict, key: str) -> None:
@@ -454,10 +475,11 @@ class RecoveryPath:
                 # last summary in until the scope drops it): gone is when its heartbeat stops
                 old = self._records.get(source)
                 top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
-                moved = old[3] if old is not None and (old[0], old[4]) == (top, beat) else now
                 runs = record[1][:MAX_RECORD_TOPICS]
-                self._records[source] = (top, {
-                    (int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs}, now, moved, beat)
+                self._records[source] = _Record(
+                    top, {(int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs}, now,
+                    old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
+                    beat, *self._top_moved(old, top, now))
         for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)
             if source == self.member_id:
@@ -484,6 +506,13 @@ class RecoveryPath:
             self._peer_cache.clear()
             self._peer_heads.clear()
         self._cacher = cacher
+
+    def _top_moved(self, old: _Record | None, top: int, now: float) -> tuple[float, int]:
+        """(top_at, settled) of a sender's record that now says `top`."""
+        if old is None:
+            return now, 0
+        settled = old.top if now - old.top_at >= self._period else old.settled
+        return (old.top_at, old.settled) if old.top == top else (now, settled)
 
     def _prune_peer_cache(self, source: int, stable: int) -> None:
         cache = self._peer_cache.get(source)
