@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from operator import attrgetter
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, pace, rss, stamp
 from benchmarks.procs import READY, report, role_parser, run_role, topic_names
@@ -46,6 +47,8 @@ def subscribe(args) -> None:
         meter = DeliveryMeter(args.warmup)
         latency = LatencyLog() if args.latency else None
         receive_batch = sub.receive_batch
+        # per message in C (map over attrgetter), as a user counting a batch would
+        payload_of, topic_seq = attrgetter("payload"), attrgetter("topic", "seq")
         prev_seq = 0
         gaps = 0
         last_seqs: dict[str, int] | None = {} if args.topics > 1 else None
@@ -56,15 +59,11 @@ def subscribe(args) -> None:
             batch = receive_batch(0.05)
             if batch:
                 now = monotonic()
-                nbytes = 0
-                for m in batch:
-                    nbytes += len(m.payload)
-                meter.add(len(batch), nbytes, now)
+                meter.add(len(batch), sum(map(len, map(payload_of, batch))), now)
                 if latency is not None and meter.k is not None:
                     latency.add([m.payload for m in batch], now)
                 if last_seqs is not None:  # several topics: gaps are counted at the end
-                    for m in batch:
-                        last_seqs[m.topic] = m.seq
+                    last_seqs.update(map(topic_seq, batch))
                     continue
                 first, last = batch[0].seq, batch[-1].seq
                 gaps += (first - prev_seq - 1) + (last - first + 1 - len(batch))

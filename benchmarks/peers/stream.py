@@ -87,15 +87,10 @@ class Receiver:
 
     def take(self, payloads) -> bool:
         """Count a batch (every payload's len() touched); True once the end marker came."""
-        n = nbytes = 0
-        ended = False
-        for p in payloads:
-            k = len(p)
-            if k == END_LEN:
-                ended = True
-                break
-            n += 1
-            nbytes += k
+        lengths = list(map(len, payloads))  # per payload in C, as scopecast's count does
+        ended = END_LEN in lengths
+        n = lengths.index(END_LEN) if ended else len(lengths)
+        nbytes = sum(lengths[:n]) if ended else sum(lengths)
         if n:
             now = monotonic()
             self.meter.add(n, nbytes, now)
