@@ -42,7 +42,7 @@ def _numbers(value) -> dict:
 
 
 def _record(value):
-    """A sender's record: [max_sseq, [unstable ranges]]."""
+    """A sender's record: [max_sseq, [unstable ranges], ...] (see `agents.api`)."""
     if not isinstance(value, list | tuple) or len(value) < 2 or not isinstance(value[1], list | tuple):
         raise TypeError("not a record")
     return value

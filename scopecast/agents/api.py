@@ -25,9 +25,13 @@ Summary (all keys optional)::
 A *stream* is a sender's sequence space (the wire format's stream id, here the sending member's id);
 `max_contiguous` is the stream position up to which the bottom holds everything it is owed. A
 *record* is what a sender says of its unstable messages: ``[max_sseq, [[topic, session, first_seq,
-first_sseq, last_seq, last_sseq], ...], heartbeat]``; the heartbeat moves with every summary (a
-protocol passes records on as they are). A NAK's `hi` of 2**32-1 asks for everything of the topic
-in the sseq range (a survivor catching up with another after the sender is gone).
+first_sseq, last_seq, last_sseq], ...], heartbeat, horizon, key_count, key_digest]``; the heartbeat
+moves with every summary, the runs name at most a few hundred topics (the oldest unstable; every
+unstable message up to `horizon` is of one of them), and the keys digest every (topic, session) the
+sender sent on (`netio.stream_position`: a receiver that took them all is owed every stream seq). A
+protocol passes records on as they are. A NAK's `hi` of 2**32-1 asks for everything of the topic in
+the sseq range (a survivor catching up with another after the sender is gone); topic 0 asks for
+every message in the sseq range, whatever its topic (a dense stream's hole).
 
 Instructions::
 

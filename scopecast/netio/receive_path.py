@@ -215,7 +215,7 @@ class ReceivePath:
         in_order = not self._early and ctype != END
         cacher = self._cacher
         kept: list = []
-        top = 0
+        top = low = 0  # the stretch of stream seqs taken in this pass, from `low` to `top`
         for i in range(0, len(entries), 3):
             topic, seq, n = entries[i], entries[i + 1], entries[i + 2]
             key = (topic, source, session)
@@ -232,6 +232,8 @@ class ReceivePath:
                     sub.inbox.append(msg)
                     sub.inbox_bytes += n + MESSAGE_COST
                 if topic in reliable:
+                    if not low:
+                        low = sseq
                     last_sseq[key] = top = sseq
                     if cacher:  # kept until stable, to repair peers (see recovery_path)
                         kept.append((sseq, topic, session, seq, ctype, payload))
@@ -239,6 +241,9 @@ class ReceivePath:
                 if kept:  # the cache stays in stream order
                     self._keep(source, kept)
                     kept = []
+                if low:
+                    self._positions.mark(source, low, top)
+                    low = 0
                 self._take_run(data, routes, topic, source, session, seq, stream, sseq, ctype, ridx,
                                (n,), off)
                 in_order = not self._early and ctype != END
@@ -247,6 +252,8 @@ class ReceivePath:
         if top > self._max_seen.get(source, 0):
             self._max_seen[source] = top
             self.progressed = True
+        if low:
+            self._positions.mark(source, low, top)
         if kept:
             self._keep(source, kept)
 
@@ -282,6 +289,7 @@ class ReceivePath:
                               payloads)
         if topic in self._reliable:
             top = self._last_sseq[key] = first_sseq + count - 1
+            self._positions.mark(source, first_sseq, top)
             if top > self._max_seen.get(source, 0):
                 self._max_seen[source] = top
                 self.progressed = True
@@ -311,6 +319,8 @@ class ReceivePath:
                 self._gap_at.setdefault(key, []).append((first - 1, time.monotonic()))
                 self.hole_opened = True
         held.insert(at, (first, time.monotonic(), run))
+        if key[0] in self._reliable:  # taken, as far as the stream position goes (it is held
+            self._positions.mark(key[1], run[7], run[7] + len(run[10]) - 1)  # till delivered)
         self._early_bytes += size
         self.stats["held_early"] += 1
         return True

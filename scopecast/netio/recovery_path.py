@@ -38,11 +38,15 @@ from itertools import islice
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
+from scopecast.netio.stream_position import KeyDigest, StreamPositions
 
 REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
 REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
+RECORD_SCAN = 4096                   # own unstable messages looked at for the record's horizon
+MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per summary
+ANY_TOPIC = 0                        # a NAK's topic: every message in its stream seq range
 REPAIR_BURST = 1 << 20               # bytes of repair one requester gets per summary period (the
 REPAIR_ENTRY_COST = 64               # rest: at its next NAK), counting a cost per message sent and
 REPAIR_SCAN_COST = 16                # per cached message looked at, so that serving never stalls
@@ -67,6 +71,8 @@ class _Record:
 
     top: int                # the sender's stream is on the wire up to here
     topics: dict            # (topic, session) -> [first seq, first sseq, last seq, last sseq]
+    horizon: int            # every unstable message up to here is of a topic it names
+    keys: tuple[int, int]   # the (topic, session) keys it sent on: KeyDigest (count, digest)
     received: float
     beat_at: float          # when its heartbeat last moved (a sender that stops is gone)
     beat: int
@@ -103,6 +109,12 @@ class RecoveryPath:
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
         self._records: dict[int, _Record] = {}   # source -> its record
+        self._positions = StreamPositions()      # sseqs taken per source (for dense streams)
+        self._taken_keys: dict[int, KeyDigest] = {}  # source -> keys delivered from it
+        self._digested = 0                       # keys of _last_sseq in _taken_keys so far
+        self._forgotten: set[tuple] = set()      # keys taken out of them again (see forget_keys)
+        self._published = KeyDigest()            # own (topic, session) keys sent, all reliable
+        self._sent_unreliable = False            # (if not: no stream is dense)
         self._beat = 0                           # own summaries with a record (its heartbeat)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session, lo) -> last NAKed
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
@@ -131,6 +143,7 @@ class RecoveryPath:
         """This member's agents (per protocol) and its reliable topics' protocols."""
         self._agents = agents
         self._protocols = protocols
+        self.forget_keys(self._reliable - protocols.keys())
         self._reliable = frozenset(protocols)
         self._cached_history = frozenset(cached)
         self._replies = {k: r for k, r in self._replies.items() if k in agents}
@@ -165,13 +178,40 @@ class RecoveryPath:
         self._space.set()
 
     def _own_record(self) -> list:
-        """[what is on the wire, the unstable runs per topic, a heartbeat]: a receiver NAKs a tail
-        only up to the first (what is still queued here is not lost, only not sent yet); the
-        heartbeat moves with every summary, so receivers tell a sender that waits (on its window)
-        from one that is gone."""
+        """[what is on the wire, the unstable runs per topic, a heartbeat, the horizon, the keys
+        sent (count, digest)]: a receiver NAKs a tail only up to the first (what is still queued
+        here is not lost, only not sent yet); the heartbeat moves with every summary, so
+        receivers tell a sender that waits (on its window) from one that is gone; a receiver
+        whose stream is not dense acknowledges no further than the horizon (topics it does not
+        name may have lost tails there)."""
         self._beat += 1
-        topics = [[t, s, *tail] for (t, s), tail in islice(self._tails.items(), MAX_RECORD_TOPICS)]
-        return [self.handed, topics, self._beat]
+        tails = self._tails
+        if len(tails) <= MAX_RECORD_TOPICS:
+            named, horizon = tails.items(), self.handed
+        else:
+            named, horizon = self._oldest_named()
+        topics = [[t, s, *tail] for (t, s), tail in named]
+        keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)
+        return [self.handed, topics, self._beat, horizon, *keys]
+
+    def _oldest_named(self) -> tuple[list, int]:
+        """The topics of the oldest unstable messages (up to MAX_RECORD_TOPICS of them), and the
+        stream position up to which every unstable message is of one of them."""
+        keys: dict[tuple[int, int], None] = {}
+        horizon, scanned = self.handed, 0
+        for e in islice(self._cache, self._cache_head, self._cache_head + RECORD_SCAN):
+            if e[0] > self.handed:
+                break
+            if (e[1], e[2]) not in keys:
+                if len(keys) == MAX_RECORD_TOPICS:
+                    horizon = e[0] - 1
+                    break
+                keys[(e[1], e[2])] = None
+            scanned += 1
+            if scanned == RECORD_SCAN:  # (more may follow)
+                horizon = e[0]
+        tails = self._tails
+        return [(k, tails[k]) for k in keys if k in tails], horizon
 
     def _look_up(self, member_id: int) -> None:
         """A member this one must talk to but does not know (in another scope): the control
@@ -294,6 +334,8 @@ class RecoveryPath:
         naks: list[list] = []
         early = self._early
         stalls, self._stalls = self._stalls, {}
+        self._digest_keys()
+        streams: list[tuple[int, int]] = []  # dense: (source, its tail to ask for up to)
         for source, record in self._records.items():
             if source == self.member_id:
                 continue
@@ -305,6 +347,8 @@ class RecoveryPath:
             # within a period or two: a sender on a busy machine misses a period now and then)
             idle = now - record.top_at >= max(IDLE_PERIODS * self._period, IDLE_MIN)
             settled = max(record.settled, seen)
+            # dense: the stream position is exact; else what the record names bounds the ack
+            dense = self._dense(source, record)
             for (topic, session), (fs, fss, ls, lss) in record.topics.items():
                 if topic not in self._reliable or topic not in self._subs:
                     continue
@@ -329,8 +373,13 @@ class RecoveryPath:
                 # be a moment old (going round thousands of topics, asking for those cost more
                 # than the data)
                 tail = (ls, min(lss, top)) if stalled and (lss <= settled or idle) else None
-                if self._nak_holes(key, nxt, last, naks, tail) or last < lss:
+                if (self._nak_holes(key, nxt, last, naks, tail) or last < lss) and not dense:
                     a = min(a, last)
+            if dense:
+                a = min(a, self._positions.contiguous.get(source, 0))
+                streams.append((source, (top if idle else min(top, settled)) if stalled else 0))
+            else:
+                a = min(a, record.horizon)
             acks[source] = a
         # gaps no record names (it has not come yet, or the record names only MAX_RECORD_TOPICS
         # of the sender's topics): pulled from the sender all the same, and not acknowledged
@@ -344,6 +393,8 @@ class RecoveryPath:
                     acks[key[1]] = min(acks[key[1]], last)
             else:
                 self._asking(key, now)
+        for source, tail_top in streams:
+            self._stream_naks(source, tail_top, naks)
         if self._reliable and self.handed:
             acks[self.member_id] = self.handed  # on the wire: nothing is stable before it is sent
         naks += self._tail_naks(now)
@@ -361,6 +412,44 @@ class RecoveryPath:
                 self.repair_ms.append((now - since) * 1000)
         if not marks:
             del self._gap_at[key]
+
+    def _dense(self, source: int, record: _Record) -> bool:
+        """Whether this member took every (topic, session) `source` sent on (so it is owed every
+        message of the stream: see stream_position)."""
+        taken = self._taken_keys.get(source)
+        return record.keys[0] > 0 and taken is not None and taken.same(*record.keys) \
+            and source not in self._positions.untracked
+
+    def _stream_naks(self, source: int, tail_top: int, naks: list) -> None:
+        """NAKs of a dense stream's holes (by stream seq, any topic) that no per-topic NAK
+        covers, and of its tail up to `tail_top`."""
+        covered = [(n[5], n[6]) for n in naks if n[0] == source]
+        end = self._positions.end(source)
+        for lo, hi in [*self._positions.holes(source, MAX_STREAM_NAKS), (end + 1, tail_top)]:
+            if lo <= hi and not any(c_lo <= lo and hi <= c_hi for c_lo, c_hi in covered):
+                naks.append([source, ANY_TOPIC, 0, lo, TAIL_SEQ, lo, hi])
+
+    def forget_keys(self, topics) -> None:
+        """This member no longer takes `topics`: their keys leave its digests, so no stream that
+        carries them counts as dense (it would wait for messages it now drops)."""
+        if not topics:
+            return
+        self._digest_keys()
+        for key in self._last_sseq:
+            if key[0] in topics and key not in self._forgotten:
+                self._forgotten.add(key)  # (for good: a later subscription is not dense)
+                self._taken_keys[key[1]].remove(key[0], key[2])
+
+    def _digest_keys(self) -> None:
+        """Add the keys first delivered since the last summary to their sources' digests."""
+        last = self._last_sseq
+        if len(last) > self._digested:  # (keys are never removed: the new ones are the last)
+            for topic, source, session in islice(reversed(last), len(last) - self._digested):
+                digest = self._taken_keys.get(source)
+                if digest is None:
+                    digest = self._taken_keys[source] = KeyDigest()
+                digest.add(topic, session)
+            self._digested = len(last)
 
     def _nak_holes(self, key: tuple, nxt: int, last: int, naks: list,
                    tail: tuple | None = None) -> bool:
@@ -476,8 +565,11 @@ class RecoveryPath:
                 old = self._records.get(source)
                 top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
                 runs = record[1][:MAX_RECORD_TOPICS]
+                horizon = int(record[3]) if len(record) > 3 else top
+                keys = (int(record[4]), int(record[5])) if len(record) > 5 else (0, 0)
                 self._records[source] = _Record(
-                    top, {(int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs}, now,
+                    top, {(int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs},
+                    horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
                     beat, *self._top_moved(old, top, now))
         for source in reply.down:
@@ -559,7 +651,7 @@ class RecoveryPath:
             if e[0] > hi_sseq:
                 break
             left -= REPAIR_SCAN_COST
-            if e[1] == topic and e[2] == session and lo <= e[3] <= hi:
+            if topic == ANY_TOPIC or e[1] == topic and e[2] == session and lo <= e[3] <= hi:
                 picked.append(e)
                 left -= len(e[5]) + REPAIR_ENTRY_COST
         self._repair_used[address] = REPAIR_BURST - left
@@ -596,7 +688,8 @@ class RecoveryPath:
                 flush()
                 self._repair_fragments(source, e, address)
                 continue
-            extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 and e[4] == run[-1][4]
+            extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 \
+                and e[1:3] == run[-1][1:3] and e[4] == run[-1][4]
             if size + n + (0 if extends else wire.RUN.size) > room:
                 flush()
                 extends = False

@@ -406,6 +406,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 self._subs[t] = rest
             else:
                 self._subs.pop(t, None)
+        self.forget_keys(sub.topics - self._subs.keys())
         sub.event.set()  # a receive() waiting on it returns
 
     def snapshot(self) -> dict:

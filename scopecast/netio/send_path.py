@@ -67,10 +67,13 @@ class SendPath:
                     tail = tails.get((topic, session))
                     if tail is None:
                         tail = tails[(topic, session)] = [seq, sseq, seq, sseq]
+                        if (topic, session) not in self._stable_tops:  # its first message
+                            self._published.add(topic, session)
                 tail[2] = seq
                 tail[3] = sseq
             else:
                 released += n
+                self._sent_unreliable = True
             if run is not None and seq == run.next_seq and sseq == run.next_sseq \
                     and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
                     and c.size + n <= c.room:
