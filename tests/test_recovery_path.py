@@ -287,7 +287,7 @@ def test_a_stream_is_no_longer_dense_once_the_member_drops_one_of_its_topics(mem
     def dense() -> bool:
         member._on_instructions(record, PROTOCOL)
         member._owed(time.monotonic())
-        return member._dense(SOURCE, member._records[SOURCE])
+        return member._dense(SOURCE, member._records[SOURCE].keys)
     assert member.call_wait(dense)
     member.call_wait(member.remove_subscription, next(iter(member._subscriptions)))
     member.call_wait(member.forget_keys, {T})  # again: counted once

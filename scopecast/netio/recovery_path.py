@@ -70,7 +70,8 @@ class _Record:
     """A sender's record as this member last heard it (see `agents.api`), with when it moved."""
 
     top: int                # the sender's stream is on the wire up to here
-    topics: dict            # (topic, session) -> [first seq, first sseq, last seq, last sseq]
+    topics: dict | None     # (topic, session) -> [first seq, first sseq, last seq, last sseq]
+                            # (None for a dense stream: not needed)
     horizon: int            # every unstable message up to here is of a topic it names
     keys: tuple[int, int]   # the (topic, session) keys it sent on: KeyDigest (count, digest)
     received: float
@@ -348,8 +349,12 @@ class RecoveryPath:
             idle = now - record.top_at >= max(IDLE_PERIODS * self._period, IDLE_MIN)
             settled = max(record.settled, seen)
             # dense: the stream position is exact; else what the record names bounds the ack
-            dense = self._dense(source, record)
-            for (topic, session), (fs, fss, ls, lss) in record.topics.items():
+            dense = self._dense(source, record.keys)
+            if record.topics is None and not dense:
+                # no longer dense since the record came (its topics were not read): what is
+                # stable already, until the next record
+                a = min(a, min((r.down.get(source, 0) for r in self._replies.values()), default=0))
+            for (topic, session), (fs, fss, ls, lss) in (record.topics or {}).items():
                 if topic not in self._reliable or topic not in self._subs:
                     continue
                 key = (topic, source, session)
@@ -413,11 +418,11 @@ class RecoveryPath:
         if not marks:
             del self._gap_at[key]
 
-    def _dense(self, source: int, record: _Record) -> bool:
-        """Whether this member took every (topic, session) `source` sent on (so it is owed every
-        message of the stream: see stream_position)."""
+    def _dense(self, source: int, keys: tuple[int, int]) -> bool:
+        """Whether this member took every (topic, session) `source` sent on, its record's `keys`
+        (so it is owed every message of the stream: see stream_position)."""
         taken = self._taken_keys.get(source)
-        return record.keys[0] > 0 and taken is not None and taken.same(*record.keys) \
+        return keys[0] > 0 and taken is not None and taken.same(*keys) \
             and source not in self._positions.untracked
 
     def _stream_naks(self, source: int, tail_top: int, naks: list) -> None:
@@ -568,7 +573,8 @@ class RecoveryPath:
                 horizon = int(record[3]) if len(record) > 3 else top
                 keys = (int(record[4]), int(record[5])) if len(record) > 5 else (0, 0)
                 self._records[source] = _Record(
-                    top, {(int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs},
+                    top, None if self._dense(source, keys) else
+                    {(int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs},
                     horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
                     beat, *self._top_moved(old, top, now))
