@@ -34,7 +34,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "cpu_user_s": r["window_user_s"], "cpu_sys_s": r["window_sys_s"],
             "ended_by": r.get("ended_by"),
         }
-        for key in ("gaps", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
+        for key in ("gaps", "seqs_ok", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
                     "latency", "error", "rss_bytes", "runqueue_wait_s", "netns"):
             if key in r:
                 row[key] = r[key]
