@@ -42,12 +42,14 @@ def _ints(value) -> bool:
 
 
 def _record(value) -> bool:
-    """``[max_sseq, [[topic, session, first_seq, first_sseq, last_seq, last_sseq], ...],
-    heartbeat, horizon, key count, key digest]`` (the last four may be missing)"""
+    """``[max_sseq, named topics, heartbeat, horizon, key count, key digest]`` (the last four may
+    be missing); the named topics packed (bytes) or ``[[topic, session, first_seq, first_sseq,
+    last_seq, last_sseq], ...]``"""
     return (isinstance(value, list) and len(value) in (2, 3, 6) and type(value[0]) is int
-            and all(type(x) is int for x in value[2:]) and isinstance(value[1], list)
-            and all(isinstance(r, list) and len(r) == 6 and all(type(x) is int for x in r)
-                    for r in value[1]))
+            and all(type(x) is int for x in value[2:])
+            and (isinstance(value[1], bytes) or isinstance(value[1], list) and all(
+                isinstance(r, list) and len(r) == 6 and all(type(x) is int for x in r)
+                for r in value[1])))
 
 
 def _records(value) -> bool:

@@ -293,3 +293,19 @@ def test_a_stream_is_no_longer_dense_once_the_member_drops_one_of_its_topics(mem
     member.call_wait(member.forget_keys, {T})  # again: counted once
     assert not member.call_wait(dense)
     assert member._taken_keys[SOURCE].count == 0
+
+
+def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
+    """The sender's record carries its named topics packed (agents pass it on every period);
+    the receiver reads them back, and drops instructions whose record is cut short."""
+    from scopecast.netio.recovery_path import RECORD_ENTRY, _named_topics
+
+    def own():
+        member._tails.update({(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]})
+        return member._own_record()
+    record = member.call_wait(own)
+    assert isinstance(record[1], bytes) and len(record[1]) == 2 * RECORD_ENTRY.size
+    assert _named_topics(record[1]) == {(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]}
+    cut = {"down": {str(SOURCE): [0, [9, record[1][:-1], 7, 9, 0, 0]]}, "hi": {}, "period": 0.02}
+    with pytest.raises(ValueError):  # (the I/O loop counts it as bad_instructions)
+        member.call_wait(member._on_instructions, cut, PROTOCOL)

@@ -43,7 +43,8 @@ def _numbers(value) -> dict:
 
 def _record(value):
     """A sender's record: [max_sseq, [unstable ranges], ...] (see `agents.api`)."""
-    if not isinstance(value, list | tuple) or len(value) < 2 or not isinstance(value[1], list | tuple):
+    if not isinstance(value, list | tuple) or len(value) < 2 \
+            or not isinstance(value[1], list | tuple | bytes):
         raise TypeError("not a record")
     return value
 

@@ -31,6 +31,7 @@ but never forwarded (downstream members that miss them ask for themselves).
 from __future__ import annotations
 
 import bisect
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forward
 REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
+RECORD_ENTRY = struct.Struct("<IIQQQQ")  # a named topic in a record: topic, session, first seq,
+                                         # first sseq, last seq, last sseq (packed: the agents
+                                         # pass records on every period, and 1,536 msgpack
+                                         # integers each time cost them most of their CPU)
 RECORD_SCAN = 4096                   # own unstable messages looked at for the record's horizon
 MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per summary
 ANY_TOPIC = 0                        # a NAK's topic: every message in its stream seq range
@@ -63,6 +68,30 @@ JOIN_TRIES = 20                      # asks for a join point before starting at 
 
 def _sseq(entry: tuple) -> int:
     return entry[0]
+
+
+def _pack_named(named) -> bytes:
+    """A record's named topics, ((topic, session), [fs, fss, ls, lss]) pairs, as RECORD_ENTRYs."""
+    out = bytearray(RECORD_ENTRY.size * len(named))
+    for i, ((topic, session), tail) in enumerate(named):
+        RECORD_ENTRY.pack_into(out, i * RECORD_ENTRY.size, topic, session, *tail)
+    return bytes(out)
+
+
+def _named_topics(runs) -> dict[tuple[int, int], list[int]]:
+    """A record's named topics (packed, or lists as protocol tests write them), at most
+    MAX_RECORD_TOPICS; ValueError or TypeError when malformed."""
+    if isinstance(runs, bytes):
+        if len(runs) % RECORD_ENTRY.size:
+            raise ValueError("record entries cut short")
+        entries = RECORD_ENTRY.iter_unpack(runs[:MAX_RECORD_TOPICS * RECORD_ENTRY.size])
+        return {(t, s): [fs, fss, ls, lss] for t, s, fs, fss, ls, lss in entries}
+    named = {}
+    for t, s, *rest in runs[:MAX_RECORD_TOPICS]:
+        if len(rest) != 4:
+            raise ValueError("a record entry is six numbers")
+        named[(int(t), int(s))] = [int(v) for v in rest]
+    return named
 
 
 @dataclass(slots=True)
@@ -191,9 +220,8 @@ class RecoveryPath:
             named, horizon = tails.items(), self.handed
         else:
             named, horizon = self._oldest_named()
-        topics = [[t, s, *tail] for (t, s), tail in named]
         keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)
-        return [self.handed, topics, self._beat, horizon, *keys]
+        return [self.handed, _pack_named(named), self._beat, horizon, *keys]
 
     def _oldest_named(self) -> tuple[list, int]:
         """The topics of the oldest unstable messages (up to MAX_RECORD_TOPICS of them), and the
@@ -569,12 +597,10 @@ class RecoveryPath:
                 # last summary in until the scope drops it): gone is when its heartbeat stops
                 old = self._records.get(source)
                 top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
-                runs = record[1][:MAX_RECORD_TOPICS]
                 horizon = int(record[3]) if len(record) > 3 else top
                 keys = (int(record[4]), int(record[5])) if len(record) > 5 else (0, 0)
                 self._records[source] = _Record(
-                    top, None if self._dense(source, keys) else
-                    {(int(t), int(s)): [int(v) for v in rest] for t, s, *rest in runs},
+                    top, None if self._dense(source, keys) else _named_topics(record[1]),
                     horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
                     beat, *self._top_moved(old, top, now))
