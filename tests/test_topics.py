@@ -72,4 +72,5 @@ def test_status_without_topics_leaves_out_what_is_per_topic(cluster, topic_name)
     assert not any("topics" in s for s in walk(brief))
     mine = [m for m in members(brief) if info.name in m["subscriptions"]]
     assert mine and all("subscribes" not in m and "counters" in m for m in mine)
+    assert all(isinstance(m["channels"], int) for m in members(brief))
     assert [m for m in members(full) if info.id in m.get("subscribes", ())]

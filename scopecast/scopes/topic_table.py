@@ -9,6 +9,7 @@ import ray
 
 REBASE_MIN = 64        # changes carried inline before the root puts a new base
 REBASE_FRACTION = 16   # ... or 1/16 of the table, whichever is more
+_MISSING = object()
 
 
 class TopicTable:
@@ -19,6 +20,7 @@ class TopicTable:
         self.entries: dict[str, dict] = {}
         self.ref: tuple | None = None
         self._base: dict[str, dict] = {}
+        self.changed: set[str] | None = None  # keys the last take() changed (None: any)
 
     # ----------------------------------------------------------------------------- the root
 
@@ -53,13 +55,25 @@ class TopicTable:
         is what this table has already."""
         if ref == self.ref:
             return False
+        if base is None and self.ref is not None:  # the same base: only what the changes change
+            old, new = self.ref[1], ref[1]
+            self.changed = {k for k, body in new.items() if old.get(k, _MISSING) != body}
+            self.changed.update(k for k in old if k not in new)
+            for key in self.changed:
+                self._put(self.entries, key, new.get(key, self._base.get(key)))
+            self.ref = ref
+            return True
         if base is not None:
             self._base = base
         entries = dict(self._base)
         for key, body in ref[1].items():
-            if body is None:
-                entries.pop(key, None)
-            else:
-                entries[key] = body
-        self.entries, self.ref = entries, ref
+            self._put(entries, key, body)
+        self.entries, self.ref, self.changed = entries, ref, None
         return True
+
+    @staticmethod
+    def _put(entries: dict[str, dict], key: str, body: dict | None) -> None:
+        if body is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = body

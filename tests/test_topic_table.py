@@ -1,0 +1,43 @@
+"""The topic table below the root (pure logic): a change of the same base costs its own entries."""
+
+from __future__ import annotations
+
+from scopecast.scopes.topic_table import TopicTable
+
+
+def _body(i: int, session: int = 1) -> dict:
+    return {"name": f"t/{i}", "id": i, "session": session}
+
+
+def test_changes_of_the_same_base_are_taken_key_by_key_and_agree_with_a_full_take():
+    base = {str(i): _body(i) for i in range(1, 6)}
+    table = TopicTable()
+    assert table.take(("b1", {}), base) and table.changed is None  # a new base: everything
+    steps = [{"6": _body(6)},
+             {"6": _body(6), "2": None},                       # 2 deleted
+             {"6": _body(6), "2": None, "3": _body(3, 2)},     # 3 in a new session
+             {"6": _body(6, 2), "2": None, "3": _body(3, 2)}]  # 6 again
+    expected_changes = [{"6"}, {"2"}, {"3"}, {"6"}]
+    for delta, changed in zip(steps, expected_changes, strict=True):
+        assert table.take(("b1", delta), None)
+        assert table.changed == changed
+        full = TopicTable()
+        full.take(("b1", delta), base)
+        assert table.entries == full.entries
+    assert not table.take(("b1", steps[-1]), None)  # the same again: nothing to do
+
+
+def test_a_scope_brings_its_topics_in_line_key_by_key_as_a_full_rebuild_would():
+    from scopecast.scopes.scope_manager import ScopeManager
+    base = {str(i): {"name": f"t/{i}", "id": i} for i in range(1, 6)}
+    scope, fresh = ScopeManager("lan0", "lan", ""), ScopeManager("lan0", "lan", "")
+    scope.table.take(("b1", {}), base)
+    scope._topics_changed(scope.table.changed)
+    for delta in [{"6": {"name": "t/6", "id": 6}}, {"6": {"name": "t/6", "id": 6}, "2": None},
+                  {"6": {"name": "t/six", "id": 6}, "2": None}]:
+        scope.table.take(("b1", delta), None)
+        scope._topics_changed(scope.table.changed)
+        fresh.table.take(("b1", delta), base)
+        fresh._topics_changed(None)
+        assert scope.topics == fresh.topics and scope._named == fresh._named
+    assert "t/6" not in scope._named and scope._named["t/six"].id == 6
