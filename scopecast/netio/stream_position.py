@@ -31,14 +31,13 @@ class KeyDigest:
         self.count = 0
         self.digest = 0
 
-    def add(self, topic: int, session: int) -> None:
-        self.count += 1
+    def add(self, topic: int, session: int, count: int = 1) -> None:
+        """Put a key in (`count=-1`: take out a key that was put in; XOR undoes itself)."""
+        self.count += count
         self.digest ^= _mix((topic << 32) | (session & 0xFFFFFFFF))
 
     def remove(self, topic: int, session: int) -> None:
-        """Take out a key that was added (XOR undoes itself)."""
-        self.count -= 1
-        self.digest ^= _mix((topic << 32) | (session & 0xFFFFFFFF))
+        self.add(topic, session, -1)
 
     def same(self, count: int, digest: int) -> bool:
         return self.count == count and self.digest == digest

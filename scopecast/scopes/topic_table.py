@@ -30,10 +30,7 @@ class TopicTable:
 
     def change(self, key: str, body: dict | None) -> None:
         """Add, replace (body) or delete (None) one entry."""
-        if body is None:
-            self.entries.pop(key, None)
-        else:
-            self.entries[key] = body
+        self._put(self.entries, key, body)
         base_ref, delta = self.ref if self.ref is not None else (None, {})
         delta = {**delta, key: body}
         if base_ref is None or len(delta) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
