@@ -309,3 +309,22 @@ def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
     cut = {"down": {str(SOURCE): [0, [9, record[1][:-1], 7, 9, 0, 0]]}, "hi": {}, "period": 0.02}
     with pytest.raises(ValueError):  # (the I/O loop counts it as bad_instructions)
         member.call_wait(member._on_instructions, cut, PROTOCOL)
+
+
+def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tail(member):
+    """The sender's cache up to the stable stream seq goes; each topic's tail ([first unstable
+    seq, a stream seq no later than its own, last seq, last stream seq]) moves past what went,
+    and a topic wholly stable leaves the tails for the stable tops."""
+    U = T + 1
+    member.call_wait(member.install_recovery, {PROTOCOL: ("127.0.0.1", 9)},
+                     {T: PROTOCOL, U: PROTOCOL})
+    for topic, seq in [(T, 1), (U, 1), (T, 2), (U, 2), (T, 3)]:
+        member.publish(topic, 1, seq, 0, b"x" * 10)
+    member.call_wait(member._take_publishes)
+    base = member.released_bytes
+    member.call_wait(member._release_own, 3)
+    assert member._tails == {(T, 1): [3, 4, 3, 5], (U, 1): [2, 3, 2, 4]}
+    member.call_wait(member._release_own, 5)
+    assert member._tails == {} and member._stable_tops == {(T, 1): 3, (U, 1): 2}
+    assert member.released_bytes - base == member.app_bytes
+    assert [e for e in member._cache if e is not None] == []

@@ -124,3 +124,28 @@ def test_a_caching_member_keeps_a_mixed_run_in_stream_order(member):
     assert received(sub, 4) == [1, 2, 1, 3]
     kept = rt.call_wait(lambda: [e[0] for e in rt._peer_cache[SOURCE]])
     assert kept == [1, 2, 3, 4]
+
+
+def test_mixed_runs_of_reliable_topics_at_once_or_one_by_one_agree(member):
+    """A mixed run whose every message is the next of its own reliable topic is taken at once
+    (the per-message work in C); one with a topic twice, a hole or a topic met for the first
+    time goes message by message. Either way: delivered in order per topic, cached in stream
+    order, the stream position and each topic's last stream seq moved on."""
+    rt, sub = member
+    rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
+                 {T: "token_ring", U: "token_ring"})
+    rt._cacher = True
+    mixed(rt, 1, [(T, 1), (U, 1)])            # first seen of both
+    mixed(rt, 3, [(T, 2), (U, 2)])            # at once
+    mixed(rt, 5, [(T, 3), (U, 3), (T, 4)])    # T twice
+    mixed(rt, 10, [(T, 6), (U, 5)])           # T 5 and U 4 (stream seqs 8, 9) missing: held
+    mixed(rt, 8, [(T, 5), (U, 4)])            # one by one: they release the held ones
+    mixed(rt, 12, [(U, 6), (T, 7)])           # at once again
+    got = received(sub, 13, topic=True)
+    assert [q for t, q in got if t == "T"] == [1, 2, 3, 4, 5, 6, 7]
+    assert [q for t, q in got if t == "U"] == [1, 2, 3, 4, 5, 6]
+    assert rt.stats["duplicates"] == 0 and rt.stats["gaps"] == 0
+    kept = rt.call_wait(lambda: [e[0] for e in rt._peer_cache[SOURCE]])
+    assert kept == list(range(1, 14))
+    assert rt._positions.contiguous[SOURCE] == 13
+    assert rt._last_sseq[(T, SOURCE, 1)] == 13 and rt._last_sseq[(U, SOURCE, 1)] == 12

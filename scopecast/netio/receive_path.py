@@ -10,6 +10,8 @@ import logging
 import socket
 import time
 from collections import deque
+from itertools import accumulate, repeat
+from operator import itemgetter
 
 from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
@@ -18,6 +20,7 @@ from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
 
 log = logging.getLogger("scopecast.netio.runtime")
+_NAME, _GROUP, _RELIABLE, _ANNOUNCED = (itemgetter(i) for i in range(4))
 HEADER = wire.HEADER
 MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
@@ -200,15 +203,33 @@ class ReceivePath:
         if self._early and key in self._early and not self._releasing:
             self._release_early(key)
 
+    def _plain_topics(self) -> dict[int, tuple]:
+        """topic -> (name, subscriptions, reliable, latest announced session) of the topics this
+        member takes and does not forward: what `_take_mixed` needs of a message in one lookup.
+        Equal subscription tuples are made one object, so a stretch of messages for the same
+        subscribers goes to them in one extend. Rebuilt after any table install."""
+        plain: dict[int, tuple] = {}
+        same: dict[tuple, tuple] = {}
+        names, sessions, reliable, forwards = self._topic_names, self._sessions, self._reliable, \
+            self._routes
+        for topic, subs in self._subs.items():
+            if topic not in forwards:
+                plain[topic] = (names.get(topic) or str(topic), same.setdefault(subs, subs),
+                                topic in reliable, sessions.get(topic, 1 << 62))
+        self._plain = plain
+        return plain
+
     def _take_mixed(self, data: bytes, routes: list, run: tuple) -> None:
         """A mixed run (see `wire`): each message the next of its own topic. Those next in order
         on topics this member takes and does not forward are delivered here in one pass (what
         `_accept` does, per message); any other goes by `_take_run` as a run of its own."""
+        plain = self._plain
+        if plain is None:
+            plain = self._plain_topics()
+        if self._take_mixed_at_once(data, routes, run, plain):
+            return
         _, source, session, _, stream, sseq, ctype, ridx, entries, off = run
-        next_seq, sessions, subs_of, forwards = self._next_seq, self._sessions, self._subs, \
-            self._routes
-        reliable, last_sseq, topic_names = self._reliable, self._last_sseq, self._topic_names
-        touched = self._touched
+        next_seq, last_sseq = self._next_seq, self._last_sseq
         route = routes[ridx]
         source_name = self._names.get(source) or str(source)
         self.stats["mixed_runs"] += 1
@@ -216,28 +237,31 @@ class ReceivePath:
         cacher = self._cacher
         kept: list = []
         top = low = 0  # the stretch of stream seqs taken in this pass, from `low` to `top`
-        for i in range(0, len(entries), 3):
-            topic, seq, n = entries[i], entries[i + 1], entries[i + 2]
+        group: tuple = ()  # the subscribers of the messages in `batch`
+        batch: list = []
+        nbytes = 0
+        for topic, seq, n in zip(entries[0::3], entries[1::3], entries[2::3], strict=True):
+            p = plain.get(topic)
             key = (topic, source, session)
-            subs = subs_of.get(topic)
-            if in_order and subs and next_seq.get(key) == seq and topic not in forwards \
-                    and session <= sessions.get(topic, session):
+            if p is not None and in_order and next_seq.get(key) == seq and session <= p[3]:
                 next_seq[key] = seq + 1
                 payload = data[off:off + n]
-                msg = Message(topic_names.get(topic) or str(topic), source_name, session, seq,
-                              payload, ctype, route)
-                for sub in subs:
-                    if not sub.inbox:
-                        touched.append(sub)
-                    sub.inbox.append(msg)
-                    sub.inbox_bytes += n + MESSAGE_COST
-                if topic in reliable:
+                if p[1] is not group:
+                    if batch:
+                        self._offer(group, batch, nbytes)
+                    group, batch, nbytes = p[1], [], 0
+                batch.append(Message(p[0], source_name, session, seq, payload, ctype, route))
+                nbytes += n + MESSAGE_COST
+                if p[2]:  # reliable
                     if not low:
                         low = sseq
                     last_sseq[key] = top = sseq
                     if cacher:  # kept until stable, to repair peers (see recovery_path)
                         kept.append((sseq, topic, session, seq, ctype, payload))
             else:
+                if batch:  # delivered in order: what came before goes first
+                    self._offer(group, batch, nbytes)
+                    group, batch, nbytes = (), [], 0
                 if kept:  # the cache stays in stream order
                     self._keep(source, kept)
                     kept = []
@@ -247,8 +271,11 @@ class ReceivePath:
                 self._take_run(data, routes, topic, source, session, seq, stream, sseq, ctype, ridx,
                                (n,), off)
                 in_order = not self._early and ctype != END
+                plain = self._plain or self._plain_topics()
             off += n
             sseq += 1
+        if batch:
+            self._offer(group, batch, nbytes)
         if top > self._max_seen.get(source, 0):
             self._max_seen[source] = top
             self.progressed = True
@@ -256,6 +283,48 @@ class ReceivePath:
             self._positions.mark(source, low, top)
         if kept:
             self._keep(source, kept)
+
+    def _take_mixed_at_once(self, data: bytes, routes: list, run: tuple, plain: dict) -> bool:
+        """The common mixed run, taken with the per-message work in C (map, zip): every message
+        the next in order of its own topic (no topic twice), all of topics this member takes
+        and does not forward, reliable, for the same subscribers. False, having done nothing,
+        for any other run."""
+        _, source, session, _, _, sseq, ctype, ridx, entries, off = run
+        if self._early or ctype == END:
+            return False
+        topics = entries[0::3]
+        infos = list(map(plain.get, topics))
+        if None in infos:
+            return False
+        groups = set(map(_GROUP, infos))
+        if len(groups) != 1 or not all(map(_RELIABLE, infos)) \
+                or session > min(map(_ANNOUNCED, infos)):
+            return False
+        seqs = list(entries[1::3])
+        keys = list(zip(topics, repeat(source), repeat(session)))
+        next_seq = self._next_seq
+        if list(map(next_seq.get, keys)) != seqs or len(set(topics)) != len(topics):
+            return False
+        n = len(seqs)
+        next_seq.update(zip(keys, map((1).__add__, seqs), strict=True))
+        top = sseq + n - 1
+        self._last_sseq.update(zip(keys, range(sseq, top + 1), strict=True))
+        lengths = entries[2::3]
+        bounds = list(accumulate(lengths, initial=off))
+        payloads = list(map(data.__getitem__, map(slice, bounds, bounds[1:])))
+        self.stats["mixed_runs"] += 1
+        self._offer(groups.pop(),
+                    list(map(Message, map(_NAME, infos), repeat(self._names.get(source) or str(source)),
+                             repeat(session), seqs, payloads, repeat(ctype), repeat(routes[ridx]))),
+                    bounds[-1] - off + MESSAGE_COST * n)
+        if self._cacher:  # kept until stable, to repair peers (see recovery_path)
+            self._keep(source, list(zip(range(sseq, top + 1), topics, repeat(session), seqs,
+                                        repeat(ctype), payloads)))
+        self._positions.mark(source, sseq, top)
+        if top > self._max_seen.get(source, 0):
+            self._max_seen[source] = top
+            self.progressed = True
+        return True
 
     def _accept(self, data: bytes, routes: list, key: tuple, first: int, stream: int,
                 first_sseq: int, ctype: int, ridx: int, lengths: tuple, off: int) -> None:

@@ -36,6 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
@@ -68,6 +69,9 @@ JOIN_TRIES = 20                      # asks for a join point before starting at 
 
 def _sseq(entry: tuple) -> int:
     return entry[0]
+
+
+_TOPIC_SESSION, _PAYLOAD = itemgetter(1, 2), itemgetter(5)  # of a cache entry
 
 
 def _pack_named(named) -> bytes:
@@ -127,6 +131,7 @@ class RecoveryPath:
     def _init_recovery(self) -> None:
         self._reliable: frozenset[int] = frozenset()
         self._protocols: dict[int, str] = {}     # reliable topic -> its protocol's domain key
+        self._own_domains: frozenset[str] = frozenset()  # the keys of _protocols' values
         self._agents: dict[str, tuple[str, int]] = {}   # protocol -> this member's agent
         self._replies: dict[str, _Reply] = {}           # protocol -> its agent's latest reply
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
@@ -173,8 +178,10 @@ class RecoveryPath:
         """This member's agents (per protocol) and its reliable topics' protocols."""
         self._agents = agents
         self._protocols = protocols
+        self._own_domains = frozenset(protocols.values())
         self.forget_keys(self._reliable - protocols.keys())
         self._reliable = frozenset(protocols)
+        self._plain = None
         self._cached_history = frozenset(cached)
         self._replies = {k: r for k, r in self._replies.items() if k in agents}
 
@@ -185,17 +192,19 @@ class RecoveryPath:
         if stable <= self.stable_sseq:
             return
         cache, head, tails = self._cache, self._cache_head, self._tails
-        freed = 0
-        while head < len(cache) and cache[head][0] <= stable:
-            sseq, topic, session, seq, _ctype, payload = cache[head]
-            cache[head] = None
-            head += 1
-            freed += len(payload) + MESSAGE_COST
-            tail = tails.get((topic, session))
+        stop = bisect.bisect_right(cache, stable, lo=head, key=_sseq)
+        released = cache[head:stop]
+        cache[head:stop] = [None] * (stop - head)
+        head = stop
+        freed = sum(map(len, map(_PAYLOAD, released))) + MESSAGE_COST * len(released)
+        # each (topic, session)'s last released message (the per-message work in C)
+        for key, (sseq, _t, _s, seq, _c, _p) in dict(zip(map(_TOPIC_SESSION, released),
+                                                          released, strict=True)).items():
+            tail = tails.get(key)
             if tail is not None:
                 if seq >= tail[2]:
-                    del tails[(topic, session)]
-                    self._stable_tops[(topic, session)] = tail[2]
+                    del tails[key]
+                    self._stable_tops[key] = tail[2]
                 else:
                     tail[0], tail[1] = seq + 1, sseq + 1
         if head > 4096 and head * 2 > len(cache):
@@ -349,6 +358,13 @@ class RecoveryPath:
         if cache is None:
             cache = self._peer_cache[source] = []
             self._peer_heads[source] = 0
+        if cache and entries[0][0] < cache[-1][0]:
+            # runs held early and released after later ones: put in stream order (repairs and
+            # pruning look entries up by stream seq)
+            head = self._peer_heads[source]
+            for e in entries:
+                cache.insert(bisect.bisect(cache, e[0], lo=head, key=_sseq), e)
+            return
         cache.extend(entries)
 
     def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
@@ -592,7 +608,7 @@ class RecoveryPath:
         for source, (stable, record) in ins.get("down", {}).items():
             source = int(source)
             reply.down[source] = int(stable)
-            if record:
+            if record and source != self.member_id:  # (its own: nothing to learn from it)
                 # a dead sender's last record may still come down (its agent keeps folding the
                 # last summary in until the scope drops it): gone is when its heartbeat stops
                 old = self._records.get(source)
@@ -610,7 +626,7 @@ class RecoveryPath:
                 # own messages: where the agent of every protocol of its reliable topics says so
                 # (an agent it keeps for another reason, e.g. a topic it closed, would hold
                 # stability at that topic's last message for good)
-                mine = [self._replies.get(k) for k in set(self._protocols.values())]
+                mine = [self._replies.get(k) for k in self._own_domains]
                 if mine and None not in mine:
                     self._release_own(min(r.down.get(source) or 0 for r in mine))
             else:

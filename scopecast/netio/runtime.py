@@ -161,7 +161,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._routes: dict[int, list[Route]] = {}
         self._plans: dict[tuple, list] = {}
         self._own_plans: dict[int, list] = {}
+        self._own_records: dict[tuple, tuple] = {}  # see SendPath._own_plan
         self._subs: dict[int, tuple[Subscription, ...]] = {}
+        self._plain: dict[int, tuple] | None = None  # see ReceivePath._plain_topics
         self._subscriptions: list[Subscription] = []
         self._to_wake: list[Subscription] = []
         self._touched: list[Subscription] = []  # subscribers with messages in their inbox
@@ -341,6 +343,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._topic_names = dict(names)
         if sessions is not None:
             self._sessions = dict(sessions)
+        self._plain = None
         for sub in self._subscriptions:
             self._match_patterns(sub)
 
@@ -357,8 +360,10 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                        receivers: dict[tuple[str, int], set[int]] | None = None) -> None:
         """Replace the forwarding table; feeds of unchanged destinations keep their queues."""
         self._routes = {t: list(rs) for t, rs in routes.items()}
+        self._plain = None
         self._plans.clear()
         self._own_plans.clear()
+        self._own_records.clear()
         now = time.monotonic()
         receivers = receivers or {}
         for address in receivers:
@@ -394,6 +399,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._match_patterns(sub)
 
     def _index(self, sub: Subscription, topics) -> None:
+        self._plain = None
         for t in topics:
             self._subs[t] = self._subs.get(t, ()) + (sub,)
 
@@ -406,6 +412,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 self._subs[t] = rest
             else:
                 self._subs.pop(t, None)
+        self._plain = None
         self.forget_keys(sub.topics - self._subs.keys())
         sub.event.set()  # a receive() waiting on it returns
 

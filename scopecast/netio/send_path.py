@@ -15,7 +15,7 @@ import time
 
 from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
-from scopecast.netio.feed import END, MESSAGE_COST, Feed
+from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
@@ -51,9 +51,14 @@ class SendPath:
                 topic = item[0]
                 plan = self._own_plans.get(topic) or self._own_plan(topic)
                 # the common case: one destination queue, no filters
-                feed, record, table = plan[0] if (
-                    len(plan) == 1 and plan[0][0].__class__ is Feed) else (None, None, None)
-                run = None
+                if len(plan) == 1 and plan[0][0].__class__ is Feed:
+                    if plan[0][0] is not feed:
+                        run = None
+                    feed, record, table = plan[0]
+                else:
+                    feed = record = table = run = None
+                if run.__class__ is not MixedRun:  # (a mixed run goes on across topics)
+                    run = None
                 subs = self._subs.get(topic, ())
                 rel = topic in reliable
                 tail = None
@@ -81,6 +86,16 @@ class SendPath:
                 run.next_seq += 1
                 run.next_sseq += 1
                 c.size += n
+                queued += n
+            elif run is not None and sseq == run.next_sseq and ctype == run.ctype \
+                    and session == run.session and (c := feed.open) is not None and c.last is run \
+                    and c.record is record and c.size + n + MIXED_EXTRA <= c.room:
+                run.topics.append(topic)  # fast path: extend this publisher's mixed run
+                run.seqs.append(seq)
+                run.payloads.append(payload)
+                run.next_sseq += 1
+                c.size += n + MIXED_EXTRA
+                c.framing += MIXED_EXTRA
                 queued += n
             elif feed is not None:
                 if not feed.pending():
@@ -118,6 +133,11 @@ class SendPath:
 
     def _own_plan(self, topic: int) -> list:
         plan = self._plan(topic, self._origin)
+        if len(plan) == 1:
+            # one object per distinct record: consecutive messages of topics that carry equal
+            # records join one chunk (and one mixed run) on an identity check
+            target, record, table = plan[0]
+            plan = [(target, self._own_records.setdefault(record, record), table)]
         self._own_plans[topic] = plan
         return plan
 
