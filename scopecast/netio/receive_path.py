@@ -11,7 +11,6 @@ import socket
 import time
 from collections import deque
 from itertools import accumulate, repeat
-from operator import itemgetter
 
 from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
@@ -20,7 +19,6 @@ from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
 
 log = logging.getLogger("scopecast.netio.runtime")
-_NAME, _GROUP, _RELIABLE, _ANNOUNCED = (itemgetter(i) for i in range(4))
 HEADER = wire.HEADER
 MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
@@ -204,18 +202,17 @@ class ReceivePath:
             self._release_early(key)
 
     def _plain_topics(self) -> dict[int, tuple]:
-        """topic -> (name, subscriptions, reliable, latest announced session) of the topics this
-        member takes and does not forward: what `_take_mixed` needs of a message in one lookup.
-        Equal subscription tuples are made one object, so a stretch of messages for the same
-        subscribers goes to them in one extend. Rebuilt after any table install."""
+        """topic -> (subscriptions, reliable, latest announced session) of the topics this member
+        takes and does not forward: what `_take_mixed` needs of a message in one lookup. The
+        values are shared (topics alike have the same object, no memory per topic), so a run's
+        messages are alike when their values are one object. Rebuilt after any table install."""
         plain: dict[int, tuple] = {}
         same: dict[tuple, tuple] = {}
-        names, sessions, reliable, forwards = self._topic_names, self._sessions, self._reliable, \
-            self._routes
+        sessions, reliable, forwards = self._sessions, self._reliable, self._routes
         for topic, subs in self._subs.items():
             if topic not in forwards:
-                plain[topic] = (names.get(topic) or str(topic), same.setdefault(subs, subs),
-                                topic in reliable, sessions.get(topic, 1 << 62))
+                info = (subs, topic in reliable, sessions.get(topic, 1 << 62))
+                plain[topic] = same.setdefault(info, info)
         self._plain = plain
         return plain
 
@@ -229,7 +226,7 @@ class ReceivePath:
         if self._take_mixed_at_once(data, routes, run, plain):
             return
         _, source, session, _, stream, sseq, ctype, ridx, entries, off = run
-        next_seq, last_sseq = self._next_seq, self._last_sseq
+        next_seq, last_sseq, topic_names = self._next_seq, self._last_sseq, self._topic_names
         route = routes[ridx]
         source_name = self._names.get(source) or str(source)
         self.stats["mixed_runs"] += 1
@@ -243,16 +240,17 @@ class ReceivePath:
         for topic, seq, n in zip(entries[0::3], entries[1::3], entries[2::3], strict=True):
             p = plain.get(topic)
             key = (topic, source, session)
-            if p is not None and in_order and next_seq.get(key) == seq and session <= p[3]:
+            if p is not None and in_order and next_seq.get(key) == seq and session <= p[2]:
                 next_seq[key] = seq + 1
                 payload = data[off:off + n]
-                if p[1] is not group:
+                if p[0] is not group:
                     if batch:
                         self._offer(group, batch, nbytes)
-                    group, batch, nbytes = p[1], [], 0
-                batch.append(Message(p[0], source_name, session, seq, payload, ctype, route))
+                    group, batch, nbytes = p[0], [], 0
+                batch.append(Message(topic_names.get(topic) or str(topic), source_name, session,
+                                     seq, payload, ctype, route))
                 nbytes += n + MESSAGE_COST
-                if p[2]:  # reliable
+                if p[1]:  # reliable
                     if not low:
                         low = sseq
                     last_sseq[key] = top = sseq
@@ -271,7 +269,6 @@ class ReceivePath:
                 self._take_run(data, routes, topic, source, session, seq, stream, sseq, ctype, ridx,
                                (n,), off)
                 in_order = not self._early and ctype != END
-                plain = self._plain or self._plain_topics()
             off += n
             sseq += 1
         if batch:
@@ -294,11 +291,11 @@ class ReceivePath:
             return False
         topics = entries[0::3]
         infos = list(map(plain.get, topics))
-        if None in infos:
+        info = infos[0]  # every message alike (the same object), of a reliable topic
+        if info is None or not info[1] or session > info[2] or infos.count(info) != len(infos):
             return False
-        groups = set(map(_GROUP, infos))
-        if len(groups) != 1 or not all(map(_RELIABLE, infos)) \
-                or session > min(map(_ANNOUNCED, infos)):
+        names = list(map(self._topic_names.get, topics))
+        if None in names:
             return False
         seqs = list(entries[1::3])
         keys = list(zip(topics, repeat(source), repeat(session)))
@@ -313,8 +310,8 @@ class ReceivePath:
         bounds = list(accumulate(lengths, initial=off))
         payloads = list(map(data.__getitem__, map(slice, bounds, bounds[1:])))
         self.stats["mixed_runs"] += 1
-        self._offer(groups.pop(),
-                    list(map(Message, map(_NAME, infos), repeat(self._names.get(source) or str(source)),
+        self._offer(info[0],
+                    list(map(Message, names, repeat(self._names.get(source) or str(source)),
                              repeat(session), seqs, payloads, repeat(ctype), repeat(routes[ridx]))),
                     bounds[-1] - off + MESSAGE_COST * n)
         if self._cacher:  # kept until stable, to repair peers (see recovery_path)
