@@ -62,6 +62,7 @@ TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks fo
 TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
                                      # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
+TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
 IDLE_PERIODS, IDLE_MIN = 4, 0.05     # a sender whose stream stands still this long is idle
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
@@ -377,63 +378,84 @@ class RecoveryPath:
         of them less often than once a period.)"""
         acks: dict[int, int] = {}
         naks: list[list] = []
-        early = self._early
+        streams: list[tuple[int, int]] = []  # dense: (source, its tail to ask for up to)
         stalls, self._stalls = self._stalls, {}
         self._digest_keys()
-        streams: list[tuple[int, int]] = []  # dense: (source, its tail to ask for up to)
         for source, record in self._records.items():
             if source == self.member_id:
                 continue
-            seen = self._max_seen.get(source, 0)
-            stalled = stalls.get(source) == seen
-            self._stalls[source] = seen
-            top = a = record.top
-            # the sender sends nothing new either: what it handed before is all there is (not
-            # within a period or two: a sender on a busy machine misses a period now and then)
-            idle = now - record.top_at >= max(IDLE_PERIODS * self._period, IDLE_MIN)
-            settled = max(record.settled, seen)
-            # dense: the stream position is exact; else what the record names bounds the ack
-            dense = self._dense(source, record.keys)
-            if record.topics is None and not dense:
-                # no longer dense since the record came (its topics were not read): what is
-                # stable already, until the next record
-                a = min(a, min((r.down.get(source, 0) for r in self._replies.values()), default=0))
-            for (topic, session), (fs, fss, ls, lss) in (record.topics or {}).items():
-                if topic not in self._reliable or topic not in self._subs:
-                    continue
-                key = (topic, source, session)
-                nxt = self._next_seq.get(key)
-                if (nxt is None or key in self._asks) and self._asking(key, now):
-                    a = min(a, fss - 1)  # owed from a point not known yet: nothing acknowledged
-                    continue
-                if nxt is None:
-                    held = early.get(key)
-                    # joined while these were unstable: owed from the first the sender still holds
-                    nxt = min(fs, held[0][0]) if held else fs
-                    self._next_seq[key] = nxt
-                    if held:
-                        self._release_early(key)
-                        nxt = self._next_seq[key]
-                if nxt > ls:  # joined after all the record names: owed nothing of it
-                    continue
-                last = self._last_sseq.get(key, fss - 1)
-                # a lost tail: all of it was on the wire a period ago (or before what this member
-                # has seen), or the sender is idle. While it sends, the topic's next message may
-                # be a moment old (going round thousands of topics, asking for those cost more
-                # than the data)
-                tail = (ls, min(lss, top)) if stalled and (lss <= settled or idle) else None
-                if (self._nak_holes(key, nxt, last, naks, tail) or last < lss) and not dense:
-                    a = min(a, last)
-            if dense:
-                a = min(a, self._positions.contiguous.get(source, 0))
-                streams.append((source, (top if idle else min(top, settled)) if stalled else 0))
-            else:
-                a = min(a, record.horizon)
-            acks[source] = a
-        # gaps no record names (it has not come yet, or the record names only MAX_RECORD_TOPICS
-        # of the sender's topics): pulled from the sender all the same, and not acknowledged
+            seen = self._stalls[source] = self._max_seen.get(source, 0)
+            acks[source] = self._owed_of(source, record, seen, stalls.get(source) == seen, now,
+                                         naks, streams)
+        self._owed_unnamed(acks, naks, now)
+        for source, tail_top in streams:
+            self._stream_naks(source, tail_top, naks)
+        if self._reliable and self.handed:
+            acks[self.member_id] = self.handed  # on the wire: nothing is stable before it is sent
+        naks += self._tail_naks(now)
+        return acks, naks
+
+    def _owed_of(self, source: int, record: _Record, seen: int, stalled: bool, now: float,
+                 naks: list, streams: list) -> int:
+        """How far `source`'s stream is acknowledged; its NAKs go to `naks`, and a dense
+        stream's tail to ask for to `streams`."""
+        top = a = record.top
+        # the sender sends nothing new either: what it handed before is all there is (not
+        # within a period or two: a sender on a busy machine misses a period now and then)
+        idle = now - record.top_at >= max(IDLE_PERIODS * self._period, IDLE_MIN)
+        settled = max(record.settled, seen)
+        # dense: the stream position is exact; else what the record names bounds the ack
+        dense = self._dense(source, record.keys)
+        if record.topics is None and not dense:
+            # no longer dense since the record came (its topics were not read): what is
+            # stable already, until the next record
+            a = min(a, min((r.down.get(source, 0) for r in self._replies.values()), default=0))
+        # a lost tail: all of it was on the wire a period ago (or before what this member has
+        # seen), or the sender is idle. While it sends, the topic's next message may be a moment
+        # old (going round thousands of topics, asking for those cost more than the data)
+        tail_upto = (TAIL_ANY if idle else settled) if stalled else -1
+        a = min(a, self._owed_by_topic(source, record, tail_upto, dense, now, naks))
+        if dense:
+            streams.append((source, (top if idle else min(top, settled)) if stalled else 0))
+            return min(a, self._positions.contiguous.get(source, 0))
+        return min(a, record.horizon)
+
+    def _owed_by_topic(self, source: int, record: _Record, tail_upto: int, dense: bool,
+                       now: float, naks: list) -> int:
+        """The topics `source`'s record names: each one's holes NAKed (and its tail, when the
+        tail's last stream seq is at most `tail_upto`); returns how far they let the stream be
+        acknowledged (a dense one: only where this member's start is not known yet)."""
+        a = record.top
+        for (topic, session), (fs, fss, ls, lss) in (record.topics or {}).items():
+            if topic not in self._reliable or topic not in self._subs:
+                continue
+            key = (topic, source, session)
+            nxt = self._next_seq.get(key)
+            if (nxt is None or key in self._asks) and self._asking(key, now):
+                a = min(a, fss - 1)  # owed from a point not known yet: nothing acknowledged
+                continue
+            if nxt is None:
+                held = self._early.get(key)
+                # joined while these were unstable: owed from the first the sender still holds
+                nxt = min(fs, held[0][0]) if held else fs
+                self._next_seq[key] = nxt
+                if held:
+                    self._release_early(key)
+                    nxt = self._next_seq[key]
+            if nxt > ls:  # joined after all the record names: owed nothing of it
+                continue
+            last = self._last_sseq.get(key, fss - 1)
+            tail = (ls, min(lss, record.top)) if lss <= tail_upto else None
+            if (self._nak_holes(key, nxt, last, naks, tail) or last < lss) and not dense:
+                a = min(a, last)
+        return a
+
+    def _owed_unnamed(self, acks: dict[int, int], naks: list, now: float) -> None:
+        """Gaps no record names (it has not come yet, or the record names only
+        MAX_RECORD_TOPICS of the sender's topics): pulled from the sender all the same, and not
+        acknowledged."""
         named = {(n[1], n[0], n[2]) for n in naks}
-        for key in early:
+        for key in self._early:
             if key[0] not in self._reliable or key in named:
                 continue
             if (nxt := self._next_seq.get(key)) is not None:
@@ -442,12 +464,6 @@ class RecoveryPath:
                     acks[key[1]] = min(acks[key[1]], last)
             else:
                 self._asking(key, now)
-        for source, tail_top in streams:
-            self._stream_naks(source, tail_top, naks)
-        if self._reliable and self.handed:
-            acks[self.member_id] = self.handed  # on the wire: nothing is stable before it is sent
-        naks += self._tail_naks(now)
-        return acks, naks
 
     def _note_filled(self, key: tuple, given_up: bool) -> None:
         """Time the holes of `key` that the stream has now passed (repair time: from the run
