@@ -264,7 +264,7 @@ class ReceivePath:
                     self._keep(source, kept)
                     kept = []
                 if low:
-                    self._positions.mark(source, low, top)
+                    self._stream_taken(source, low, top)
                     low = 0
                 self._take_run(data, routes, topic, source, session, seq, stream, sseq, ctype, ridx,
                                (n,), off)
@@ -273,11 +273,8 @@ class ReceivePath:
             sseq += 1
         if batch:
             self._offer(group, batch, nbytes)
-        if top > self._max_seen.get(source, 0):
-            self._max_seen[source] = top
-            self.progressed = True
         if low:
-            self._positions.mark(source, low, top)
+            self._stream_taken(source, low, top)
         if kept:
             self._keep(source, kept)
 
@@ -317,11 +314,16 @@ class ReceivePath:
         if self._cacher:  # kept until stable, to repair peers (see recovery_path)
             self._keep(source, list(zip(range(sseq, top + 1), topics, repeat(session), seqs,
                                         repeat(ctype), payloads)))
-        self._positions.mark(source, sseq, top)
-        if top > self._max_seen.get(source, 0):
-            self._max_seen[source] = top
-            self.progressed = True
+        self._stream_taken(source, sseq, top)
         return True
+
+    def _stream_taken(self, source: int, lo: int, hi: int) -> None:
+        """Stream seqs `lo`..`hi` of `source` were taken: its stream position moves, and the
+        highest seen (which the summaries report)."""
+        self._positions.mark(source, lo, hi)
+        if hi > self._max_seen.get(source, 0):
+            self._max_seen[source] = hi
+            self.progressed = True
 
     def _accept(self, data: bytes, routes: list, key: tuple, first: int, stream: int,
                 first_sseq: int, ctype: int, ridx: int, lengths: tuple, off: int) -> None:
@@ -355,10 +357,7 @@ class ReceivePath:
                               payloads)
         if topic in self._reliable:
             top = self._last_sseq[key] = first_sseq + count - 1
-            self._positions.mark(source, first_sseq, top)
-            if top > self._max_seen.get(source, 0):
-                self._max_seen[source] = top
-                self.progressed = True
+            self._stream_taken(source, first_sseq, top)
             if self._cacher:  # kept until stable, to repair peers (see recovery_path)
                 self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
                                     for i, p in enumerate(payloads)])
