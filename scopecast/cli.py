@@ -112,9 +112,10 @@ def _status_text(status: dict) -> str:
     lines.append("scopes:")
     for scope in walk(status):
         indent = "  " * (1 + (0 if scope["path"] == "/" else scope["path"].count("/") + 1))
-        group = scope.get("multicast")
+        group, probe = scope.get("multicast"), scope.get("multicast_probe")
         lines.append(f"{indent}{scope['path']}  [{scope['kind']}, pid {scope['pid']}"
-                     + (f", group {group[0]}:{group[1]}" if group else "") + "]")
+                     + (f", group {group[0]}:{group[1]}" if group else "")
+                     + (f", multicast {probe['state']}" if probe else "") + "]")
         for tid, t in scope["topics"].items():
             if t["channels"] or t.get("error"):
                 lines.append(f"{indent}  topic {tid} ({t['policy']}): "

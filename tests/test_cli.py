@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from scopecast.cli import _status_text
-from scopecast.scopes.status import members
+from scopecast.scopes.status import members, walk
 
 pytestmark = pytest.mark.ray
 
@@ -69,4 +69,9 @@ def test_status_shows_each_members_channels(cluster, topic_name):
     me = next(m for m in members(status) if m["pid"] == os.getpid())
     assert me["scope"].startswith("lan0/host-")   # a member's default scope is its host's
     assert topic_name in me["subscriptions"] and info.id in me["publishes"]
-    assert "scopes:" in _status_text(status) and me["name"] in _status_text(status)
+    text = _status_text(status)
+    assert "scopes:" in text and me["name"] in text
+    # a LAN scope's line says whether multicast passes among its hosts (here: one host)
+    lan = next(s for s in walk(status) if s["kind"] == "lan")
+    line = next(x for x in text.splitlines() if x.strip().startswith(f"{lan['path']}  [lan"))
+    assert line.endswith(f"multicast {lan['multicast_probe']['state']}]"), line

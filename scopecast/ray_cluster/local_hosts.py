@@ -205,6 +205,12 @@ class LocalHosts:
         """Take `host`'s link to its bridge down: it runs on, unreachable (a cut cable)."""
         _ip("link", "set", self._veth(host), "down")
 
+    def block_multicast(self, host: Host, blocked: bool = True) -> None:
+        """The bridge stops (or resumes) flooding IP multicast to `host`'s port, as networks
+        that forbid multicast do; unicast passes as before."""
+        _ip("link", "set", "dev", self._veth(host), "type", "bridge_slave", "mcast_flood",
+            "off" if blocked else "on")
+
     def restart_host(self, host: Host) -> None:
         """A cut or killed host back: its leftover processes killed, its link up, a fresh Ray
         node (a new node id) joined to the head."""
