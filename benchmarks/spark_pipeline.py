@@ -132,10 +132,13 @@ def run(cluster, stamp: str, rows: int, timeout: float = 600.0) -> dict:
                   flush=True)
     finally:
         stop_spark()
+    for case in cases[1:]:
+        case["met"] = case["ratio"] >= TARGET_RATIO and case["complete"]
     best = max(cases[1:], key=lambda c: c["ratio"])
     return {"rows": rows, "row_bytes": ROW_CHARS + 8, "cases": cases, "best_ratio": best["ratio"],
-            "best_case": best["case"], "target": f">= {TARGET_RATIO}x the ceiling",
-            "met": best["ratio"] >= TARGET_RATIO and all(c["complete"] for c in cases[1:])}
+            "best_case": best["case"], "target": f">= {TARGET_RATIO}x the ceiling in every case",
+            "missed": [c["case"] for c in cases[1:] if not c["met"]],
+            "met": all(c["met"] for c in cases[1:])}
 
 
 def table(result: dict) -> str:
@@ -144,7 +147,9 @@ def table(result: dict) -> str:
         return ""
     lines = [f"\nSpark pipeline suite ({result['rows']:,} rows of ~{result['row_bytes']} B; target "
              f"{result['target']}: {'met' if result['met'] else 'missed'}; best: "
-             f"{result['best_case']}):\n",
+             f"{result['best_case']}"
+             + (f"; missed: {', '.join(result['missed'])}" if result.get("missed") else "")
+             + "):\n",
              "| case | rows/s (best) | vs ceiling | complete | every run, rows/s "
              "(* started its publisher processes) |", "|---|---:|---:|---|---|"]
     for c in result["cases"]:

@@ -28,7 +28,9 @@ def _converged(cluster, timeout: float = 120.0) -> dict:
     while True:
         alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
         status = cluster.status()
-        if all(s.get("node") in alive for s in walk(status) if s["kind"] == "host"):
+        # (a scope that does not answer shows only its path and the error: not converged yet)
+        if all("error" not in s and (s["kind"] != "host" or s.get("node") in alive)
+               for s in walk(status)):
             return status
         if time.monotonic() > deadline:
             raise SystemExit("the scope tree did not converge: " + json.dumps(

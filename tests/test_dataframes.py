@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import io
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import time
 import pytest
 
 import scopecast
-from scopecast.ray_cluster import publisher_pool
+from scopecast.ray_cluster import dataframe_source, publisher_pool
 from scopecast.ray_cluster.dataframes import (
     MAX_NESTING,
     PublishReport,
@@ -110,6 +111,29 @@ def test_rows_survive_msgpack_exactly():
     back = from_msgpack_rows([msgpack.unpackb(p, raw=False) for p in packed], schema)
     assert back.schema == schema
     assert back.equals(table)
+
+
+class _Stderr(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_progress_bar_in_a_terminal_only_and_never_when_asked_not_to(monkeypatch, tty):
+    err = _Stderr(tty)
+    monkeypatch.setattr(dataframe_source.sys, "stderr", err)
+    bar = dataframe_source._progress_bar(None, 1000, "publishing to t")
+    assert (bar is not None) == tty
+    if bar is not None:
+        bar.update(500)
+        bar.close()
+        assert "publishing to t" in err.getvalue() and "500/1000" in err.getvalue()
+    for progress in (False, print):  # off, or the caller's callback instead
+        assert dataframe_source._progress_bar(progress, 1000, "publishing to t") is None
 
 
 # ------------------------------------------------------------------------ with Ray and Spark
@@ -337,8 +361,9 @@ def test_nesting_deeper_than_the_bound_is_refused(cluster, spark, topic_name):
 
 
 @pytest.mark.ray
+@pytest.mark.parametrize("mode", ["rows", "arrow"])
 def test_a_row_over_the_message_size_stops_the_run_without_losing_what_was_published(
-        cluster, spark, topic_name):
+        cluster, spark, topic_name, mode):
     from pyspark.sql import functions as F
 
     cluster.create_topic(topic_name)
@@ -350,7 +375,7 @@ def test_a_row_over_the_message_size_stops_the_run_without_losing_what_was_publi
     idle = _idle_publishers()
     with TopicCollector(topic_name) as collector:
         with pytest.raises(scopecast.DataFrameRejected) as err:
-            publish_dataframe(df, topic_name, parallelism=2, progress=False)
+            publish_dataframe(df, topic_name, parallelism=2, progress=False, mode=mode)
         assert _idle_publishers() == idle[2:]  # a failed run's publishers are not kept
         summary = collector.wait(TIMEOUT)  # every publisher still ended its stream
         status = collector.status()

@@ -327,11 +327,7 @@ def _start_publishers(run: str, n: int, config: RuntimeConfig | None) -> tuple[l
 def _run_publishers(plan: _Plan, actors: list, shares: list[list], total: int,
                     progress) -> PublishReport:
     callback = progress if callable(progress) else None
-    bar = None
-    if progress is not False and callback is None and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="rows", desc=f"publishing to {plan.base}")
+    bar = _progress_bar(progress, total, f"publishing to {plan.base}")
     pending = {a.run.remote(plan, share): a for a, share in zip(actors, shares, strict=True)}
     results: dict[int, dict] = {}
     error: BaseException | None = None
@@ -379,6 +375,15 @@ def _run_publishers(plan: _Plan, actors: list, shares: list[list], total: int,
             error.report = report  # what was published before the run stopped
         raise error
     return report
+
+
+def _progress_bar(progress, total: int, desc: str):
+    """A tqdm bar on stderr when it is a terminal, unless `progress` is False or a callback."""
+    if progress is False or callable(progress) or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rows", desc=desc)
 
 
 def _progress(actors) -> int:
