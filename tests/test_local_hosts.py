@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(
     reason="a local multi-host cluster needs root and iproute2 (network namespaces, bridges)")
 
 REPO = Path(__file__).resolve().parent.parent
+SCOPECAST = str(Path(sys.executable).with_name("scopecast"))  # the venv's command line
 NODES = """
 import json, ray
 ray.init()
@@ -195,8 +196,7 @@ def test_a_lan_where_multicast_is_dropped_is_marked_unicast_only_and_loses_nothi
             assert time.monotonic() < deadline, lan1
             time.sleep(1.0)
         assert sorted(lan1["heard"].values()) == [0, 1], lan1  # h2 heard nothing, h1 heard h2
-        text = hosts.run(hosts.head, [str(Path(sys.executable).with_name("scopecast")), "status"],
-                         capture=True)
+        text = hosts.run(hosts.head, [SCOPECAST, "status"], capture=True)
         assert text.returncode == 0, text.stderr[-2000:]
         assert any(line.strip().startswith("lan1  [lan") and "multicast unicast-only" in line
                    for line in text.stdout.splitlines()), text.stdout
@@ -218,8 +218,7 @@ def test_a_lan_where_multicast_is_dropped_is_marked_unicast_only_and_loses_nothi
 def test_the_demo_pipeline_runs_on_three_hosts_in_two_lans(hosts, tmp_path):
     """Issue 8 item 3: the main job (fewer rows) with its subscriber actors on the hosts of
     lan1 and lan2, Spark's executors wherever Ray puts them."""
-    demo = str(Path(sys.executable).with_name("scopecast"))
-    out = hosts.run(hosts.head, [demo, "demo", "--rows", "20000", "--plot",
+    out = hosts.run(hosts.head, [SCOPECAST, "demo", "--rows", "20000", "--plot",
                                  str(tmp_path / "demo.png")], capture=True, timeout=280)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "subscriber actors joined flights/* in lan1 and lan2" in out.stdout
@@ -302,12 +301,13 @@ def test_the_cli_makes_a_cluster_says_how_to_use_it_and_removes_all_it_made(capf
     made = [h.name for h in cluster.hosts] + [cluster.router]
     assert set(made) <= local_hosts._netns_names()
     for h in cluster.hosts:
-        assert f"{h.name}" in out and h.address in out
+        assert h.name in out and h.address in out
     assert "scopecast cluster local --prefix sctd exec -- " in out and "--down" in out, out
     # every port of the LAN hears every group: no IGMP snooping on the bridge
     assert Path("/sys/class/net/sctd-br1/bridge/multicast_snooping").read_text().strip() == "0"
-    pids = [pid for h in cluster.hosts for pid in local_hosts._pids(h.name)]
-    assert all(local_hosts._pids(h.name) for h in cluster.hosts)  # a raylet in each
+    per_host = [local_hosts._pids(h.name) for h in cluster.hosts]
+    assert all(per_host)  # a raylet in each
+    pids = [pid for host_pids in per_host for pid in host_pids]
     with pytest.raises(LocalHostsError, match="exists already"):
         LocalHosts(hosts=2, lans=1, prefix="sctd").up()
     assert cli.main(["cluster", "local", "--prefix", "sctd", "--down"]) == 0
