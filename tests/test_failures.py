@@ -3,6 +3,7 @@ subscribers keep receiving everything."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -84,3 +85,51 @@ def test_a_member_the_scope_dropped_rejoins_and_keeps_receiving(cluster, topic_n
     got = ray.get(pending, timeout=120)
     assert got["count"] == 500 and got["gaps"] == 0
     ray.get(consumer.close.remote())
+
+
+@pytest.mark.parametrize("policy", ["tree", "lan_multicast", "chain"])
+def test_a_member_stalled_mid_stream_rejoins_and_the_publisher_flushes(cluster, topic_name,
+                                                                       policy):
+    """A member whose process stalls while a stream runs (SIGSTOP past `member_timeout`, as a
+    loaded machine can) is dropped by its scope, and its socket overflows meanwhile; when it runs
+    again it rejoins. The publisher's flush still returns, the other member gets everything, and
+    the stalled one's stream stays in order and ends with the last message."""
+    cluster.create_topic(topic_name, policy=policy)
+    scope = f"stall-{policy.replace('_', '-')}"
+    steady, stalled = (ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name, scope=scope)
+                       for _ in range(2))
+    ray.get([steady.ready.remote(), stalled.ready.remote()])
+    old = ray.get(stalled.counters.remote())["member"]
+    pid = next(m["pid"] for m in members(cluster.status()) if m["id"] == old)
+    pending, tail = (c.consume.remote(None, 400.0, until=b"end") for c in (steady, stalled))
+    payload = b"x" * 1000
+    n = 0
+    with cluster.publisher(topic_name) as pub:
+        for _ in range(5_000):
+            n += 1
+            pub.publish(payload)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:  # the stream goes on (once the sender stops waiting for the stalled member)
+            while time.monotonic() - stopped < MEMBER_TIMEOUT + 3:
+                n += 1
+                pub.publish(payload)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while not {m["id"] for m in members(cluster.status()) if m["pid"] == pid} - {old}:
+            assert time.monotonic() < deadline, "the stalled member never rejoined"
+            n += 1
+            pub.publish(payload)
+        for _ in range(5_000):
+            n += 1
+            pub.publish(payload)
+        n += 1
+        pub.publish(b"end")
+        pub.flush(timeout=120)
+    got = ray.get(pending, timeout=400)
+    assert got["count"] == n and got["gaps"] == 0 and got["out_of_order"] == 0
+    rest = ray.get(tail, timeout=400)
+    assert rest["out_of_order"] == 0
+    assert list(rest["last_seq"].values()) == [n]
+    ray.get([steady.close.remote(), stalled.close.remote()])

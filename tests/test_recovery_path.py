@@ -328,3 +328,43 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
     assert member._tails == {} and member._stable_tops == {(T, 1): 3, (U, 1): 2}
     assert member.released_bytes - base == member.app_bytes
     assert [e for e in member._cache if e is not None] == []
+
+
+def _delivered(rt: MemberRuntime) -> list[int]:
+    """Seqs in the member's delivery queue."""
+    (sub,) = rt._subscriptions
+    return [m.seq for batch, _n in sub.queue for m in batch]
+
+
+@pytest.mark.parametrize("stable, passed", [(18, False), (19, True)])
+def test_a_hole_stability_has_passed_is_given_up_and_what_waits_behind_it_delivered(
+        member, stable, passed):
+    """A member that misses messages its domain's stability has passed (it was dropped by its
+    scope and rejoined, or demoted) will never get them: the sender and the caches let them go.
+    It goes on past the hole, counted as unrecoverable, instead of holding its stream (and the
+    sender's flush) for good. A hole not yet all stable is waited for."""
+    _deliver(member, 1, 10)
+    _deliver(member, 20, 11)  # 11..19 missing (stream seqs = seqs here)
+    member.call_wait(member._on_instructions,
+                     {"down": {str(SOURCE): [stable, 0]}, "hi": {}, "period": 0.02}, PROTOCOL)
+    if passed:
+        assert _delivered(member) == [*range(1, 11), *range(20, 31)]
+        assert member.stats["unrecoverable"] == 9
+    else:
+        assert _delivered(member) == list(range(1, 11))
+        assert member.stats["unrecoverable"] == 0
+
+
+def test_messages_before_what_the_sender_still_holds_are_given_up(member):
+    """The sender's record names a topic's unstable messages from 50 on: a member still
+    expecting 11 will not get 11..49 from anyone, and asks only for what follows."""
+    _deliver(member, 1, 10)
+
+    def summary():
+        member._on_instructions({"down": {str(SOURCE): [0, [60, [[T, 1, 50, 50, 60, 60]], 7]]},
+                                 "hi": {}, "period": 0.02}, PROTOCOL)
+        return member._owed(time.monotonic())
+    acks, naks = member.call_wait(summary)
+    assert member.stats["unrecoverable"] == 39
+    assert member._next_seq[(T, SOURCE, 1)] == 50
+    assert all(nak[3] >= 50 for nak in naks)

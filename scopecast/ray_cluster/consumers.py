@@ -31,8 +31,9 @@ class DeliveryDigest:
 
 
 def consume(sub, expect: int | None = None, timeout: float = 60.0, idle: float | None = None,
-            touch: bool = True) -> dict:
-    """Receive until `expect` messages, the deadline, or `idle` seconds without a message."""
+            touch: bool = True, until: bytes | None = None) -> dict:
+    """Receive until `expect` messages, the deadline, `idle` seconds without a message, or a
+    message whose payload is `until` (for streams whose length is not known in advance)."""
     count = 0
     nbytes = 0
     gaps = 0
@@ -66,6 +67,8 @@ def consume(sub, expect: int | None = None, timeout: float = 60.0, idle: float |
                 digest.add(m.topic, m.seq, m.payload)
             nbytes += len(m.payload)
         count += len(batch)
+        if until is not None and any(m.payload == until for m in batch):
+            break
     elapsed = time.monotonic() - first
     return {"count": count, "bytes": nbytes, "gaps": gaps, "out_of_order": out_of_order,
             "sources": len(last), "digest": digest.hexdigest() if touch else "",
@@ -88,8 +91,8 @@ class TopicConsumer:
         return True
 
     def consume(self, expect: int | None = None, timeout: float = 60.0, idle: float | None = None,
-                touch: bool = True) -> dict:
-        return consume(self._sub, expect, timeout, idle, touch)
+                touch: bool = True, until: bytes | None = None) -> dict:
+        return consume(self._sub, expect, timeout, idle, touch, until)
 
     def ends(self) -> dict[str, int]:
         """End-of-stream markers seen: "topic|source|session" -> last sequence number."""
