@@ -22,6 +22,14 @@ MEMBER_TIMEOUT = DEFAULT_SETTINGS["member_timeout"]
 pytestmark = pytest.mark.ray
 
 
+def _stream(pub, expected: DeliveryDigest, seqs: range) -> None:
+    """Publish b"m<seq>" for each of `seqs` (the publisher's own seqs), noted in `expected`."""
+    for i in seqs:
+        payload = b"m%08d" % i
+        pub.publish(payload)
+        expected.add(pub.topic, i, payload)
+
+
 def test_subscriber_killed_mid_stream_is_removed_and_the_rest_keep_receiving(
         cluster, ray_address, topic_name):
     cluster.create_topic(topic_name)
@@ -49,10 +57,7 @@ def test_subscriber_killed_mid_stream_is_removed_and_the_rest_keep_receiving(
         while any(m["pid"] == victim.pid for m in members(cluster.status())):
             assert time.monotonic() < deadline, "the killed member was never removed"
             time.sleep(0.5)
-        for i in range(n + 1, n + more + 1):  # and the survivors get what comes after
-            payload = b"m%08d" % i
-            pub.publish(payload)
-            expected.add(topic_name, i, payload)
+        _stream(pub, expected, range(n + 1, n + more + 1))  # the survivors get what follows
         pub.flush(timeout=60)
     for summary in ray.get(pending, timeout=300):
         assert summary["count"] == n + more
@@ -84,6 +89,30 @@ def test_a_member_the_scope_dropped_rejoins_and_keeps_receiving(cluster, topic_n
         pub.flush()
     got = ray.get(pending, timeout=120)
     assert got["count"] == 500 and got["gaps"] == 0
+    ray.get(consumer.close.remote())
+
+
+def test_a_member_whose_data_plane_is_busy_past_member_timeout_stays_a_member(cluster,
+                                                                              topic_name):
+    """A member whose I/O thread is busy longer than `member_timeout` (as a burst to catch up
+    with on a loaded machine can make it) still heartbeats: its scope keeps it, and it gets
+    every message, in order, once. (Its heartbeat waited for the I/O thread: it was dropped as
+    silent and rejoined under a new id, having missed what came meanwhile.)"""
+    cluster.create_topic(topic_name)
+    consumer = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name, scope="busy-io")
+    ray.get(consumer.ready.remote())
+    member = ray.get(consumer.counters.remote())["member"]
+    n = 20_000
+    ray.get(consumer.hold_io.remote(3 * MEMBER_TIMEOUT))
+    pending = consumer.consume.remote(n, 240.0)
+    expected = DeliveryDigest()
+    with cluster.publisher(topic_name) as pub:
+        _stream(pub, expected, range(1, n + 1))
+        pub.flush(timeout=120)
+    got = ray.get(pending, timeout=300)
+    assert got["count"] == n and got["gaps"] == 0 and got["out_of_order"] == 0
+    assert got["digest"] == expected.hexdigest()
+    assert ray.get(consumer.counters.remote())["member"] == member  # never dropped
     ray.get(consumer.close.remote())
 
 

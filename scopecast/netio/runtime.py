@@ -44,6 +44,7 @@ HOLE_DELAY = 0.002  # a hole is NAKed this soon (runs reordered across paths com
 IDLE_FROM = 0.1    # a token period this long is the idle one: a moving stream reports at once
 MAX_MESSAGE = 0xFFFFFFFF
 MAX_NAMES = 4096   # names of members remembered, current and gone
+BEAT_EVERY = 1.0   # seconds between a waiting control thread's heartbeats (see call_wait)
 HEADER = wire.HEADER
 
 
@@ -209,7 +210,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._ops.append((fn, args))
         self._wake()
 
-    def call_wait(self, fn, *args, timeout: float = 10.0):
+    def call_wait(self, fn, *args, timeout: float = 10.0, beat=None):
+        """Run `fn(*args)` on the I/O thread and return its result (or raise its exception);
+        `beat()`, if given, is called every BEAT_EVERY seconds while the I/O thread is busy."""
         done = threading.Event()
         box: list = []
 
@@ -221,8 +224,12 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             done.set()
 
         self.call(run)
-        if not done.wait(timeout):
-            raise TimeoutError(f"I/O thread did not run {fn.__name__} within {timeout}s")
+        end = time.monotonic() + timeout
+        while not done.wait(timeout if beat is None else
+                            min(BEAT_EVERY, max(0.0, end - time.monotonic()))):
+            if time.monotonic() >= end:
+                raise TimeoutError(f"I/O thread did not run {fn.__name__} within {timeout}s")
+            beat()
         ok, value = box[0]
         if not ok:
             raise value

@@ -94,6 +94,11 @@ class TopicConsumer:
                 touch: bool = True, until: bytes | None = None) -> dict:
         return consume(self._sub, expect, timeout, idle, touch, until)
 
+    def hold_io(self, seconds: float) -> None:
+        """Keep this member's I/O thread busy for `seconds`, from now (a fault tests inject:
+        what a burst to catch up with on a loaded machine does to a data plane)."""
+        self._sub._runtime.call(time.sleep, seconds)
+
     def ends(self) -> dict[str, int]:
         """End-of-stream markers seen: "topic|source|session" -> last sequence number."""
         return {"|".join(map(str, k)): last for k, last in self._sub.ends.items()}

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 WATCH_PERIOD = 1.0   # a standing watch call returns at least this often (the member's heartbeat)
 POLL = 0.05          # how often the control thread looks for unknown senders meanwhile
 READY_TIMEOUT = 10.0
+COUNTERS_WAIT = 0.5  # how long a heartbeat waits for fresh counters from the I/O thread
 
 
 def call(method, *args, timeout: float = 60.0, **kwargs):
@@ -77,6 +78,7 @@ class ControlledElement:
         self._topic_names: dict[int, str] = {}
         self._table = TopicTable()
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
+        self._latest: dict | None = None  # the data plane's counters taken last (see _counters)
         self._siblings: list[MemberInfo] = []
         self._peers: dict[int, MemberInfo] = {}  # members of other scopes, from the directory
         self._role = role
@@ -167,7 +169,7 @@ class ControlledElement:
             if view["topics"] is not None:  # the scope's topic table (fetched here: no Ray
                 ref = tuple(view["topics"])   # call on the I/O thread)
                 self._table.take(ref, ray.get(ref[0]) if self._table.needs_base(ref) else None)
-            self.runtime.call_wait(self._install, view)
+            self.runtime.call_wait(self._install, view, beat=self._beat)
             self._version = view["version"]
 
     def _install(self, view: dict) -> None:
@@ -236,15 +238,31 @@ class ControlledElement:
                 log.warning("view refresh failed: %s", exc)
                 self._stop.wait(1.0)
 
-    def _counters(self) -> dict:
-        """What status shows of this member's data plane: drops by reason, recovery counters
-        (NAKs, repairs, summaries), window use, token period, role."""
-        snap = self.runtime.call_wait(self.runtime.snapshot)
+    def _counters(self) -> dict | None:
+        """What status shows of this member's data plane (drops by reason, recovery counters,
+        window use, token period, role) for the next heartbeat. Taken on the I/O thread; when
+        that is busy (a burst to catch up with, a loaded machine) the heartbeat goes with the
+        counters taken last: a member whose data plane lags is the slow-consumer check's to
+        judge, by its lag, and must not look dead to its scope."""
+        try:
+            self.runtime.call_wait(self._snapshot, timeout=COUNTERS_WAIT)
+        except TimeoutError:
+            pass  # (the snapshot still runs once the I/O thread gets to it)
+        return self._latest
+
+    def _snapshot(self) -> None:
+        """Runs on the I/O thread."""
+        snap = self.runtime.snapshot()
         role = "client" if self._role != "member" or self.demoted else \
             "light" if snap["recovery"]["light"] else "regular"
-        return {"role": role,
-                "backlog_bytes": snap["backlog_bytes"], "drops": snap["drops"],
-                "stats": snap["stats"], "recovery": snap["recovery"]}
+        self._latest = {"role": role,
+                        "backlog_bytes": snap["backlog_bytes"], "drops": snap["drops"],
+                        "stats": snap["stats"], "recovery": snap["recovery"]}
+
+    def _beat(self) -> None:
+        """A heartbeat while the control thread waits for a busy I/O thread (a watch that
+        returns at once; its answer is not needed)."""
+        self.manager.watch.remote(self.member_id, self._version, 0, self._latest)
 
     def _move_sessions(self) -> None:
         """Let this process's publishers move to a topic's new session once every member knows
