@@ -6,7 +6,8 @@ scope manager and recovery agent runs, and the channels status shows.
 With --fail it prints "halfway" after N/2 messages and waits for a line on stdin (the test cuts
 off or kills a host meanwhile), streams the rest, waits until the status no longer shows the lost
 host's scope, and reports what the surviving subscribers got (a lost host's subscriber reports
-nothing)."""
+nothing). With --pace S the second half is spread over S seconds (to overlap what the test
+started at halfway)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _converged(cluster, timeout: float = 120.0) -> dict:
         time.sleep(0.5)
 
 
-def main(topic: str, n: int, fail: bool = False) -> None:
+def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
     cluster = scopecast.connect(address="auto")  # deploys onto the namespaces' Ray
     nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
     cluster.create_topic(topic, policy="lan_multicast")
@@ -48,12 +49,16 @@ def main(topic: str, n: int, fail: bool = False) -> None:
     ray.get([a.ready.remote() for a in actors.values()], timeout=120)
     pending = {nid: a.consume.remote(n, 300.0) for nid, a in actors.items()}
     with cluster.publisher(topic) as pub:
+        gap = 0.0
         for i in range(n):
             pub.publish(b"m%08d" % i)
             if fail and i == n // 2:
                 pub.flush(timeout=120)
                 print("halfway", flush=True)
                 sys.stdin.readline()
+                gap = 100 * pace / (n - i)
+            if gap and i % 100 == 0:
+                time.sleep(gap)
         pub.flush(timeout=300)  # stable at every member still alive
         status = cluster.status()  # while the publisher is there: its channels are laid
         if fail:
@@ -88,4 +93,6 @@ def main(topic: str, n: int, fail: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "--fail" in sys.argv[3:])
+    args = sys.argv[3:]
+    main(sys.argv[1], int(sys.argv[2]), "--fail" in args,
+         float(args[args.index("--pace") + 1]) if "--pace" in args else 0.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 from scopecast import cli
 from scopecast.ray_cluster import local_hosts
 from scopecast.ray_cluster.local_hosts import LAN_LABEL, LocalHosts, LocalHostsError
+from scopecast.scopes.status import walk
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -212,6 +214,36 @@ def test_a_lan_where_multicast_is_dropped_is_marked_unicast_only_and_loses_nothi
         assert by_path["lan2"]["probe"]["state"] == "single host" and by_path["lan2"]["multicast"]
     finally:
         hosts.block_multicast(h2, False)
+
+
+def test_a_lan_loses_nothing_while_its_probe_decides(hosts):
+    """Issue 8 item 5, mid-stream: halfway through a stream, the bridge stops flooding multicast
+    to h2's port and lan1's scope manager is killed (kill -9). Restarted, it knows nothing of
+    multicast: it lays unicast while it probes (the second half streams meanwhile), finds that
+    multicast does not pass and stays on unicast. Every subscriber gets every message."""
+    h1, h2, h3 = hosts.hosts
+    n = 20_000
+    driver = hosts.popen(h1, [sys.executable, "-m", "tests.multihost_driver", "mh/p", str(n),
+                              "--fail", "--pace", "20"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=hosts.env({"PYTHONPATH": str(REPO)}))
+    try:
+        assert driver.stdout.readline().strip() == "halfway", driver.stderr.read()[-3000:]
+        status = hosts.run(hosts.head, [SCOPECAST, "status", "--json"], capture=True)
+        assert status.returncode == 0, status.stderr[-2000:]
+        (lan1,) = [s for s in walk(json.loads(status.stdout)) if s["path"] == "lan1"]
+        hosts.block_multicast(h2)
+        os.kill(lan1["pid"], signal.SIGKILL)
+        out, err = driver.communicate("go\n", timeout=280)
+        assert driver.returncode == 0, err[-3000:]
+    finally:
+        driver.kill()
+        hosts.block_multicast(h2, False)
+    r = json.loads(_last_json(out))
+    assert _complete(r["got"], n) == {h.address for h in (h1, h2, h3)}
+    (after,) = [s for s in r["scopes"] if s["path"] == "lan1"]
+    assert after["probe"]["state"] == "unicast-only" and after["multicast"] is None, after
+    assert after["probe"]["at"] > time.time() - 60  # probed again during this test
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java 17")
