@@ -241,8 +241,21 @@ class LocalHosts:
             if name in _netns_names():
                 _ip("netns", "del", name)
                 removed.append(f"namespace {name}")
+        links = _link_names()
+        # a veth goes with its namespace, but the kernel may keep a deleted namespace (and so
+        # the veth's outside end) a while after its last process: removed here, or the next
+        # up() of this prefix finds the name taken
+        legs = [self._veth(h) for h in self.hosts] + [f"{self.prefix}-r{k}"
+                                                     for k in range(1, self.lans + 1)]
+        for leg in [n for n in legs if n in links]:
+            try:
+                _ip("link", "del", leg)
+                removed.append(f"link {leg}")
+            except LocalHostsError:  # gone meanwhile, with its namespace
+                if leg in _link_names():
+                    raise
         for k in range(1, self.lans + 1):
-            if self.bridge(k) in _link_names():
+            if self.bridge(k) in links:
                 _ip("link", "del", self.bridge(k))
                 removed.append(f"bridge {self.bridge(k)}")
         for host in self.hosts:
