@@ -223,10 +223,7 @@ def test_a_lan_loses_nothing_while_its_probe_decides(hosts):
     multicast does not pass and stays on unicast. Every subscriber gets every message."""
     h1, h2, h3 = hosts.hosts
     n = 20_000
-    driver = hosts.popen(h1, [sys.executable, "-m", "tests.multihost_driver", "mh/p", str(n),
-                              "--fail", "--pace", "20"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=hosts.env({"PYTHONPATH": str(REPO)}))
+    driver = _halting_driver(hosts, "mh/p", n, "--pace", "20")
     try:
         assert driver.stdout.readline().strip() == "halfway", driver.stderr.read()[-3000:]
         status = hosts.run(hosts.head, [SCOPECAST, "status", "--json"], capture=True)
@@ -257,6 +254,15 @@ def test_the_demo_pipeline_runs_on_three_hosts_in_two_lans(hosts, tmp_path):
     assert "every subscriber got every row" in out.stdout
 
 
+def _halting_driver(hosts: LocalHosts, topic: str, n: int, *flags: str) -> subprocess.Popen:
+    """`tests.multihost_driver TOPIC N --fail` on the first host: it prints "halfway" and waits
+    for a line on stdin before the second half."""
+    return hosts.popen(hosts.hosts[0], [sys.executable, "-m", "tests.multihost_driver", topic,
+                                        str(n), "--fail", *flags],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=hosts.env({"PYTHONPATH": str(REPO)}))
+
+
 def _complete(got: dict, n: int) -> set[str]:
     """The hosts whose subscriber got all n messages, in order, once, the same ones."""
     assert all(r[:3] == [n, 0, 0] for r in got.values()), got
@@ -271,9 +277,7 @@ def test_a_host_lost_mid_stream_survivors_lose_nothing_agents_move_the_tree_conv
     of every process) halfway through a stream from host 1."""
     h1, h2, h3 = hosts.hosts
     n = 20_000
-    driver = hosts.popen(h1, [sys.executable, "-m", "tests.multihost_driver", f"mh/{fault[0]}",
-                              str(n), "--fail"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=hosts.env({"PYTHONPATH": str(REPO)}))
+    driver = _halting_driver(hosts, f"mh/{fault[0]}", n)
     try:
         assert driver.stdout.readline().strip() == "halfway", driver.stderr.read()[-3000:]
         if fault == "killed":

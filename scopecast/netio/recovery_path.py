@@ -447,7 +447,6 @@ class RecoveryPath:
             if nxt < fs:  # what the sender let go before `fs` is stable (see _pass_stable)
                 held = self._early.get(key)
                 self._skip_to(key, min(fs, held[0][0]) if held else fs)
-                self._release_early(key)
                 nxt = self._next_seq[key]
             last = self._last_sseq.get(key, fss - 1)
             tail = (ls, min(lss, record.top)) if lss <= tail_upto else None
@@ -641,6 +640,7 @@ class RecoveryPath:
                     horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
                     beat, *self._top_moved(old, top, now))
+        stables: dict[int, int] = {}  # peers' streams
         for source in reply.down:
             # stable where every agent says so (for a peer: every agent that knows its stream)
             if source == self.member_id:
@@ -652,9 +652,9 @@ class RecoveryPath:
                     self._release_own(min(r.down.get(source) or 0 for r in mine))
             else:
                 known = [r.down.get(source) for r in replies]
-                stable = min(s for s in known if s is not None)
+                stable = stables[source] = min(s for s in known if s is not None)
                 self._prune_peer_cache(source, stable)
-                self._pass_stable(source, stable)
+        self._pass_stable(stables)
         for nak in ins.get("push", ()):
             self.stats["pushes"] += 1
             self._serve(int(nak[0]), nak[1:7], (nak[8], int(nak[9])))
@@ -677,29 +677,32 @@ class RecoveryPath:
         settled = old.top if now - old.top_at >= self._period else old.settled
         return (old.top_at, old.settled) if old.top == top else (now, settled)
 
-    def _pass_stable(self, source: int, stable: int) -> None:
-        """Go on past holes in `source`'s stream at or below `stable`: the sender and the caches
-        let those messages go, so no repair will come. A member stability waited for never has
-        one; a member the scope dropped (silent too long) and took back under a new id, or
-        demoted to client, may, and would otherwise wait for them for good (holding its
-        domain's stability, and its sender's flush, with it). Counted as `unrecoverable`."""
-        c = self._positions.contiguous.get(source)
-        if c is not None and c < stable:
-            self._positions.mark(source, c + 1, stable)
-        for key in [k for k in self._early if k[1] == source and k[0] in self._reliable]:
+    def _pass_stable(self, stables: dict[int, int]) -> None:
+        """Go on past holes in each peer's stream at or below its stable position (`stables`):
+        the sender and the caches let those messages go, so no repair will come. A member
+        stability waited for never has one; a member the scope dropped (silent too long) and
+        took back under a new id, or demoted to client, may, and would otherwise wait for them
+        for good (holding its domain's stability, and its sender's flush, with it). Counted as
+        `unrecoverable`."""
+        for source, stable in stables.items():
+            c = self._positions.contiguous.get(source)
+            if c is not None and c < stable:
+                self._positions.mark(source, c + 1, stable)
+        for key in [k for k in self._early if k[1] in stables and k[0] in self._reliable]:
             nxt = self._next_seq.get(key)
             first, _t, run = self._early[key][0]
-            if nxt is not None and first > nxt and run[7] - 1 <= stable:
+            if nxt is not None and first > nxt and run[7] - 1 <= stables[key[1]]:
                 self._skip_to(key, first)
-                self._release_early(key)
         self._deliver()
 
     def _skip_to(self, key: tuple, seq: int) -> None:
-        """`key`'s messages before `seq` will not come: count them, and expect `seq` next."""
+        """`key`'s messages before `seq` will not come: count them, expect `seq` next, and take
+        the held runs that are next now."""
         self.stats["unrecoverable"] += seq - self._next_seq[key]
         self._next_seq[key] = seq
         if key in self._gap_at:
             self._note_filled(key, given_up=True)
+        self._release_early(key)
 
     def _prune_peer_cache(self, source: int, stable: int) -> None:
         cache = self._peer_cache.get(source)

@@ -227,7 +227,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         end = time.monotonic() + timeout
         while not done.wait(timeout if beat is None else
                             min(BEAT_EVERY, max(0.0, end - time.monotonic()))):
-            if time.monotonic() >= end:
+            if beat is None or time.monotonic() >= end:
                 raise TimeoutError(f"I/O thread did not run {fn.__name__} within {timeout}s")
             beat()
         ok, value = box[0]
