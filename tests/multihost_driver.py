@@ -39,6 +39,22 @@ def _converged(cluster, timeout: float = 120.0) -> dict:
         time.sleep(0.5)
 
 
+def _probed(cluster, timeout: float = 120.0) -> None:
+    """Wait until every LAN scope knows whether multicast passes among its hosts (a LAN probes
+    when its hosts change: here, when the subscribers made their host scopes)."""
+    def settled(lan: dict) -> bool:
+        hosts = sum(1 for s in lan.get("scopes", []) if s.get("kind") == "host")
+        return lan["multicast_probe"]["state"] in (
+            ("passes", "unicast-only") if hosts > 1 else ("single host",))
+
+    deadline = time.monotonic() + timeout
+    while not all(settled(s) for s in walk(cluster.status(topics=False))
+                  if "multicast_probe" in s):
+        if time.monotonic() > deadline:
+            raise SystemExit("a LAN's multicast probe did not end")
+        time.sleep(0.5)
+
+
 def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
     cluster = scopecast.connect(address="auto")  # deploys onto the namespaces' Ray
     nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
@@ -47,6 +63,7 @@ def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
         scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(topic)
         for nid in nodes}
     ray.get([a.ready.remote() for a in actors.values()], timeout=120)
+    _probed(cluster)
     pending = {nid: a.consume.remote(n, 300.0) for nid, a in actors.items()}
     with cluster.publisher(topic) as pub:
         gap = 0.0

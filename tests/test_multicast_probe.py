@@ -3,21 +3,15 @@ decision."""
 
 from __future__ import annotations
 
-import threading
-
 from scopecast.scopes import multicast_probe
 
 GROUP = "239.255.77.9"
 
 
 def _heard(token_sent: bytes, token_wanted: bytes, port: int) -> int:
-    box: list[int] = []
-    listener = threading.Thread(target=lambda: box.append(multicast_probe.listen(
-        "127.0.0.1", GROUP, port, token_wanted, seconds=2.0)))
-    listener.start()
+    listener = multicast_probe.Listener("127.0.0.1", GROUP, port, token_wanted)
     multicast_probe.send("127.0.0.1", GROUP, port, token_sent, count=5)
-    listener.join()
-    return box[0]
+    return listener.heard(seconds=2.0)
 
 
 def test_a_listener_hears_the_token_sent_to_the_group():

@@ -2,12 +2,13 @@
 
 Most clouds and container networks drop IP multicast. A LAN scope with several hosts therefore
 lays unicast channels (its policies see `multicast=False`) until a probe shows that multicast
-passes: one host scope manager sends a few datagrams carrying a random token to the LAN's group
-(on the port beside the data port) while every other host scope manager listens for them on its
-own interface, then a second one sends to the first; multicast is on only if every host heard the
-token. A LAN is probed again when its
-hosts change, and every RETRY seconds while it is unicast-only. Datagrams without the token are
-ignored, and logged with their count: the probe port is as open as any other.
+passes: every other host scope manager joins the LAN's group (on the port beside the data port)
+on its own interface, then one host scope manager sends a few datagrams carrying a random token
+to it and the listeners count what came; then a second one sends to the first. Multicast is on
+only if every host heard the token. The listeners have joined before anything is sent, so a host
+slow to answer (a loaded machine) delays the probe instead of failing it. A LAN is probed again
+when its hosts change, and every RETRY seconds while it is unicast-only. Datagrams without the
+token are ignored, and logged with their count: the probe port is as open as any other.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
 
 PROBES = 10          # datagrams one probe sends ...
-SPACING = 0.05       # ... this far apart, after
-LEAD = 0.3           # this long for the listeners to join; they listen for
-LISTEN = 1.5         # this long (or until they heard one)
+SPACING = 0.05       # ... this far apart; the listeners then wait at most
+LISTEN = 1.0         # this long for one more to come
 RETRY = 60.0         # seconds between probes of a LAN found unicast-only
+STALE = 60.0         # a listener never asked what it heard (its LAN scope died) is closed after
 _BUFFER = 1 << 16
 
 log = logging.getLogger(__name__)
@@ -51,37 +52,47 @@ def _config(interface: str) -> TransportConfig:
     return TransportConfig(interface=interface, rcvbuf_bytes=_BUFFER, sndbuf_bytes=_BUFFER)
 
 
-def listen(interface: str, group: str, port: int, token: bytes, seconds: float = LISTEN) -> int:
-    """Join `group` on `interface` and count the datagrams carrying `token` (stops at the first,
-    or after `seconds`)."""
-    sock = multicast_socket(_config(interface), group, port)
-    heard = strays = 0
-    try:
-        sock.setblocking(True)
-        deadline = time.monotonic() + seconds
-        while not heard and (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            try:
-                data = sock.recv(len(token) + 1)
-            except TimeoutError:
-                break
-            if data == token:
-                heard += 1
-            else:
-                strays += 1
-    finally:
-        sock.close()
-    if strays:
-        log.warning("multicast probe on %s:%d: ignored %d datagram(s) without its token", group,
-                    port, strays)
-    return heard
+class Listener:
+    """One host's ear for one probe: joined to the group when made, so that what is sent after
+    every listener was made is in its socket buffer however late it is read."""
+
+    def __init__(self, interface: str, group: str, port: int, token: bytes):
+        self.group, self.port, self.token = group, port, token
+        self.born = time.monotonic()
+        self._sock = multicast_socket(_config(interface), group, port)
+
+    def heard(self, seconds: float = LISTEN) -> int:
+        """How many datagrams carrying the token came (stops at the first, or after `seconds`
+        with none); closes the socket."""
+        heard = strays = 0
+        try:
+            self._sock.setblocking(True)
+            deadline = time.monotonic() + seconds
+            while not heard and (left := deadline - time.monotonic()) > 0:
+                self._sock.settimeout(left)
+                try:
+                    data = self._sock.recv(len(self.token) + 1)
+                except TimeoutError:
+                    break
+                if data == self.token:
+                    heard += 1
+                else:
+                    strays += 1
+        finally:
+            self.close()
+        if strays:
+            log.warning("multicast probe on %s:%d: ignored %d datagram(s) without its token",
+                        self.group, self.port, strays)
+        return heard
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 def send(interface: str, group: str, port: int, token: bytes, count: int = PROBES) -> None:
-    """Send `token` to `group` from `interface`, `count` times, starting after LEAD."""
+    """Send `token` to `group` from `interface`, `count` times (the listeners have joined)."""
     sock = unicast_socket(_config(interface))
     try:
-        time.sleep(LEAD)
         for _ in range(count):
             try:
                 sock.sendto(token, (group, port))

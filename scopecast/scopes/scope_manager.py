@@ -153,6 +153,7 @@ class ScopeManager:
         self._delegated: dict[str, dict] = {}   # the last layout's part for each child
         self._probe = multicast_probe.ProbeState()  # a LAN scope: does multicast pass?
         self._probing: asyncio.Task | None = None
+        self._listening: dict[bytes, multicast_probe.Listener] = {}  # a host scope: by token
 
     # ----------------------------------------------------------------------------- running
 
@@ -215,10 +216,11 @@ class ScopeManager:
         first, second, *rest = sorted(hosts)
 
         async def probe(sender: str, listeners: list[str]) -> dict[str, int]:
-            calls = [self.children[n].handle.probe_listen.remote(group, port, token)
-                     for n in listeners]
+            ears = [self.children[n].handle for n in listeners]
+            await asyncio.gather(*(h.probe_join.remote(group, port, token) for h in ears))
             await self.children[sender].handle.probe_send.remote(group, port, token)
-            return dict(zip(listeners, await asyncio.gather(*calls), strict=True))
+            heard = await asyncio.gather(*(h.probe_heard.remote(token) for h in ears))
+            return dict(zip(listeners, heard, strict=True))
 
         p = self._probe
         try:  # every host hears one other: the first all the others, then the second the first
@@ -243,10 +245,18 @@ class ScopeManager:
         self.container.topics.clear()  # every topic laid afresh, its policy told the change
         self._kick()
 
-    async def probe_listen(self, group: str, port: int, token: bytes) -> int:
-        """(A host scope) listen for a LAN probe on this node's interface; how many heard."""
+    async def probe_join(self, group: str, port: int, token: bytes) -> None:
+        """(A host scope) join a LAN probe's group on this node's interface; returns once joined."""
         interface = member_interface((await self._cluster_hello()).get("interface"))
-        return await asyncio.to_thread(multicast_probe.listen, interface, group, port, token)
+        for old in [t for t, ear in self._listening.items()
+                    if time.monotonic() - ear.born > multicast_probe.STALE]:
+            self._listening.pop(old).close()
+        self._listening[token] = multicast_probe.Listener(interface, group, port, token)
+
+    async def probe_heard(self, token: bytes) -> int:
+        """(A host scope) how many of the probe's datagrams this node heard since it joined."""
+        ear = self._listening.pop(token, None)
+        return 0 if ear is None else await asyncio.to_thread(ear.heard)
 
     async def probe_send(self, group: str, port: int, token: bytes) -> None:
         """(A host scope) send a LAN probe from this node's interface."""
