@@ -112,6 +112,9 @@ def _status_text(status: dict) -> str:
     lines.append("scopes:")
     for scope in walk(status):
         indent = "  " * (1 + (0 if scope["path"] == "/" else scope["path"].count("/") + 1))
+        if "error" in scope:  # its manager did not answer (gone, or being restarted)
+            lines.append(f"{indent}{scope['path']}  [did not answer: {scope['error']}]")
+            continue
         group, probe = scope.get("multicast"), scope.get("multicast_probe")
         lines.append(f"{indent}{scope['path']}  [{scope['kind']}, pid {scope['pid']}"
                      + (f", group {group[0]}:{group[1]}" if group else "")
