@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -13,6 +14,31 @@ def pytest_sessionstart(session) -> None:
 
     if loss.available() and loss.sweep_stale():
         print("removed iptables loss rules left by processes that are gone")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on the session's cluster reports each member's counters and each scope's
+    recovery agents as they were: a CI failure can then be read, not only rerun."""
+    report = yield
+    cluster = item.funcargs.get("cluster") if report.when == "call" and report.failed else None
+    if cluster is not None:
+        report.sections.append(("scopecast status at the failure", _status_digest(cluster)))
+    return report
+
+
+def _status_digest(cluster, limit: int = 20_000) -> str:
+    from scopecast.scopes.status import members, walk
+
+    try:
+        status = cluster.status(topics=False)
+    except Exception as exc:  # the failure may be the cluster's
+        return f"status failed: {exc!r}"
+    digest = {"members": [{k: m.get(k) for k in ("scope", "name", "pid", "role", "counters")}
+                          for m in members(status)],
+              "recovery": {s["path"]: s.get("recovery", s.get("error")) for s in walk(status)}}
+    text = json.dumps(digest, default=str)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
 @pytest.fixture(scope="session")

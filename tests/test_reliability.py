@@ -230,6 +230,20 @@ def test_flush_returns_only_when_every_member_holds_the_messages(cluster, topic_
     ray.get(actor.close.remote())
 
 
+def test_a_publisher_block_that_fails_keeps_its_exception_when_the_close_cannot_flush(
+        cluster, topic_name):
+    """The close on leaving a `with` block times out too (a member's I/O thread is held, so it
+    stays a member but holds nothing new): the exception that left the block is the one raised,
+    not the close's FlushTimeout."""
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    (actor,) = _consumers(topic_name, 1)
+    with pytest.raises(FlushTimeout, match=r"within 1\.0s"):
+        with cluster.publisher(topic_name) as pub:
+            ray.get(actor.hold_io.remote(20.0))
+            pub.publish(b"x")
+            pub.flush(timeout=1.0)
+    ray.get(actor.close.remote())
+
 class WindowProbe:
     """A publisher whose window of unstable messages is small and does not block."""
 

@@ -155,8 +155,12 @@ class Publisher:
     def __enter__(self) -> Publisher:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except FlushTimeout:
+            if exc_type is None:
+                raise  # else the exception leaving the block says more; this one would hide it
 
 
 def close_publishers(pubs: list[Publisher], timeout: float = 10.0) -> None:
