@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 
 
@@ -86,6 +87,7 @@ class TopicConsumer:
 
         self._cluster = scopecast.connect(name=name)
         self._sub = self._cluster.subscriber(topics, role=role, scope=scope)
+        self._held = threading.Event()
 
     def ready(self) -> bool:
         return True
@@ -95,9 +97,15 @@ class TopicConsumer:
         return consume(self._sub, expect, timeout, idle, touch, until)
 
     def hold_io(self, seconds: float) -> None:
-        """Keep this member's I/O thread busy for `seconds`, from now (a fault tests inject:
-        what a burst to catch up with on a loaded machine does to a data plane)."""
-        self._sub._runtime.call(time.sleep, seconds)
+        """Keep this member's I/O thread busy for `seconds` from now, or until `release_io()`
+        (a fault tests inject: what a burst to catch up with on a loaded machine does to a data
+        plane). Unlike a stopped process it keeps heartbeating: it stays a member, and what it
+        has not acknowledged stays unstable however long the hold."""
+        self._held = threading.Event()
+        self._sub._runtime.call(self._held.wait, seconds)
+
+    def release_io(self) -> None:
+        self._held.set()
 
     def ends(self) -> dict[str, int]:
         """End-of-stream markers seen: "topic|source|session" -> last sequence number."""
