@@ -223,20 +223,16 @@ def test_a_lan_loses_nothing_while_its_probe_decides(hosts):
     multicast does not pass and stays on unicast. Every subscriber gets every message."""
     h1, h2, h3 = hosts.hosts
     n = 20_000
-    driver = _halting_driver(hosts, "mh/p", n, "--pace", "20")
-    try:
-        assert driver.stdout.readline().strip() == "halfway", driver.stderr.read()[-3000:]
-        status = hosts.run(hosts.head, [SCOPECAST, "status", "--json"], capture=True)
-        assert status.returncode == 0, status.stderr[-2000:]
-        (lan1,) = [s for s in walk(json.loads(status.stdout)) if s["path"] == "lan1"]
-        hosts.block_multicast(h2)
-        os.kill(lan1["pid"], signal.SIGKILL)
-        out, err = driver.communicate("go\n", timeout=280)
-        assert driver.returncode == 0, err[-3000:]
-    finally:
-        driver.kill()
-        hosts.block_multicast(h2, False)
-    r = json.loads(_last_json(out))
+    with HaltingDriver(hosts, "mh/p", n, "--pace", "20") as driver:
+        try:
+            status = hosts.run(hosts.head, [SCOPECAST, "status", "--json"], capture=True)
+            assert status.returncode == 0, status.stderr[-2000:]
+            (lan1,) = [s for s in walk(json.loads(status.stdout)) if s["path"] == "lan1"]
+            hosts.block_multicast(h2)
+            os.kill(lan1["pid"], signal.SIGKILL)
+            r = driver.finish()
+        finally:
+            hosts.block_multicast(h2, False)
     assert _complete(r["got"], n) == {h.address for h in (h1, h2, h3)}
     (after,) = [s for s in r["scopes"] if s["path"] == "lan1"]
     assert after["probe"]["state"] == "unicast-only" and after["multicast"] is None, after
@@ -254,13 +250,39 @@ def test_the_demo_pipeline_runs_on_three_hosts_in_two_lans(hosts, tmp_path):
     assert "every subscriber got every row" in out.stdout
 
 
-def _halting_driver(hosts: LocalHosts, topic: str, n: int, *flags: str) -> subprocess.Popen:
-    """`tests.multihost_driver TOPIC N --fail` on the first host: it prints "halfway" and waits
-    for a line on stdin before the second half."""
-    return hosts.popen(hosts.hosts[0], [sys.executable, "-m", "tests.multihost_driver", topic,
-                                        str(n), "--fail", *flags],
-                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, env=hosts.env({"PYTHONPATH": str(REPO)}))
+class HaltingDriver:
+    """`tests.multihost_driver TOPIC N --fail` on the first host; entering the block waits until
+    it has streamed half and stopped, `finish()` lets it stream the rest and returns its report,
+    leaving the block kills what is left of it."""
+
+    def __init__(self, hosts: LocalHosts, topic: str, n: int, *flags: str) -> None:
+        self.proc = hosts.popen(hosts.hosts[0], [sys.executable, "-m", "tests.multihost_driver",
+                                                 topic, str(n), "--fail", *flags],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=hosts.env({"PYTHONPATH": str(REPO)}))
+
+    def __enter__(self) -> HaltingDriver:
+        if self.proc.stdout.readline().strip() != "halfway":
+            self.proc.kill()
+            raise AssertionError(self.proc.stderr.read()[-3000:])
+        return self
+
+    def finish(self) -> dict:
+        out, err = self.proc.communicate("go\n", timeout=280)
+        assert self.proc.returncode == 0, err[-3000:]
+        return json.loads(_last_json(out))
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+
+
+def lose(hosts: LocalHosts, host, fault: str) -> None:
+    """Lose `host`: "cut off" takes its link down, "killed" kills every process of it (-9)."""
+    if fault == "killed":
+        assert hosts.kill_host(host) > 0
+    else:
+        hosts.cut_host(host)
 
 
 def _complete(got: dict, n: int) -> set[str]:
@@ -277,19 +299,12 @@ def test_a_host_lost_mid_stream_survivors_lose_nothing_agents_move_the_tree_conv
     of every process) halfway through a stream from host 1."""
     h1, h2, h3 = hosts.hosts
     n = 20_000
-    driver = _halting_driver(hosts, f"mh/{fault[0]}", n)
-    try:
-        assert driver.stdout.readline().strip() == "halfway", driver.stderr.read()[-3000:]
-        if fault == "killed":
-            assert hosts.kill_host(h3) > 0
-        else:
-            hosts.cut_host(h3)
-        out, err = driver.communicate("go\n", timeout=280)
-        assert driver.returncode == 0, err[-3000:]
-    finally:
-        driver.kill()
-        hosts.restart_host(h3)  # for the tests after this one
-    r = json.loads(_last_json(out))
+    with HaltingDriver(hosts, f"mh/{fault[0]}", n) as driver:
+        try:
+            lose(hosts, h3, fault)
+            r = driver.finish()
+        finally:
+            hosts.restart_host(h3)  # for the tests after this one
     assert _complete(r["got"], n) == {h1.address, h2.address}
     lost = [s["path"] for s in r["scopes"] if s["kind"] == "host" and s["ip"] not in (
         h1.address, h2.address)]

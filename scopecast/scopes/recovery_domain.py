@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = "scopecast:agent:"
 PING_TIMEOUT = 0.5
+REPLACE_AFTER = 5.0  # an agent unanswering this long is delegated again (its host may be gone)
 
 
 @dataclass(slots=True)
@@ -39,6 +41,8 @@ class AgentRecord:
     incarnation: int = 0
     pid: int = 0
     sent: tuple | None = field(default=None)
+    failing_since: float | None = None  # when its pings began to fail
+    placed_at: float = field(default_factory=time.monotonic)
 
     def describe(self) -> dict:
         return {"chain": self.chain, "address": "%s:%d" % self.address if self.address else None,
@@ -67,10 +71,11 @@ class RecoveryDomain:
         rec = self.agents.get(member)
         return list(rec.address) if rec is not None and rec.address else None
 
-    async def update(self, members: list[tuple[str, int]], place) -> bool:
+    async def update(self, members: list[tuple[str, int]], place, belongs) -> bool:
         """Bring agents and views in line with `members`, (name, region) in ring order;
-        `place(name)` delegates a new member's agent and returns its AgentRecord. True when an
-        agent's address changed (the members' tables name their agents)."""
+        `place(name)` delegates a new member's agent and returns its AgentRecord; `belongs(name)`
+        is the chain below the member its agent should now be delegated along (None: any). True
+        when an agent's address changed (the members' tables name their agents)."""
         regions = dict(members)
         members = [name for name, _ in members]
         for name in members:
@@ -82,6 +87,7 @@ class RecoveryDomain:
             rec = self.agents.pop(name)
             rec.host.drop.remote(rec.spec["name"])
         changed = await self._ping()
+        changed |= await self._replace_misplaced(place, belongs)
         if changed or members != self.members or regions != self.regions:
             self.version += 1
             self.members, self.regions = members, regions
@@ -94,10 +100,13 @@ class RecoveryDomain:
         done = await asyncio.gather(*(asyncio.wait_for(r, PING_TIMEOUT) for r in refs),
                                     return_exceptions=True)
         changed = False
+        now = time.monotonic()
         for name, res in zip(names, done, strict=True):
-            if isinstance(res, BaseException):
-                continue  # starting, or restarting after a crash: asked again next tick
             rec = self.agents[name]
+            if isinstance(res, BaseException):  # starting, restarting after a crash, or gone
+                rec.failing_since = rec.failing_since or now
+                continue
+            rec.failing_since = None
             address, incarnation = (res[0], int(res[1])), int(res[2])
             if (address, incarnation) != (rec.address, rec.incarnation):
                 if rec.address is not None:
@@ -106,6 +115,39 @@ class RecoveryDomain:
                 rec.address, rec.incarnation, rec.pid = address, incarnation, int(res[3])
                 rec.sent = None
                 changed = True
+        return changed
+
+    async def _replace_misplaced(self, place, belongs) -> bool:
+        """Delegate again the agents that have not answered for REPLACE_AFTER, and those of child
+        scopes whose domain is led by another member than the one the agent was placed beside
+        (3.2.13: it runs on the host of the member leading the peer group below; that host may
+        have died, or the agent was placed before the child's domain had a leader). The chain is
+        followed anew; an agent whose host is merely slow is made again on the same host
+        (idempotent). Until the new one answers it counts as missing, which holds the group's
+        stability back."""
+        changed = False
+        now = time.monotonic()
+        for name, rec in list(self.agents.items()):
+            silent = rec.failing_since is not None and now - rec.failing_since >= REPLACE_AFTER
+            want = belongs(name)
+            placed = tuple(rec.chain[2:])  # () where the child had no leader yet: at once
+            moved = want is not None and placed != want \
+                and (not placed or now - rec.placed_at >= REPLACE_AFTER)
+            if not (silent or moved):
+                continue
+            try:
+                new = await place(name)
+            except Exception as exc:  # the chain's end may be going too: next tick again
+                log.warning("scope %r: %s agent for %s: delegating it again failed: %r",
+                            self.path, self.protocol, name, exc)
+                continue
+            log.warning("scope %r: %s agent for %s %s; delegated again along %s", self.path,
+                        self.protocol, name, "unanswering" if silent else "led elsewhere now",
+                        " > ".join(new.chain))
+            if new.host._actor_id != rec.host._actor_id:  # (same host: the same agent)
+                rec.host.drop.remote(rec.spec["name"])
+            self.agents[name] = new
+            changed = True
         return changed
 
     def _install_views(self) -> None:
@@ -157,10 +199,11 @@ class RecoveryDomains:
         for p, d in self.domains.items():
             d.upper = self.upper.get(p)
 
-    async def update(self, members: dict[str, list[tuple[str, int]]], place) -> bool:
+    async def update(self, members: dict[str, list[tuple[str, int]]], place, belongs) -> bool:
         """Bring every protocol's domain in line with its `members` ((name, region) in ring
-        order); `place(protocol, name)` delegates an agent. True when an agent's address
-        changed."""
+        order); `place(protocol, name)` delegates an agent, `belongs(protocol, name)` says
+        along which chain it should be now (see RecoveryDomain.update). True when an agent's
+        address changed."""
         changed = False
         for protocol in sorted(set(members) | set(self.domains)):
             d = self.domains.get(protocol)
@@ -168,7 +211,8 @@ class RecoveryDomains:
                 d = self.domains[protocol] = RecoveryDomain(self.path, protocol, self.top)
                 d.upper = self.upper.get(protocol)
             names = members.get(protocol, [])
-            changed |= await d.update(names, lambda name, p=protocol: place(p, name))
+            changed |= await d.update(names, lambda name, p=protocol: place(p, name),
+                                      lambda name, p=protocol: belongs(p, name))
             if not names:
                 del self.domains[protocol]
         return changed

@@ -74,7 +74,9 @@ class Child:
     handle: object = None          # child scopes: their actor
     depth: int = 1
     regular: bool = True           # has forwarding duty (not only client subscriptions)
-    recovering: tuple = ()         # child scopes: protocols whose domain there has members
+    # child scopes: per protocol whose domain there has members, the chain down to the member
+    # that leads it (where the agent standing for the child in this scope's domain belongs)
+    recovering: dict[str, tuple] = field(default_factory=dict)
     offers: dict[int, Offer] = field(default_factory=dict)
     joined: dict[str, list[int]] = field(default_factory=dict)
     incarnation: int = 0
@@ -424,7 +426,7 @@ class ScopeManager:
                 {int(t) for t in body["pubs"]},
                 {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
                 dict(body["joined"]), bool(body["regular"]),
-                tuple(str(p) for p in body.get("recovering", ())))
+                {str(p): tuple(map(str, chain)) for p, chain in body["recovering"].items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("scope %r: malformed report from %r ignored: %s", self.path, name, exc)
             return True
@@ -889,7 +891,7 @@ class ScopeManager:
                 "offers": {str(t): o.to_wire() for t, o in self._offers(subs).items()},
                 "joined": {k: sorted(v) for k, v in joined.items()},
                 "regular": any(c.regular for c in self.children.values()),
-                "recovering": sorted(self._domain_members())}
+                "recovering": {p: list(self._lead_chain(p)) for p in self._domain_members()}}
 
     def _offers(self, subs: dict[int, str]) -> dict[int, Offer]:
         """For each topic this scope receives from its parent: where that traffic enters."""
@@ -972,9 +974,27 @@ class ScopeManager:
                         for interest, name in sorted(entries)]
         return out
 
+    def _lead_chain(self, protocol: str) -> tuple:
+        """The chain from this scope down to the member leading its `protocol` domain."""
+        members = self._domain_members().get(protocol)
+        if not members:
+            return ()
+        leader = self.children.get(members[0][0])
+        if leader is None or leader.kind != "scope":
+            return (members[0][0],)
+        return (leader.name, *leader.recovering.get(protocol, ()))
+
+    def _belongs(self, protocol: str, name: str) -> tuple | None:
+        """Where the agent of child scope `name` belongs: its lead chain (None: a member, or a
+        child whose domain has no leader yet)."""
+        child = self.children.get(name)
+        chain = child.recovering.get(protocol) if child and child.kind == "scope" else None
+        return chain or None
+
     async def _recovery_tick(self) -> None:
         try:
-            changed = await self.recovery.update(self._domain_members(), self._place_for)
+            changed = await self.recovery.update(self._domain_members(), self._place_for,
+                                                 self._belongs)
         except Exception as exc:  # a child placing an agent timed out or died: next tick again
             log.warning("scope %r: recovery domain update failed: %r", self.path, exc)
             return

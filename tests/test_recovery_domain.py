@@ -1,0 +1,103 @@
+"""Where a scope's recovery domain keeps its agents (pure logic, with stand-ins for the agent
+hosts): an agent is delegated again when it stops answering, or when the child scope it stands for
+is led along another chain."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from scopecast.scopes import recovery_domain
+from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomain
+
+_ids = itertools.count(1)
+
+
+class _Call:
+    def __init__(self, fn) -> None:
+        self.remote = fn
+
+
+class _Host:
+    """An AgentHost stand-in: answers ensure() with an address unless it is down."""
+
+    def __init__(self, ip: str) -> None:
+        self.ip, self.down, self.dropped = ip, False, []
+        self._actor_id = next(_ids)
+        self.ensure = _Call(self._ensure)
+        self.view = _Call(lambda *args: None)
+        self.drop = _Call(self.dropped.append)
+
+    async def _ensure(self, spec: dict):
+        if self.down:
+            raise ConnectionError(f"{self.ip} is gone")
+        return self.ip, 7000, 1, 100
+
+
+class _Tree:
+    """A parent scope's view of its child scopes: their lead chains and the hosts they lead on."""
+
+    def __init__(self) -> None:
+        self.hosts = {"host-a": _Host("10.0.0.1"), "host-b": _Host("10.0.0.2"),
+                      "fallback": _Host("10.0.0.9")}
+        self.leads: dict[str, tuple] = {"lan2": ("host-a", "m1")}
+        self.placed = 0
+
+    async def place(self, name: str) -> AgentRecord:
+        self.placed += 1
+        chain = self.leads.get(name, ())
+        host = self.hosts[chain[0] if chain else "fallback"]
+        return AgentRecord(host, {"name": f"agent|{name}"}, ["/", name, *chain])
+
+    def belongs(self, name: str):
+        return self.leads.get(name) or None
+
+
+def _update(domain: RecoveryDomain, tree: _Tree) -> None:
+    asyncio.run(domain.update([("lan2", 0)], tree.place, tree.belongs))
+
+
+def _ip(domain: RecoveryDomain) -> str:
+    return domain.agents["lan2"].address[0]
+
+
+def test_an_agent_placed_before_its_child_had_a_leader_moves_at_once():
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    leads, tree.leads = tree.leads, {}
+    _update(domain, tree)
+    assert domain.agents["lan2"].chain == ["/", "lan2"] and _ip(domain) == "10.0.0.9"
+    tree.leads = leads  # the child's domain has a leader now
+    _update(domain, tree)
+    _update(domain, tree)  # (the new agent answers on the next ping)
+    assert domain.agents["lan2"].chain == ["/", "lan2", "host-a", "m1"]
+    assert _ip(domain) == "10.0.0.1" and tree.hosts["fallback"].dropped == ["agent|lan2"]
+
+
+def test_an_agent_follows_a_new_leader_of_its_child_but_not_within_replace_after():
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    _update(domain, tree)
+    _update(domain, tree)
+    assert tree.placed == 1 and _ip(domain) == "10.0.0.1"  # where it belongs: kept
+    tree.leads["lan2"] = ("host-b", "m2")
+    _update(domain, tree)
+    assert tree.placed == 1  # just placed: a leader that changes back and forth moves nothing
+    domain.agents["lan2"].placed_at -= recovery_domain.REPLACE_AFTER
+    _update(domain, tree)
+    _update(domain, tree)
+    assert tree.placed == 2 and _ip(domain) == "10.0.0.2"
+    assert tree.hosts["host-a"].dropped == ["agent|lan2"]
+
+
+def test_an_agent_that_stops_answering_is_delegated_again_and_held_missing_meanwhile():
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    _update(domain, tree)
+    tree.hosts["host-a"].down = True
+    _update(domain, tree)
+    assert tree.placed == 1 and domain.agents["lan2"].failing_since is not None
+    domain.agents["lan2"].failing_since -= recovery_domain.REPLACE_AFTER
+    tree.leads["lan2"] = ("host-b", "m2")  # the child's next leader
+    _update(domain, tree)
+    rec = domain.agents["lan2"]
+    assert tree.placed == 2 and rec.address is None  # not answered yet: missing in the views
+    _update(domain, tree)
+    assert _ip(domain) == "10.0.0.2"
