@@ -51,6 +51,7 @@ def test_the_host_leading_a_lan_lost_mid_stream_its_neighbour_loses_nothing(host
         finally:
             hosts.restart_host(lost)  # for the next case
     assert _complete(r["got"], n) == {h1.address, h2.address, neighbour.address}
+    assert not [s["path"] for s in r["scopes"] if s["ip"] == lost.address]  # the tree converged
     agents = [a["ip"] for s in r["scopes"] for a in s["agents"]]
     assert agents and set(agents) <= {h1.address, h2.address, neighbour.address}, agents
     # the root's agent for lan2 was delegated again, down to the surviving host of lan2
