@@ -117,7 +117,8 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
                       key_column: str | None = None, parallelism: int = 2, mode: str = "rows",
                       progress: bool | Callable[[int], None] | None = None,
                       cluster: Cluster | None = None, config: RuntimeConfig | None = None,
-                      flush_timeout: float = 120.0) -> PublishReport:
+                      flush_timeout: float = 120.0,
+                      convert_timeout: float | None = None) -> PublishReport:
     """Publish every row of the Spark DataFrame `df` to `topic` (which must exist) and return a
     PublishReport once every message is stable (held by every regular subscriber).
 
@@ -161,8 +162,10 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     once every block is in Ray's object store) makes the conversion fail: SparkUnavailable, raised
     before any topic is created or anything published, and Spark on Ray may need a restart
     (stop_spark() / init_spark()). Once converted, the executors are no longer needed: one that
-    dies while the blocks are published changes nothing. (RayDP retries a failed fetch without
-    end; an executor lost during the short fetch phase may leave the conversion waiting.)
+    dies while the blocks are published changes nothing. RayDP retries a failed fetch without
+    end: an executor lost during the short fetch phase may leave the conversion waiting, so
+    `convert_timeout` (seconds; None: no bound) turns a conversion that takes longer into
+    SparkUnavailable, raised before anything is published.
     """
     from scopecast.ray_cluster.cluster import connect
 
@@ -221,7 +224,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     actors, started = _start_publishers(run, parallelism, config)  # (joining while Spark converts)
     report = None
     try:
-        report = _publish(cluster, source, actors, schema, destinations, base,
+        report = _publish(cluster, source, actors, schema, destinations, base, convert_timeout,
                           _Plan(run=run, mode=mode, publishers=parallelism, topics=run_topics,
                                 base=topic, topic_column=topic_column, routes=routes,
                                 part_column=part, max_message_bytes=max_bytes,
@@ -240,9 +243,9 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
 
 
 def _publish(cluster, source, actors: list, schema: dict, destinations: list[str], base,
-             plan: _Plan, progress) -> PublishReport:
+             convert_timeout: float | None, plan: _Plan, progress) -> PublishReport:
     """Convert, create the routed topics, record the schema, and let the publishers run."""
-    refs, total = _convert(source)
+    refs, total = _convert(source, convert_timeout)
     try:
         for name in destinations:
             if name != base.name:
@@ -260,20 +263,20 @@ def _publish(cluster, source, actors: list, schema: dict, destinations: list[str
         _release(source)
 
 
-def _convert(df) -> tuple[list, int]:
+def _convert(df, timeout: float | None) -> tuple[list, int]:
     """Block references of the DataFrame in Ray's object store, and the row count."""
     def convert():
         ds = ray.data.from_spark(df)
         return ds.to_arrow_refs(), ds.count()
 
-    return _spark_job("converting the DataFrame to Ray blocks", convert)
+    return _spark_job("converting the DataFrame to Ray blocks", convert, timeout)
 
 
-def _spark_job(what: str, job: Callable[[], Any]) -> Any:
+def _spark_job(what: str, job: Callable[[], Any], timeout: float | None = None) -> Any:
     """Run a Spark job for publish_dataframe (before anything is created or published); its failure
-    (typically a lost executor) as SparkUnavailable."""
+    (typically a lost executor), or its running past `timeout` seconds, as SparkUnavailable."""
     try:
-        return job()
+        return job() if timeout is None else _bounded(what, job, timeout)
     except ScopecastError:
         raise
     except Exception as exc:
@@ -283,6 +286,30 @@ def _spark_job(what: str, job: Callable[[], Any]) -> Any:
         raise SparkUnavailable(f"{what} failed ({type(exc).__name__}: {first[:300]}); nothing was "
                                "published. If a Spark executor was lost, restart Spark (stop_spark(), "
                                "init_spark()) and publish again") from exc
+
+
+def _bounded(what: str, job: Callable[[], Any], timeout: float) -> Any:
+    """`job()` on a thread of its own, given up after `timeout` seconds (a py4j call cannot be
+    cancelled: the thread is a daemon, and Spark may need a restart)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = job()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="scopecast-spark-job", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise SparkUnavailable(f"{what} did not finish within {timeout} s; nothing was published. "
+                               "A Spark executor lost while its blocks were fetched leaves RayDP "
+                               "retrying: restart Spark (stop_spark(), init_spark()) and publish "
+                               "again")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _release(df) -> None:
