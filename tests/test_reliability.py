@@ -243,7 +243,9 @@ def test_a_publisher_block_that_fails_keeps_its_exception_when_the_close_cannot_
             ray.get(actor.hold_io.remote(20.0))
             pub.publish(b"x")
             pub.flush(timeout=1.0)
+    ray.get(actor.release_io.remote())
     ray.get(actor.close.remote())
+
 
 class WindowProbe:
     """A publisher whose window of unstable messages is small and does not block."""
