@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from ray.exceptions import ActorUnschedulableError
+
 from scopecast.scopes import recovery_domain
 from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomain
 
@@ -19,10 +21,11 @@ class _Call:
 
 
 class _Host:
-    """An AgentHost stand-in: answers ensure() with an address unless it is down."""
+    """An AgentHost stand-in: answers ensure() with an address unless it is down (its node dead:
+    Ray gives it up) or slow (the ping times out)."""
 
     def __init__(self, ip: str) -> None:
-        self.ip, self.down, self.dropped = ip, False, []
+        self.ip, self.down, self.slow, self.dropped = ip, False, False, []
         self._actor_id = next(_ids)
         self.ensure = _Call(self._ensure)
         self.view = _Call(lambda *args: None)
@@ -30,7 +33,9 @@ class _Host:
 
     async def _ensure(self, spec: dict):
         if self.down:
-            raise ConnectionError(f"{self.ip} is gone")
+            raise ActorUnschedulableError(f"the node of {self.ip} is dead")
+        if self.slow:
+            raise TimeoutError
         return self.ip, 7000, 1, 100
 
 
@@ -88,16 +93,36 @@ def test_an_agent_follows_a_new_leader_of_its_child_but_not_within_replace_after
     assert tree.hosts["host-a"].dropped == ["agent|lan2"]
 
 
-def test_an_agent_that_stops_answering_is_delegated_again_and_held_missing_meanwhile():
+def _age(domain: RecoveryDomain, seconds: float) -> None:
+    rec = domain.agents["lan2"]
+    rec.placed_at -= seconds
+    if rec.failing_since is not None:
+        rec.failing_since -= seconds
+
+
+def test_an_agent_whose_host_is_gone_is_delegated_again_and_held_missing_meanwhile():
     tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
     _update(domain, tree)
     tree.hosts["host-a"].down = True
-    _update(domain, tree)
-    assert tree.placed == 1 and domain.agents["lan2"].failing_since is not None
-    domain.agents["lan2"].failing_since -= recovery_domain.REPLACE_AFTER
     tree.leads["lan2"] = ("host-b", "m2")  # the child's next leader
+    _update(domain, tree)
+    assert tree.placed == 1 and domain.agents["lan2"].gone  # (just placed: not at once)
+    _age(domain, recovery_domain.REPLACE_AFTER)
     _update(domain, tree)
     rec = domain.agents["lan2"]
     assert tree.placed == 2 and rec.address is None  # not answered yet: missing in the views
     _update(domain, tree)
     assert _ip(domain) == "10.0.0.2"
+
+
+def test_an_agent_on_a_slow_host_stays_until_it_has_not_answered_for_hung_after():
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    _update(domain, tree)
+    tree.hosts["host-a"].slow = True
+    _update(domain, tree)
+    _age(domain, recovery_domain.HUNG_AFTER - 1)
+    _update(domain, tree)
+    assert tree.placed == 1 and _ip(domain) == "10.0.0.1"  # a loaded machine moves nothing
+    _age(domain, 1)
+    _update(domain, tree)
+    assert tree.placed == 2

@@ -22,11 +22,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from ray.exceptions import ActorDiedError, ActorUnschedulableError
+
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = "scopecast:agent:"
 PING_TIMEOUT = 0.5
-REPLACE_AFTER = 5.0  # an agent unanswering this long is delegated again (its host may be gone)
+REPLACE_AFTER = 5.0  # an agent stays where it was placed at least this long
+HUNG_AFTER = 60.0    # an agent unanswering this long is delegated again, though its host lives
+# What a call to an agent host raises once Ray has given it up (its node is dead, or it died
+# for good); a host that is merely slow or restarting times out instead.
+GONE = (ActorDiedError, ActorUnschedulableError)
 
 
 @dataclass(slots=True)
@@ -42,6 +48,7 @@ class AgentRecord:
     pid: int = 0
     sent: tuple | None = field(default=None)
     failing_since: float | None = None  # when its pings began to fail
+    gone: bool = False                  # the last ping failed with GONE
     placed_at: float = field(default_factory=time.monotonic)
 
     def describe(self) -> dict:
@@ -105,8 +112,9 @@ class RecoveryDomain:
             rec = self.agents[name]
             if isinstance(res, BaseException):  # starting, restarting after a crash, or gone
                 rec.failing_since = rec.failing_since or now
+                rec.gone = isinstance(res, GONE)
                 continue
-            rec.failing_since = None
+            rec.failing_since, rec.gone = None, False
             address, incarnation = (res[0], int(res[1])), int(res[2])
             if (address, incarnation) != (rec.address, rec.incarnation):
                 if rec.address is not None:
@@ -118,21 +126,23 @@ class RecoveryDomain:
         return changed
 
     async def _replace_misplaced(self, place, belongs) -> bool:
-        """Delegate again the agents that have not answered for REPLACE_AFTER, and those of child
-        scopes whose domain is led by another member than the one the agent was placed beside
-        (3.2.13: it runs on the host of the member leading the peer group below; that host may
-        have died, or the agent was placed before the child's domain had a leader). The chain is
-        followed anew; an agent whose host is merely slow is made again on the same host
-        (idempotent). Until the new one answers it counts as missing, which holds the group's
-        stability back."""
+        """Delegate again the agents whose host Ray has given up (or that have not answered for
+        HUNG_AFTER), and those of child scopes whose domain is led by another member than the
+        one the agent was placed beside (3.2.13: it runs on the host of the member leading the
+        peer group below; that host may have died, or the agent was placed before the child's
+        domain had a leader). The chain is followed anew. A host that is only slow (a loaded
+        machine, a worker starting) keeps its agents: moving them would lay the ring again and
+        hold stability back for nothing. Until a new agent answers it counts as missing, which
+        holds the group's stability back."""
         changed = False
         now = time.monotonic()
         for name, rec in list(self.agents.items()):
-            silent = rec.failing_since is not None and now - rec.failing_since >= REPLACE_AFTER
+            settled = now - rec.placed_at >= REPLACE_AFTER  # (a dead end is not retried at once)
+            silent = rec.failing_since is not None and settled \
+                and (rec.gone or now - rec.failing_since >= HUNG_AFTER)
             want = belongs(name)
             placed = tuple(rec.chain[2:])  # () where the child had no leader yet: at once
-            moved = want is not None and placed != want \
-                and (not placed or now - rec.placed_at >= REPLACE_AFTER)
+            moved = want is not None and placed != want and (not placed or settled)
             if not (silent or moved):
                 continue
             try:
@@ -162,11 +172,12 @@ class RecoveryDomain:
                 rec.host.view.remote(rec.spec["name"], self.version, peers, index, self.upper,
                                      self.top, missing)
 
-    async def agent_status(self) -> dict:
+    async def agent_status(self, timeout: float) -> dict:
         recs = list(self.agents.values())
         names = list(self.agents)
-        got = await asyncio.gather(*(asyncio.wait_for(r.host.status.remote(r.spec["name"]), 2.0)
-                                     for r in recs), return_exceptions=True)
+        got = await asyncio.gather(*(asyncio.wait_for(r.host.status.remote(r.spec["name"]),
+                                                      timeout) for r in recs),
+                                   return_exceptions=True)
         # (from the records taken before the wait: a member may have left meanwhile)
         return {n: {**r.describe(), **(g if isinstance(g, dict) else {"error": repr(g)})}
                 for n, r, g in zip(names, recs, got, strict=True)}
@@ -217,7 +228,11 @@ class RecoveryDomains:
                 del self.domains[protocol]
         return changed
 
-    async def describe(self) -> dict:
+    async def describe(self, timeout: float) -> dict:
+        """Every domain with its agents' status (an agent not answering within `timeout` shows
+        its error)."""
         # over a copy: while an agent's status is awaited, an update may add or drop a domain
-        return {p: {**d.describe(), "agents": await d.agent_status()}
-                for p, d in list(self.domains.items())}
+        domains = list(self.domains.items())
+        agents = await asyncio.gather(*(d.agent_status(timeout) for _, d in domains))
+        return {p: {**d.describe(), "agents": a} for (p, d), a in zip(domains, agents,
+                                                                      strict=True)}
