@@ -34,7 +34,7 @@ from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor_name
-from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, ScopeManager, pinned
+from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager, pinned
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name
 
@@ -307,8 +307,8 @@ class ClusterScopeManager(ScopeManager):
     def _used_by(self, sha: str) -> list[str]:
         return [t.name for t in self.topics.values() if sha in (t.plugin, t.recovery_plugin)]
 
-    async def status(self, topics: bool = True) -> dict:
-        tree = await super().status(topics)
+    async def status(self, topics: bool = True, budget: float = STATUS_BUDGET) -> dict:
+        tree = await super().status(topics, budget)
         return {"cluster_id": f"{self._cluster_id:012x}",
                 "uptime_s": round(time.time() - self._started, 1),
                 "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},

@@ -49,6 +49,10 @@ DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeo
                     "slow_lag_mb": 16.0, "slow_grace": 5.0,
                     "token_period": 0.01, "idle_token_period": 1.0}
 POLICY_TIMEOUT = 10.0
+POLICY_STARTUP = 120.0  # a policy actor's first start: a new worker process, on a loaded machine
+STATUS_BUDGET = 30.0  # how long a status of the whole tree may take (each level below gets less)
+AGENT_STATUS_TIMEOUT = 2.0
+POLICY_RETRY = 2.0      # a built-in policy actor that did not answer is asked again after this
 DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
 BUILTIN_HOST = "builtin"  # the key of the node's policy actor that hosts the built-in policies
 WATCH_TIMEOUT = 1.0
@@ -498,18 +502,23 @@ class ScopeManager:
         except Exception:  # the parent is gone or restarting: its check cannot pass either
             return False
 
-    async def _ask(self, children: list[Child], call) -> list:
-        """Call every child scope at once; a child that does not answer within the scope timeout
-        (dead, or restarting) answers its exception."""
-        timeout = self.settings["scope_timeout"]
+    async def _ask(self, children: list[Child], call, timeout: float | None = None) -> list:
+        """Call every child scope at once; a child that does not answer within `timeout` (the
+        scope timeout by default: dead, or restarting) answers its exception."""
+        timeout = timeout or self.settings["scope_timeout"]
         return await asyncio.gather(*(asyncio.wait_for(call(c), timeout) for c in children),
                                     return_exceptions=True)
 
-    async def status(self, topics: bool = True) -> dict:
+    async def status(self, topics: bool = True, budget: float = STATUS_BUDGET) -> dict:
         """This subtree's state; `topics=False` leaves out what is per topic (layouts, topic
-        ids of members): at thousands of topics that is megabytes, too much to poll."""
+        ids of members): at thousands of topics that is megabytes, too much to poll. `budget`:
+        the seconds this answer may take; each child scope is given less, so that a slow one
+        shows here as not answering rather than this whole subtree not answering above."""
         scopes = [c for c in self.children.values() if c.kind == "scope"]
-        below = await self._ask(scopes, lambda c: c.handle.status.remote(topics))
+        below, recovery = await asyncio.gather(
+            self._ask(scopes, lambda c: c.handle.status.remote(topics, budget * 0.6),
+                      budget * 0.8),
+            self.recovery.describe(min(AGENT_STATUS_TIMEOUT, budget * 0.5)))
         sub = {c.name: b if isinstance(b, dict)
                else {"path": "/".join(filter(None, (self.path, c.name))), "error": str(b)}
                for c, b in zip(scopes, below, strict=True)}
@@ -525,7 +534,7 @@ class ScopeManager:
                     "covered_here": self.delegation.get("covered", {})} if topics else {}),
                 "policy_rejections": dict(self.container.rejected),
                 "failed_policies": {f"{p} topic {t}": why for (p, t), why in self._failed.items()},
-                "recovery": await self.recovery.describe(),
+                "recovery": recovery,
                 "scopes": [{**c.record(topics), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
@@ -642,8 +651,8 @@ class ScopeManager:
                 results = await asyncio.wait_for(
                     host.apply.remote(self.path, "" if plugin else policy, public), POLICY_TIMEOUT)
             except Exception as exc:  # hung, died, or never came up: its topics here fall back
-                why = ("did not answer within %.0fs" % POLICY_TIMEOUT
-                       if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}")
+                why = ("did not answer in time" if isinstance(exc, asyncio.TimeoutError)
+                       else f"{type(exc).__name__}: {exc}")
                 log.warning("scope %r: policy actor %s failed: %s", self.path, policy, why)
                 key = _host_key(policy)
                 self._hosts.pop(key, None)
@@ -653,6 +662,11 @@ class ScopeManager:
                         ray.kill(host, no_restart=True)
                 results = [{"topic": it["topic"], "ops": [], "error": f"policy actor {why}"}
                            for it in items]
+                if not plugin:  # ours: slow or restarting, not wrong; no fallback, ask again
+                    for item, result in zip(items, results, strict=True):
+                        self.container.apply(item, result)
+                    asyncio.get_running_loop().call_later(POLICY_RETRY, self._kick)
+                    return
             for item, result in zip(items, results, strict=True):
                 rejected = self.container.apply(item, result)
                 if result.get("lost"):
@@ -681,6 +695,7 @@ class ScopeManager:
             module, cls, env = await self._plugin(policy)
             handle = await _named_actor(PolicyHost, f"scopecast:policy:{self.path}:{key[:23]}",
                                         module, cls, ray_options={"runtime_env": env})
+        await asyncio.wait_for(handle.__ray_ready__.remote(), POLICY_STARTUP)
         self._hosts[key] = handle
         return handle
 
