@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import sys
 
 import pytest
 
@@ -25,6 +27,19 @@ def pytest_runtest_makereport(item, call):
     if cluster is not None:
         report.sections.append(("scopecast status at the failure", _status_digest(cluster)))
     return report
+
+
+@pytest.fixture(autouse=True)
+def _release_a_failed_tests_actors():
+    """A failed test's frames stay referenced (`sys.last_traceback`, kept for post-mortem
+    debugging), and with them the handles of the Ray actors it started, which then keep running
+    and loading the machine for every later test. Dropping the reference lets Ray stop them."""
+    yield
+    if getattr(sys, "last_traceback", None) is not None:
+        sys.last_type = sys.last_value = sys.last_traceback = None
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = None
+        gc.collect()
 
 
 def _status_digest(cluster, limit: int = 20_000) -> str:

@@ -76,7 +76,7 @@ def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
                 gap = 100 * pace / (n - i)
             if gap and i % 100 == 0:
                 time.sleep(gap)
-        pub.flush(timeout=300)  # stable at every member still alive
+        pub.flush(timeout=240)  # stable at every member still alive
         status = cluster.status()  # while the publisher is there: its channels are laid
         if fail:
             status = _converged(cluster)

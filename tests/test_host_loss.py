@@ -35,6 +35,7 @@ def _root_agents(hosts: LocalHosts) -> dict[str, str]:
             if a.get("address")}
 
 
+@pytest.mark.timeout(600)  # (HaltingDriver.finish reports first)
 @pytest.mark.parametrize("fault", ["cut off", "killed"])
 def test_the_host_leading_a_lan_lost_mid_stream_its_neighbour_loses_nothing(hosts, fault):
     h1, h2, h3, h4 = hosts.hosts

@@ -216,6 +216,7 @@ def test_a_lan_where_multicast_is_dropped_is_marked_unicast_only_and_loses_nothi
         hosts.block_multicast(h2, False)
 
 
+@pytest.mark.timeout(600)  # (HaltingDriver.finish reports first)
 def test_a_lan_loses_nothing_while_its_probe_decides(hosts):
     """Issue 8 item 5, mid-stream: halfway through a stream, the bridge stops flooding multicast
     to h2's port and lan1's scope manager is killed (kill -9). Restarted, it knows nothing of
@@ -268,8 +269,14 @@ class HaltingDriver:
             raise AssertionError(self.proc.stderr.read()[-3000:])
         return self
 
-    def finish(self) -> dict:
-        out, err = self.proc.communicate("go\n", timeout=280)
+    def finish(self, timeout: float = 420.0) -> dict:
+        try:
+            out, err = self.proc.communicate("go\n", timeout=timeout)
+        except subprocess.TimeoutExpired:  # (its log says where it stood)
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"the driver did not finish within {timeout:.0f}s:\n"
+                                 + err[-6000:]) from None
         assert self.proc.returncode == 0, err[-3000:]
         return json.loads(_last_json(out))
 
@@ -292,6 +299,7 @@ def _complete(got: dict, n: int) -> set[str]:
     return set(got)
 
 
+@pytest.mark.timeout(600)  # (HaltingDriver.finish reports first)
 @pytest.mark.parametrize("fault", ["cut off", "killed"])
 def test_a_host_lost_mid_stream_survivors_lose_nothing_agents_move_the_tree_converges(
         hosts, fault):

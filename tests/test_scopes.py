@@ -127,7 +127,8 @@ def test_campus_scope_manager_killed_is_restarted_and_its_members_rejoin(cluster
     def rejoined():
         status = cluster.status()
         r = scope(status, "X/R")
-        return (r["pid"] != before["pid"] and [m["id"] for m in r["members"]] == [e_id]
+        return ("error" not in r  # (not answering while it restarts)
+                and r["pid"] != before["pid"] and [m["id"] for m in r["members"]] == [e_id]
                 and all(m["installed"] == m["view"] for m in members(scope(status, "X")))
                 and any(c["label"].startswith("Q:") for m in members(scope(status, "X/Q"))
                         for c in m["channels"]))
