@@ -18,24 +18,30 @@ def pytest_sessionstart(session) -> None:
         print("removed iptables loss rules left by processes that are gone")
 
 
+_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test on the session's cluster reports each member's counters and each scope's
     recovery agents as they were: a CI failure can then be read, not only rerun."""
     report = yield
-    cluster = item.funcargs.get("cluster") if report.when == "call" and report.failed else None
-    if cluster is not None:
-        report.sections.append(("scopecast status at the failure", _status_digest(cluster)))
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+        cluster = item.funcargs.get("cluster")
+        if cluster is not None:
+            report.sections.append(("scopecast status at the failure", _status_digest(cluster)))
     return report
 
 
 @pytest.fixture(autouse=True)
-def _release_a_failed_tests_actors():
+def _release_a_failed_tests_actors(request):
     """A failed test's frames stay referenced (`sys.last_traceback`, kept for post-mortem
-    debugging), and with them the handles of the Ray actors it started, which then keep running
-    and loading the machine for every later test. Dropping the reference lets Ray stop them."""
+    debugging, or a reference cycle through its exception), and with them the handles of the
+    Ray actors it started, which then keep running and loading the machine for every later
+    test. Dropping the reference and collecting lets Ray stop them."""
     yield
-    if getattr(sys, "last_traceback", None) is not None:
+    if request.node.stash.get(_FAILED, False):
         sys.last_type = sys.last_value = sys.last_traceback = None
         if hasattr(sys, "last_exc"):
             sys.last_exc = None

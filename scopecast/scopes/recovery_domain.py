@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 AGENT_PREFIX = "scopecast:agent:"
 PING_TIMEOUT = 0.5
 REPLACE_AFTER = 5.0  # an agent stays where it was placed at least this long
-HUNG_AFTER = 60.0    # an agent unanswering this long is delegated again, though its host lives
 # What a call to an agent host raises once Ray has given it up (its node is dead, or it died
 # for good); a host that is merely slow or restarting times out instead.
 GONE = (ActorDiedError, ActorUnschedulableError)
@@ -47,8 +46,7 @@ class AgentRecord:
     incarnation: int = 0
     pid: int = 0
     sent: tuple | None = field(default=None)
-    failing_since: float | None = None  # when its pings began to fail
-    gone: bool = False                  # the last ping failed with GONE
+    gone: bool = False  # its last ping failed with GONE
     placed_at: float = field(default_factory=time.monotonic)
 
     def describe(self) -> dict:
@@ -85,11 +83,16 @@ class RecoveryDomain:
         when an agent's address changed (the members' tables name their agents)."""
         regions = dict(members)
         members = [name for name, _ in members]
-        for name in members:
-            if name not in self.agents:
-                self.agents[name] = await place(name)
-                log.info("scope %r: %s agent for %s placed along %s", self.path, self.protocol,
-                         name, " > ".join(self.agents[name].chain))
+        new = [name for name in members if name not in self.agents]
+        placed = await asyncio.gather(*(place(name) for name in new), return_exceptions=True)
+        for name, rec in zip(new, placed, strict=True):
+            if isinstance(rec, BaseException):  # a slow or dying child: missing until next tick
+                log.warning("scope %r: placing the %s agent for %s failed: %r", self.path,
+                            self.protocol, name, rec)
+                continue
+            self.agents[name] = rec
+            log.info("scope %r: %s agent for %s placed along %s", self.path, self.protocol,
+                     name, " > ".join(rec.chain))
         for name in [n for n in self.agents if n not in members]:
             rec = self.agents.pop(name)
             rec.host.drop.remote(rec.spec["name"])
@@ -107,14 +110,11 @@ class RecoveryDomain:
         done = await asyncio.gather(*(asyncio.wait_for(r, PING_TIMEOUT) for r in refs),
                                     return_exceptions=True)
         changed = False
-        now = time.monotonic()
         for name, res in zip(names, done, strict=True):
             rec = self.agents[name]
+            rec.gone = isinstance(res, GONE)
             if isinstance(res, BaseException):  # starting, restarting after a crash, or gone
-                rec.failing_since = rec.failing_since or now
-                rec.gone = isinstance(res, GONE)
                 continue
-            rec.failing_since, rec.gone = None, False
             address, incarnation = (res[0], int(res[1])), int(res[2])
             if (address, incarnation) != (rec.address, rec.incarnation):
                 if rec.address is not None:
@@ -126,20 +126,19 @@ class RecoveryDomain:
         return changed
 
     async def _replace_misplaced(self, place, belongs) -> bool:
-        """Delegate again the agents whose host Ray has given up (or that have not answered for
-        HUNG_AFTER), and those of child scopes whose domain is led by another member than the
-        one the agent was placed beside (3.2.13: it runs on the host of the member leading the
-        peer group below; that host may have died, or the agent was placed before the child's
-        domain had a leader). The chain is followed anew. A host that is only slow (a loaded
-        machine, a worker starting) keeps its agents: moving them would lay the ring again and
+        """Delegate again the agents whose host Ray has given up, and those of child scopes whose
+        domain is led by another member than the one the agent was placed beside (3.2.13: it
+        runs on the host of the member leading the peer group below; that host may have died,
+        or the agent was placed before the child's domain had a leader). The chain is followed
+        anew. A host that is only slow (a loaded machine, a worker starting) keeps its agents:
+        the same chain would lead to it again, and a new agent would lay the ring again and
         hold stability back for nothing. Until a new agent answers it counts as missing, which
         holds the group's stability back."""
         changed = False
         now = time.monotonic()
         for name, rec in list(self.agents.items()):
             settled = now - rec.placed_at >= REPLACE_AFTER  # (a dead end is not retried at once)
-            silent = rec.failing_since is not None and settled \
-                and (rec.gone or now - rec.failing_since >= HUNG_AFTER)
+            silent = rec.gone and settled
             want = belongs(name)
             placed = tuple(rec.chain[2:])  # () where the child had no leader yet: at once
             moved = want is not None and placed != want and (not placed or settled)
@@ -147,7 +146,8 @@ class RecoveryDomain:
                 continue
             try:
                 new = await place(name)
-            except Exception as exc:  # the chain's end may be going too: next tick again
+            except Exception as exc:  # the chain's end may be going or slow: again in a while
+                rec.placed_at = now
                 log.warning("scope %r: %s agent for %s: delegating it again failed: %r",
                             self.path, self.protocol, name, exc)
                 continue
@@ -161,7 +161,7 @@ class RecoveryDomain:
         return changed
 
     def _install_views(self) -> None:
-        live = [n for n in self.members if self.agents[n].address]
+        live = [n for n in self.members if n in self.agents and self.agents[n].address]
         peers = [[n, *self.agents[n].address, self.regions[n]] for n in live]
         missing = len(self.members) - len(live)  # (they hold the group's stability back)
         for index, name in enumerate(live):
