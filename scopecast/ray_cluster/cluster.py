@@ -28,18 +28,23 @@ from scopecast.scopes.topics import TopicInfo
 log = logging.getLogger(__name__)
 
 EMBEDDED_OBJECT_STORE = 1 << 30
+WORKER_REGISTER_TIMEOUT = 300
 RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` records its address
 
 
 def embedded_ray_options() -> dict:
     """How an embedded local Ray is started: more logical CPUs than cores (our actors and Spark's
-    executors must never starve each other), a capped object store, everything on loopback."""
+    executors must never starve each other), a capped object store, everything on loopback, and
+    worker processes waited for: a burst of actors on a small machine can take more than Ray's
+    60 s to register, and Ray then starts them again, adding load (CI: Ray counted 94 worker
+    starts while 32 actors started, and the test timed out)."""
     cores = os.cpu_count() or 2
     # address="local": a new Ray even when `ray start` left an address behind (Ray would attach)
     return dict(address="local", num_cpus=max(8, 4 * cores),
                 object_store_memory=EMBEDDED_OBJECT_STORE,
                 include_dashboard=False, _node_ip_address="127.0.0.1",
-                namespace=declare.NAMESPACE, logging_level=logging.WARNING)
+                namespace=declare.NAMESPACE, logging_level=logging.WARNING,
+                _system_config={"worker_register_timeout_seconds": WORKER_REGISTER_TIMEOUT})
 
 
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
