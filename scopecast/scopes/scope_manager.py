@@ -50,9 +50,9 @@ DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeo
                     "token_period": 0.01, "idle_token_period": 1.0}
 POLICY_TIMEOUT = 10.0
 POLICY_STARTUP = 120.0  # a policy actor's first start: a new worker process, on a loaded machine
+POLICY_RETRY = 2.0      # a built-in policy actor that did not answer is asked again after this
 STATUS_BUDGET = 30.0  # how long a status of the whole tree may take (each level below gets less)
 AGENT_STATUS_TIMEOUT = 2.0
-POLICY_RETRY = 2.0      # a built-in policy actor that did not answer is asked again after this
 DEFAULT_POLICY = "tree"  # what a topic falls back to where its plug-in policy failed
 BUILTIN_HOST = "builtin"  # the key of the node's policy actor that hosts the built-in policies
 WATCH_TIMEOUT = 1.0
@@ -645,12 +645,13 @@ class ScopeManager:
         async def one(policy: str, items: list[dict]) -> None:
             public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
             plugin = policy.startswith("sha256:")
-            host = None
+            host, retry = None, False
             try:
                 host = await self._policy_host(policy)
                 results = await asyncio.wait_for(
                     host.apply.remote(self.path, "" if plugin else policy, public), POLICY_TIMEOUT)
-            except Exception as exc:  # hung, died, or never came up: its topics here fall back
+            except Exception as exc:  # hung, died, or never came up (a plug-in's topics here
+                # fall back to the default policy; a built-in is ours: slow, not wrong, asked again)
                 why = ("did not answer in time" if isinstance(exc, asyncio.TimeoutError)
                        else f"{type(exc).__name__}: {exc}")
                 log.warning("scope %r: policy actor %s failed: %s", self.path, policy, why)
@@ -662,20 +663,18 @@ class ScopeManager:
                         ray.kill(host, no_restart=True)
                 results = [{"topic": it["topic"], "ops": [], "error": f"policy actor {why}"}
                            for it in items]
-                if not plugin:  # ours: slow or restarting, not wrong; no fallback, ask again
-                    for item, result in zip(items, results, strict=True):
-                        self.container.apply(item, result)
-                    asyncio.get_running_loop().call_later(POLICY_RETRY, self._kick)
-                    return
+                retry = not plugin
             for item, result in zip(items, results, strict=True):
                 rejected = self.container.apply(item, result)
                 if result.get("lost"):
                     self._dirty = True
                 why = result.get("error") or (
                     f"returned malformed operations ({', '.join(rejected)})" if rejected else None)
-                if why and policy != DEFAULT_POLICY:
+                if why and policy != DEFAULT_POLICY and not retry:
                     self._failed[(policy, item["topic"])] = why[:500]
                     self._dirty = True  # lay the topic again with the default policy
+            if retry:
+                asyncio.get_running_loop().call_later(POLICY_RETRY, self._kick)
 
         await asyncio.gather(*(one(p, items) for p, items in batches.items() if items))
 
