@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/scopecast demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q --timeout=$(PYTEST_TIMEOUT) tests
+	$(PY) -m pytest -q --durations=25 --timeout=$(PYTEST_TIMEOUT) tests
 
 bench: $(STAMP)
 	$(VENV)/bin/scopecast bench $(if $(HOSTS),-- --hosts $(HOSTS))

@@ -71,13 +71,15 @@ def scopecast_home(tmp_path_factory) -> str:
 
 
 TOKEN_PERIOD = 0.04  # not the default: the agents' status shows the setting reached them
+EMPTY_SCOPE_TIMEOUT = 20.0  # the scopes a test made go soon after it (each is a process)
 
 
 @pytest.fixture(scope="session")
 def cluster(scopecast_home):
     import scopecast
 
-    c = scopecast.connect(settings={"token_period": TOKEN_PERIOD})
+    c = scopecast.connect(settings={"token_period": TOKEN_PERIOD,
+                                    "empty_scope_timeout": EMPTY_SCOPE_TIMEOUT})
     yield c
     c.shutdown()
 

@@ -11,9 +11,12 @@ import time
 import pytest
 import ray
 
+from scopecast.actors import declare
 from scopecast.ray_cluster.consumers import TopicConsumer
+from scopecast.scopes import controlled_element
+from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
-from scopecast.scopes.status import members, scope
+from scopecast.scopes.status import members, scope, walk
 
 pytestmark = pytest.mark.ray
 
@@ -194,6 +197,56 @@ def test_a_multicast_sender_waits_for_every_member_on_its_group(cluster):
         assert [c["endpoint"][0] for c in me["channels"]] == ["g"]
         assert {i for ids in me["receivers"].values() for i in ids} == {other["id"]}
         everyone_gets(pub, {"sub": actor}, 20_000)
+    ray.get(actor.close.remote())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_an_unused_member_leaves_and_its_empty_scope_retires_until_named_again(cluster,
+                                                                               monkeypatch):
+    """This process's member in retire/a leaves once it has had no subscriber there for LINGER;
+    retire/a, empty, retires (its process ends, its parent forgets it), then so does retire; a
+    member naming retire/a again has it made anew, and it delivers."""
+    monkeypatch.setattr(controlled_element, "LINGER", 1.0)
+    info = cluster.create_topic("retire/T")
+    sub = cluster.subscriber(info.name, scope="retire/a")
+    first = scope(cluster.status(), "retire/a")
+    assert [m["pid"] for m in first["members"]] == [os.getpid()]
+    sub.close()
+    wait_for(lambda: all(s["name"] != "retire" for s in scope(cluster.status(), "/")["scopes"]),
+             "retire/a and then retire retired", timeout=180)
+    wait_for(lambda: not _alive(first["pid"]), "the process of retire/a ended")
+    actor = Consumer.remote(info.name, scope="retire/a")
+    ray.get(actor.ready.remote())
+    with cluster.publisher(info.name, scope="retire/b") as pub:
+        everyone_gets(pub, {"a": actor}, 1_000)
+    assert scope(cluster.status(), "retire/a")["pid"] != first["pid"]
+    ray.get(actor.close.remote())
+
+
+def test_a_scope_manager_ended_for_good_is_made_again_by_its_members(cluster):
+    """Ray gives the scope manager of gone/a up (killed, no restart): its member finds it gone,
+    has it made again and joins it; the stream goes on."""
+    info = cluster.create_topic("gone/T")
+    actor = Consumer.remote(info.name, scope="gone/a")
+    ray.get(actor.ready.remote())
+    before = scope(cluster.status(), "gone/a")
+    ray.kill(ray.get_actor(scope_actor_name("gone/a"), namespace=declare.NAMESPACE),
+             no_restart=True)
+    wait_for(lambda: not _alive(before["pid"]), "the process of gone/a ended")
+
+    def rejoined():
+        a = next((s for s in walk(cluster.status()) if s["path"] == "gone/a"), {})
+        return a.get("pid") not in (None, before["pid"]) and len(a.get("members", ())) == 1
+    wait_for(rejoined, "gone/a made again with its member", timeout=90)
+    with cluster.publisher(info.name, scope="gone/b") as pub:
+        everyone_gets(pub, {"a": actor}, 1_000)
     ray.get(actor.close.remote())
 
 

@@ -37,6 +37,11 @@ class MemberExpired(ScopecastError):
     member's controlled element registers again by itself."""
 
 
+class ScopeRetired(ScopecastError):
+    """The scope retired (it had no members for `empty_scope_timeout`) as this call reached it;
+    the member's controlled element has the scope made again and joins it by itself."""
+
+
 class PluginRejected(ScopecastError):
     """A plug-in failed validation or trust checks."""
 

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import ray
@@ -60,7 +61,8 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     (heartbeat_period, scope_timeout, member_timeout, slow_grace in seconds; slow_lag_mb in MiB) sets the
     failure detection of a cluster deployed now (a member whose application lags more than slow_lag_mb for
     slow_grace is demoted to client; token_period and idle_token_period, default 0.01 and 1.0 s, are the
-    recovery token's period while senders are active and when idle), and `levels` the Ray node labels that
+    recovery token's period while senders are active and when idle; empty_scope_timeout, default 60 s, how
+    long a user's scope without members lives on), and `levels` the Ray node labels that
     group its hosts, top first, the last one the LAN (default: one LAN). `name` names this process's
     member in its scopes (default host:pid). `trusted_keys` (Ed25519 public keys, PEM text or file paths)
     make a cluster deployed now accept only plug-ins signed by one of them. `datagram_bytes` sets the
@@ -204,8 +206,21 @@ class Cluster:
             if element is None:
                 handle = ray.get_actor(scope_actor_name(path), namespace=declare.NAMESPACE)
                 element = self._elements[path] = ControlledElement(
-                    self._manager, handle, path, self._hello, self._config, name=self._name)
+                    self._manager, handle, path, self._hello, self._config, name=self._name,
+                    on_unused=self._leave)
+            element.touch()
             return element
+
+    def _leave(self, element: ControlledElement) -> None:
+        """This process's member in a scope had no publisher or subscriber there for a while
+        (`controlled_element.LINGER`): it leaves the scope (a later use joins again)."""
+        with self._lock:  # (_member hands elements out under it, touching them; and a new
+            if self._elements.get(element.scope) is not element or not element.lingered_out():
+                return   # member of the same name waits until this one has left)
+            del self._elements[element.scope]
+            log.info("leaving scope %r (member %d unused for %.0fs)", element.scope,
+                     element.member_id, time.monotonic() - (element.unused_since or 0.0))
+            element.close()
 
     # ------------------------------------------------------------------------------ topics
 
@@ -311,7 +326,8 @@ class Cluster:
 
     def counters(self) -> dict:
         """Data-plane counters of this process's members, by scope path."""
-        return {path: e.runtime.call_wait(e.runtime.snapshot) for path, e in self._elements.items()}
+        return {path: e.runtime.call_wait(e.runtime.snapshot)
+                for path, e in list(self._elements.items())}
 
     def shutdown(self) -> None:
         """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""
@@ -326,9 +342,11 @@ class Cluster:
             except Exception as exc:
                 log.warning("closing %r failed: %s", handle, exc)
         self._handles.clear()
-        for element in self._elements.values():
+        with self._lock:  # (an element may be leaving by itself: LINGER)
+            elements = list(self._elements.values())
+            self._elements.clear()
+        for element in elements:
             element.close()
-        self._elements.clear()
         if ray.is_initialized():
             publisher_pool.release_all()  # publish_dataframe's warm publishers
         if self._owns_ray and ray.is_initialized():

@@ -17,6 +17,7 @@ host scope pinned to it; nodes that join later get theirs within a few heartbeat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -91,6 +92,7 @@ class ClusterScopeManager(ScopeManager):
         self._library = PluginLibrary(self._store, cluster.get("trusted_keys"))
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
         self._last_node_check = 0.0
+        self._making = asyncio.Lock()  # user scopes are made and retired one at a time
         log.info("cluster scope manager up: cluster %x, state %s, %d topics, %d members in the "
                  "directory", self._cluster_id, self._store.path, len(self.topics),
                  len(self._directory))
@@ -129,12 +131,25 @@ class ClusterScopeManager(ScopeManager):
         """Create the scope `path` and its missing ancestors (user scopes); returns the path."""
         path = check_scope_path(path)
         parts = path.split("/") if path else []
-        for i in range(1, len(parts) + 1):
-            sub = "/".join(parts[:i])
-            if not any(h == sub or h.startswith(sub + "/") for h in self._hosts_of.values()):
-                _deploy(sub, "user")  # (the default hierarchy's scopes are deployed as such)
-        await _started(path)
+        async with self._making:
+            for i in range(1, len(parts) + 1):
+                sub = "/".join(parts[:i])
+                if not any(h == sub or h.startswith(sub + "/") for h in self._hosts_of.values()):
+                    _deploy(sub, "user")  # (the default hierarchy's scopes are deployed as such)
+            await _started(path)
         return path
+
+    async def retire_scope(self, path: str, incarnation: int) -> bool:
+        """End the scope manager of an empty user scope that asks to retire (see
+        `ScopeManager.retire`); a member naming it meanwhile keeps it (the lock orders this
+        with `ensure_scope`: the scope is either started again first, or made anew after)."""
+        async with self._making:
+            handle = await asyncio.to_thread(declare.lookup, scope_actor_name(path))
+            if handle is None or not await handle.retire.remote(incarnation):
+                return False
+            ray.kill(handle, no_restart=True)
+            await _ended(handle)
+        return True
 
     def _deploy_hosts(self) -> None:
         for node in ray.nodes():
@@ -330,6 +345,20 @@ async def _started(path: str) -> None:
     """Wait until the scope manager of `path` runs (a handle a caller gets from `ray.get_actor`
     before then may not know the actor's methods yet)."""
     await ray.get_actor(scope_actor_name(path), namespace=declare.NAMESPACE).start.remote()
+
+
+async def _ended(handle, timeout: float = 30.0) -> None:
+    """Wait until a killed actor is dead (its name is free for a new one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.wait_for(handle.__ray_ready__.remote(), 1.0)
+        except ray.exceptions.RayActorError:
+            return
+        except asyncio.TimeoutError:
+            pass
+        await asyncio.sleep(0.1)
+    log.warning("a retired scope manager did not end within %.0fs", timeout)
 
 
 def _check_settings(settings: dict) -> None:

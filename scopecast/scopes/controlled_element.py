@@ -18,11 +18,13 @@ from dataclasses import replace
 
 import ray
 
-from scopecast.actors.errors import MemberExpired, typed_cause
+from scopecast.actors import declare
+from scopecast.actors.errors import MemberExpired, ScopeRetired, typed_cause
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.netio.transport import member_interface
 from scopecast.policies.filters import ModuloFilter
 from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
+from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.routing import RoutingLabel
 from scopecast.scopes.topic_table import TopicTable
 
@@ -32,6 +34,12 @@ WATCH_PERIOD = 1.0   # a standing watch call returns at least this often (the me
 POLL = 0.05          # how often the control thread looks for unknown senders meanwhile
 READY_TIMEOUT = 10.0
 COUNTERS_WAIT = 0.5  # how long a heartbeat waits for fresh counters from the I/O thread
+# a member without publishers or subscribers stays this long (repairing what it sent, its counters
+# readable), then leaves its scope: a process would otherwise stay a member, with an I/O thread,
+# of every scope it ever used (and keep each of them from retiring)
+LINGER = 30.0
+# the member's scope manager ended for good (an empty user scope retires; see ScopeManager.retire)
+SCOPE_GONE = (ScopeRetired, ray.exceptions.ActorDiedError)
 
 
 def call(method, *args, timeout: float = 60.0, **kwargs):
@@ -57,7 +65,7 @@ class ControlledElement:
 
     def __init__(self, root, manager, scope: str, hello: dict,
                  config: RuntimeConfig | None = None, role: str = "member",
-                 name: str | None = None) -> None:
+                 name: str | None = None, on_unused=None) -> None:
         self.root = root
         self.manager = manager
         self.scope = scope
@@ -83,6 +91,8 @@ class ControlledElement:
         self._peers: dict[int, MemberInfo] = {}  # members of other scopes, from the directory
         self._role = role
         self.demoted = ""   # why the scope demoted this member to client, if it did
+        self._on_unused = on_unused  # called from the control thread once it lingered out
+        self.unused_since: float | None = time.monotonic()  # no publisher nor subscriber since
         # the runtime's socket is the member's address, so it exists before the registration
         self.runtime = MemberRuntime(0, self.name, hello["key"], config)
         self._register()
@@ -92,9 +102,19 @@ class ControlledElement:
 
     def _register(self) -> None:
         rt = self.runtime
-        self.member_id = call(self.manager.register_member, self.name, rt.address[0],
-                              rt.address[1], os.getpid(), _node_id(), self._role, self.member_id)
+        me = (self.name, rt.address[0], rt.address[1], os.getpid(), _node_id(), self._role)
+        try:
+            self.member_id = call(self.manager.register_member, *me, self.member_id)
+        except SCOPE_GONE:
+            self._find_scope()
+            self.member_id = call(self.manager.register_member, *me, self.member_id)
         rt.member_id = self.member_id
+
+    def _find_scope(self) -> None:
+        """The scope manager ended (it retired while this member was away, or as it joined):
+        have the scope made again and talk to the new one."""
+        call(self.root.ensure_scope, self.scope)
+        self.manager = ray.get_actor(scope_actor_name(self.scope), namespace=declare.NAMESPACE)
 
     def _rejoin(self) -> None:
         """The scope forgot this member (silent too long, or the scope restarted): register
@@ -120,6 +140,7 @@ class ControlledElement:
         infos = call(self.manager.subscribe, self.member_id, names, role)
         for name in names:
             self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
+        self.unused_since = None
         self._fetch()
         return infos
 
@@ -129,6 +150,7 @@ class ControlledElement:
         infos = call(self.manager.advertise, self.member_id, names)
         for name in names:
             self._published[name] = self._published.get(name, 0) + 1
+        self.unused_since = None
         self.wait_ready(names[0] if len(names) == 1 else f"{len(names)} topics")
         return infos
 
@@ -155,6 +177,19 @@ class ControlledElement:
         gone = [n for n in subscriber_of or () if _decrement(self._subscribed, (n, role))]
         if gone:
             call(self.manager.unsubscribe, self.member_id, gone, role)
+        if not self._published and not self._subscribed:
+            self.unused_since = time.monotonic()
+
+    def touch(self) -> None:
+        """About to be used again: an unused member lingers a whole LINGER more."""
+        if self.unused_since is not None:
+            self.unused_since = time.monotonic()
+
+    def lingered_out(self) -> bool:
+        """Unused for LINGER, and everything it sent is stable (nobody needs a repair from it)."""
+        since, latest = self.unused_since, self._latest or {}
+        return (since is not None and time.monotonic() - since > LINGER
+                and latest.get("recovery", {}).get("window_bytes") == 0)
 
     # ------------------------------------------------------------------------- view installs
 
@@ -230,8 +265,14 @@ class ControlledElement:
                         ref, pending = pending, None
                         self._take(call_ref(ref))
                         self._move_sessions()
+                        if self._on_unused is not None and self.lingered_out():
+                            self._on_unused(self)
                 except MemberExpired:
                     pending = None
+                    self._rejoin()
+                except SCOPE_GONE:
+                    pending = None
+                    self._find_scope()
                     self._rejoin()
             except Exception as exc:  # the control plane may be restarting; keep the data plane
                 pending = None
@@ -279,7 +320,8 @@ class ControlledElement:
             return
         self._stop.set()
         self.runtime.unknown_sender.set()
-        self._thread.join(5.0)
+        if threading.current_thread() is not self._thread:  # (it may close itself: LINGER)
+            self._thread.join(5.0)
         try:
             call(self.manager.unregister_member, self.member_id, timeout=10.0)
         except Exception as exc:

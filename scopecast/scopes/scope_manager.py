@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import ray
 
 from scopecast.actors import declare
-from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, typed_cause
+from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, ScopeRetired, typed_cause
 from scopecast.netio.transport import member_interface
 from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = {"heartbeat_period": 0.5, "scope_timeout": 5.0, "member_timeout": 10.0,
                     "slow_lag_mb": 16.0, "slow_grace": 5.0,
-                    "token_period": 0.01, "idle_token_period": 1.0}
+                    "token_period": 0.01, "idle_token_period": 1.0, "empty_scope_timeout": 60.0}
 POLICY_TIMEOUT = 10.0
 POLICY_STARTUP = 120.0  # a policy actor's first start: a new worker process, on a loaded machine
 POLICY_RETRY = 2.0      # a built-in policy actor that did not answer is asked again after this
@@ -160,19 +160,27 @@ class ScopeManager:
         self._probe = multicast_probe.ProbeState()  # a LAN scope: does multicast pass?
         self._probing: asyncio.Task | None = None
         self._listening: dict[bytes, multicast_probe.Listener] = {}  # a host scope: by token
+        self._empty_since: float | None = time.monotonic()  # a user's scope: see _retire_if_empty
+        self._retiring: asyncio.Task | None = None
+        self.retired = False
 
     # ----------------------------------------------------------------------------- running
 
     async def start(self) -> bool:
+        """Run (idempotent). Called when a member is about to join: an empty scope waits for it
+        a whole `empty_scope_timeout` before it may retire."""
+        self._empty_since = time.monotonic()
         self._ensure_ticking()
         return True
 
     def _ensure_ticking(self) -> None:
+        if self.retired:
+            return
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
     async def _tick(self) -> None:
-        while True:
+        while not self.retired:
             try:
                 await self._on_tick()
             except Exception:
@@ -196,6 +204,57 @@ class ScopeManager:
         self._start_recovery_tick()
         if self.kind == "lan":
             self._probe_tick()
+        if self.kind == "user":
+            self._retire_if_empty()
+
+    # ------------------------------------------------------- retiring an empty user scope
+
+    def _retire_if_empty(self) -> None:
+        """A user's scope without members, child scopes and agents for `empty_scope_timeout`
+        asks the cluster scope to retire it: scopes a job or a test named once would otherwise
+        keep a process each, ticking, for the cluster's life. A member naming it again has it
+        made again (`ensure_scope`)."""
+        if self.children or self.recovery.domains:
+            self._empty_since = None
+            return
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+        elif now - self._empty_since > self.settings["empty_scope_timeout"] and (
+                self._retiring is None or self._retiring.done()):
+            self._retiring = asyncio.get_running_loop().create_task(self._ask_to_retire())
+
+    async def _ask_to_retire(self) -> None:
+        try:
+            await self._root_call("retire_scope", self.path, self.incarnation)
+        except Exception as exc:  # asked again next tick
+            log.warning("scope %r: retiring failed: %r", self.path, exc)
+
+    async def retire(self, incarnation: int) -> bool:
+        """Stop for good if still empty (the cluster scope then ends this actor): no more ticks
+        or reports, the parent forgets this child, this scope's plug-in policy actors end.
+        False if anything arrived meanwhile (a member, a child, a `start`)."""
+        empty_for = time.monotonic() - (self._empty_since or time.monotonic())
+        if (incarnation != self.incarnation or self.children or self.recovery.domains
+                or empty_for < self.settings["empty_scope_timeout"]):
+            return False
+        self.retired = True
+        for key, handle in self._hosts.items():
+            if key != BUILTIN_HOST:
+                ray.kill(handle, no_restart=True)
+        try:
+            await asyncio.wait_for(self._parent_handle().forget_scope.remote(
+                self.name, self.incarnation), self.settings["scope_timeout"])
+        except Exception as exc:  # the parent expires this child as silent instead
+            log.warning("scope %r: parent not told of the retirement: %r", self.path, exc)
+        log.info("scope %r retired (no members for %.0fs)", self.path, empty_for)
+        return True
+
+    async def forget_scope(self, name: str, incarnation: int) -> None:
+        """A child scope retired."""
+        child = self.children.get(name)
+        if child is not None and child.kind == "scope" and child.incarnation == incarnation:
+            self._remove(child, "retired")
 
     # ------------------------------------------------------- multicast in a LAN (probe)
 
@@ -318,6 +377,8 @@ class ScopeManager:
     async def register_member(self, name: str, host: str, port: int, pid: int, node: str,
                               role: str = "member", member_id: int = 0) -> int:
         _check_role(role)
+        if self.retired:
+            raise ScopeRetired(f"scope {self.path!r} retired as member {name} joined")
         old = self.children.get(name)
         if old is not None and (old.kind != "member" or old.id != member_id):
             raise InvalidConfig(f"member name {name!r} is taken in scope {self.path!r}")
@@ -852,7 +913,7 @@ class ScopeManager:
         """Send this scope's state up if it changed, else a heartbeat; `force`: a heartbeat. A state
         the parent has (same revision) goes as a heartbeat only: the state of thousands of
         topics, sent every period, kept both scopes busy parsing and comparing it."""
-        if self._parent_name is None:
+        if self._parent_name is None or self.retired:
             return
         if not force or self._reported is None:  # (what it depends on changes by re-layouts)
             state = self._report_body()
@@ -1098,8 +1159,8 @@ class ScopeManager:
             self._release(child.id)
             if child.wake is not None:
                 child.wake.set()
-        log.log(logging.INFO if why == "left" else logging.WARNING, "scope %r: %s %s removed (%s)",
-                self.path, child.kind, child.name, why)
+        log.log(logging.INFO if why in ("left", "retired") else logging.WARNING,
+                "scope %r: %s %s removed (%s)", self.path, child.kind, child.name, why)
         self._kick()
 
     async def _topic(self, name: str) -> TopicInfo:
