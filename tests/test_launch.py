@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -10,6 +11,8 @@ import sys
 
 import psutil
 import pytest
+
+from scopecast.ray_cluster.cluster import WORKER_REGISTER_TIMEOUT
 
 pytestmark = pytest.mark.ray
 
@@ -33,6 +36,12 @@ def test_up_then_commands_attach_then_down_removes_it(tmp_path):
         up = scopecast("up", "--port", str(port))
         assert up.returncode == 0, up.stderr
         assert "started a local Ray head" in up.stdout
+        # Ray waits for its workers as long as an embedded Ray does (a small loaded machine)
+        (config,) = [arg.split("=", 1)[1] for p in psutil.process_iter(["cmdline"])
+                     if f"--gcs_server_port={port}" in (args := p.info["cmdline"] or [])
+                     for arg in args if arg.startswith("--config_list=")]
+        assert json.loads(base64.b64decode(config))["worker_register_timeout_seconds"] == \
+            WORKER_REGISTER_TIMEOUT
         address = f"127.0.0.1:{port}"
         again = scopecast("up", "--port", str(port))  # idempotent: reuses what is there
         assert again.returncode == 0 and "started" not in again.stdout

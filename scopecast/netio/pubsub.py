@@ -119,6 +119,10 @@ class Publisher:
         return seq
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def session(self) -> int:
         """The session this publisher's messages belong to (moves when the topic changes)."""
         return self._session
@@ -214,6 +218,10 @@ class Subscriber:
             self._thread = threading.Thread(target=self._dispatch, args=(on_message,),
                                             name="scopecast-callback", daemon=True)
             self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def demoted(self) -> str:

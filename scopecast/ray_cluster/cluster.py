@@ -218,6 +218,7 @@ class Cluster:
             if self._elements.get(element.scope) is not element or not element.lingered_out():
                 return   # member of the same name waits until this one has left)
             del self._elements[element.scope]
+            self._handles = [h for h in self._handles if not h.closed]
             log.info("leaving scope %r (member %d unused for %.0fs)", element.scope,
                      element.member_id, time.monotonic() - (element.unused_since or 0.0))
             element.close()
@@ -294,7 +295,8 @@ class Cluster:
             raise TypeError("publishers() takes a non-empty list of topic names")
         element = self._member(scope)
         pubs = [Publisher(element, info) for info in element.advertise(list(topics))]
-        self._handles.extend(pubs)
+        with self._lock:
+            self._handles.extend(pubs)
         return pubs
 
     def close_publishers(self, pubs: list[Publisher], timeout: float = 10.0) -> None:
@@ -312,7 +314,8 @@ class Cluster:
         names = [topics] if isinstance(topics, str) else list(topics)
         element = self._member(scope)
         sub = Subscriber(element, names, element.subscribe(names, role), on_message, role)
-        self._handles.append(sub)
+        with self._lock:
+            self._handles.append(sub)
         return sub
 
     def status(self, topics: bool = True) -> dict:

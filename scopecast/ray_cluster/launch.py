@@ -104,7 +104,8 @@ def _start_head(port: int) -> None:
     cmd = [str(ray_bin), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={opts['num_cpus']}", f"--object-store-memory={opts['object_store_memory']}",
            "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-           "--dashboard-agent-listen-port=0", "--disable-usage-stats"]
+           "--dashboard-agent-listen-port=0", "--disable-usage-stats",
+           f"--system-config={json.dumps(opts['_system_config'])}"]  # (a hidden flag of Ray's)
     log.info("starting a local Ray head: %s", " ".join(cmd))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if out.returncode != 0:

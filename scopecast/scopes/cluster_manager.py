@@ -46,6 +46,7 @@ DEFAULT_LAN = "lan0"
 LAN_LABEL = "scopecast-lan"  # the Ray node label naming a host's LAN when no `levels` are set
 NODE_CHECK_PERIOD = 2.0
 MAX_SCHEMA_BYTES = 64 << 10  # a topic's recorded schema, as JSON
+RETIRE_WAIT = 30.0  # how long a retiring scope has to answer (ensure_scope waits meanwhile)
 
 
 class ClusterScopeManager(ScopeManager):
@@ -145,8 +146,13 @@ class ClusterScopeManager(ScopeManager):
         with `ensure_scope`: the scope is either started again first, or made anew after)."""
         async with self._making:
             handle = await asyncio.to_thread(declare.lookup, scope_actor_name(path))
-            if handle is None or not await handle.retire.remote(incarnation):
+            if handle is None:
                 return False
+            try:
+                if not await asyncio.wait_for(handle.retire.remote(incarnation), RETIRE_WAIT):
+                    return False
+            except asyncio.TimeoutError:  # it may have retired: ended all the same (a member
+                pass                      # that joined meanwhile has it made again)
             ray.kill(handle, no_restart=True)
             await _ended(handle)
         return True
