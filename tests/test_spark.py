@@ -13,6 +13,7 @@ import ray
 import scopecast
 from scopecast.ray_cluster import spark as spark_mod
 from scopecast.ray_cluster.spark import (
+    FETCH_CPU_KEY,
     JAVA_OPTION_KEYS,
     JAVA_OPTIONS,
     check_cpus,
@@ -102,6 +103,8 @@ def test_configs_open_java_modules_and_keep_user_options():
     assert len(JAVA_OPTIONS) == 17
     assert "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED" in JAVA_OPTIONS
     assert spark_configs({"spark.pyspark.python": "/opt/py"})["spark.pyspark.python"] == "/opt/py"
+    assert merged[FETCH_CPU_KEY] == "1"  # from_spark's fetch tasks: as many at once as free CPUs
+    assert spark_configs({FETCH_CPU_KEY: 0})[FETCH_CPU_KEY] == "0"
 
 
 def test_init_spark_needs_connect(monkeypatch):

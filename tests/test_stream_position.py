@@ -63,3 +63,17 @@ def test_the_end_is_the_furthest_taken():
     assert pos.end(4) == 10
     pos.mark(4, 20, 30)
     assert pos.end(4) == 30 and pos.contiguous[4] == 10
+
+
+def test_a_stream_taken_by_two_paths_at_once_ends_contiguous():
+    """Runs of one stream that come by two paths (topics laid along different channels) arrive
+    interleaved: every other one first, leaving a stretch per hole, then the rest one by one."""
+    pos = StreamPositions()
+    pos.mark(3, 1, 1)
+    for s in range(3, 4002, 2):
+        pos.mark(3, s, s)
+    assert pos.contiguous[3] == 1 and len(pos.holes(3, 10_000)) == 2000
+    for s in range(2, 4001, 2):
+        pos.mark(3, s, s)
+        assert pos.contiguous[3] == s + 1
+    assert pos.holes(3, 8) == [] and pos.end(3) == 4001

@@ -10,6 +10,8 @@ record names at most a few hundred topics; past that, only a dense stream stays 
 
 from __future__ import annotations
 
+from bisect import insort
+
 MASK64 = (1 << 64) - 1
 MAX_AHEAD = 1024    # stretches held beyond holes in one stream; past that it is not tracked
 
@@ -47,11 +49,15 @@ class StreamPositions:
     """Per sender stream: the position up to which this member took every message (from the first
     it took), and the stretches it took beyond holes above it."""
 
-    __slots__ = ("contiguous", "_ahead", "_last", "untracked")
+    __slots__ = ("contiguous", "_ahead", "_starts", "_last", "untracked")
 
     def __init__(self) -> None:
         self.contiguous: dict[int, int] = {}
         self._ahead: dict[int, dict[int, int]] = {}   # source -> {first sseq: last sseq}
+        # source -> the stretches' first sseqs in order: runs that come by several paths (topics
+        # laid along different channels) leave thousands of stretches, and the position moves
+        # over them one run at a time; sorting them at each move was quadratic
+        self._starts: dict[int, list[int]] = {}
         self._last: dict[int, int] = {}               # source -> the stretch marked last
         self.untracked: set[int] = set()              # streams with too many holes to follow
 
@@ -67,21 +73,30 @@ class StreamPositions:
         start = self._last.get(source)
         if start is not None and ahead[start] + 1 == lo:
             ahead[start] = hi  # the common case after a hole: one stretch grows
-        elif lo not in ahead or ahead[lo] < hi:
+        elif lo not in ahead:
             ahead[lo] = hi
+            insort(self._starts.setdefault(source, []), lo)
             self._last[source] = lo
             if len(ahead) > MAX_AHEAD:
                 self.untracked.add(source)
+        elif ahead[lo] < hi:
+            ahead[lo] = hi
+            self._last[source] = lo
 
     def _absorb(self, source: int, ahead: dict[int, int], c: int) -> int:
-        for start in sorted(ahead):
+        starts = self._starts[source]
+        n = 0
+        for start in starts:
             if start > c + 1:
                 break
             c = max(c, ahead.pop(start))
-        if self._last.get(source) not in ahead:
-            self._last.pop(source, None)
-        if not ahead:
-            del self._ahead[source]
+            n += 1
+        if n:
+            del starts[:n]
+            if self._last.get(source) not in ahead:
+                self._last.pop(source, None)
+            if not ahead:
+                del self._ahead[source], self._starts[source]
         return c
 
     def end(self, source: int) -> int:
@@ -94,7 +109,7 @@ class StreamPositions:
         c = self.contiguous.get(source)
         ahead = self._ahead.get(source, {})
         out: list[tuple[int, int]] = []
-        for start in sorted(ahead):
+        for start in self._starts.get(source, ()):
             if start > c + 1:  # (stretches may touch: no hole between them)
                 if len(out) == limit:
                     break

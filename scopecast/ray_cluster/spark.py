@@ -49,6 +49,12 @@ JAVA_OPTION_KEYS = ("spark.ray.raydp_app_master.extraJavaOptions", "spark.driver
 # (map_batches, ...) need a CPU while the executors hold theirs.
 RESERVED_CPUS = 1
 
+# RayDP's `from_spark` fetches each partition of a DataFrame in a Ray task that asks for no CPU by
+# default: all at once, each in a worker process of its own. A shuffle's 200 partitions (the
+# demo's 224 routes) started 35 processes, a minute on 2 cores; one CPU each bounds them by the
+# free CPUs (RESERVED_CPUS at least), and the processes are reused from task to task.
+FETCH_CPU_KEY = "spark.ray.raydp_recoverable_fetch.task.resource.CPU"
+
 _VERSION = re.compile(r'version\s+"([^"]+)"')
 
 
@@ -105,13 +111,15 @@ def check_java() -> int:
 def spark_configs(configs: dict | None = None) -> dict[str, str]:
     """The Spark configs init_spark passes to RayDP: the user's, with JAVA_OPTIONS appended to each of
     JAVA_OPTION_KEYS (not replacing a user's value) and the venv's Python for Spark's Python workers
-    (without it, `createDataFrame` from pandas and Python UDFs run another interpreter and fail)."""
+    (without it, `createDataFrame` from pandas and Python UDFs run another interpreter and fail), and
+    a CPU for each of `from_spark`'s fetch tasks (see FETCH_CPU_KEY)."""
     merged = {k: str(v) for k, v in (configs or {}).items()}
     opened = " ".join(JAVA_OPTIONS)
     for key in JAVA_OPTION_KEYS:
         user = merged.get(key, "").strip()
         merged[key] = f"{user} {opened}" if user else opened
     merged.setdefault("spark.pyspark.python", sys.executable)
+    merged.setdefault(FETCH_CPU_KEY, "1")
     return merged
 
 
