@@ -267,12 +267,8 @@ class ControlledElement:
                         self._move_sessions()
                         if self._on_unused is not None and self.lingered_out():
                             self._on_unused(self)
-                except MemberExpired:
+                except (MemberExpired, *SCOPE_GONE):  # (registering finds a scope gone anew)
                     pending = None
-                    self._rejoin()
-                except SCOPE_GONE:
-                    pending = None
-                    self._find_scope()
                     self._rejoin()
             except Exception as exc:  # the control plane may be restarting; keep the data plane
                 pending = None
