@@ -118,7 +118,10 @@ def _status_text(status: dict) -> str:
         group, probe = scope.get("multicast"), scope.get("multicast_probe")
         lines.append(f"{indent}{scope['path']}  [{scope['kind']}, pid {scope['pid']}"
                      + (f", group {group[0]}:{group[1]}" if group else "")
-                     + (f", multicast {probe['state']}" if probe else "") + "]")
+                     + (f", multicast {probe['state']}" if probe else "")
+                     + (", rebuilding after a restart" if scope.get("rebuilding") else "")
+                     + "".join(f", waiting for silent {name}"
+                               for name in scope.get("silent_scopes", ())) + "]")
         for tid, t in scope["topics"].items():
             if t["channels"] or t.get("error"):
                 lines.append(f"{indent}  topic {tid} ({t['policy']}): "

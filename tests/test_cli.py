@@ -87,3 +87,17 @@ def test_status_text_shows_a_scope_whose_manager_did_not_answer(cluster, topic_n
                                      "error": "ActorDiedError: the actor died"}
     lines = _status_text(status).splitlines()
     assert f"    {lan['path']}  [did not answer: ActorDiedError: the actor died]" in lines
+
+
+def test_status_text_says_what_a_scopes_stability_waits_for(cluster, topic_name):
+    """A scope Ray restarted (rebuilding from its children) and the silent child scopes its
+    recovery domains still wait for are on its line."""
+    cluster.create_topic(topic_name)
+    with cluster.subscriber(topic_name):
+        status = cluster.status()
+    lan = status["scopes"]["scopes"][0]
+    assert lan["rebuilding"] is False and lan["silent_scopes"] == []  # as it is here
+    lan.update(rebuilding=True, silent_scopes=["host-0badcafe"])
+    line = next(x for x in _status_text(status).splitlines()
+                if x.strip().startswith(f"{lan['path']}  [lan"))
+    assert line.endswith(", rebuilding after a restart, waiting for silent host-0badcafe]"), line

@@ -138,3 +138,14 @@ def test_a_child_that_cannot_place_its_agent_holds_back_no_other_and_counts_miss
     for _ in range(2):
         asyncio.run(domain.update(members, tree.place, tree.belongs))  # it answers at last
     assert domain.agents["lan3"].address[0] == "10.0.0.2" and domain.agents["lan2"].sent[3] == 0
+
+
+def test_a_rebuilding_scope_holds_its_groups_stability_back_until_it_has_rebuilt():
+    """A scope Ray restarted knows its children only as they report again: while it rebuilds
+    (`hold`), every view counts one member missing, so nothing counts as held by the group."""
+    tree, domain = _Tree(), RecoveryDomain("lan2", "token_ring", top=False)
+    for _ in range(2):
+        asyncio.run(domain.update([("lan2", 0)], tree.place, tree.belongs, hold=True))
+    assert domain.agents["lan2"].sent[3] == 1
+    asyncio.run(domain.update([("lan2", 0)], tree.place, tree.belongs))  # rebuilt
+    assert domain.agents["lan2"].sent[3] == 0

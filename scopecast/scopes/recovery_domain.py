@@ -76,11 +76,14 @@ class RecoveryDomain:
         rec = self.agents.get(member)
         return list(rec.address) if rec is not None and rec.address else None
 
-    async def update(self, members: list[tuple[str, int]], place, belongs) -> bool:
+    async def update(self, members: list[tuple[str, int]], place, belongs,
+                     hold: bool = False) -> bool:
         """Bring agents and views in line with `members`, (name, region) in ring order;
         `place(name)` delegates a new member's agent and returns its AgentRecord; `belongs(name)`
-        is the chain below the member its agent should now be delegated along (None: any). True
-        when an agent's address changed (the members' tables name their agents)."""
+        is the chain below the member its agent should now be delegated along (None: any);
+        `hold`: members may be missing from the list (the scope is rebuilding), so nothing
+        counts as held by the group. True when an agent's address changed (the members'
+        tables name their agents)."""
         regions = dict(members)
         members = [name for name, _ in members]
         new = [name for name in members if name not in self.agents]
@@ -101,7 +104,7 @@ class RecoveryDomain:
         if changed or members != self.members or regions != self.regions:
             self.version += 1
             self.members, self.regions = members, regions
-        self._install_views()
+        self._install_views(hold)
         return changed
 
     async def _ping(self) -> bool:
@@ -160,10 +163,10 @@ class RecoveryDomain:
             changed = True
         return changed
 
-    def _install_views(self) -> None:
+    def _install_views(self, hold: bool) -> None:
         live = [n for n in self.members if n in self.agents and self.agents[n].address]
         peers = [[n, *self.agents[n].address, self.regions[n]] for n in live]
-        missing = len(self.members) - len(live)  # (they hold the group's stability back)
+        missing = len(self.members) - len(live) + hold  # (they hold the group's stability back)
         for index, name in enumerate(live):
             rec = self.agents[name]
             content = (self.version, index, tuple(self.upper) if self.upper else None, missing)
@@ -210,11 +213,12 @@ class RecoveryDomains:
         for p, d in self.domains.items():
             d.upper = self.upper.get(p)
 
-    async def update(self, members: dict[str, list[tuple[str, int]]], place, belongs) -> bool:
+    async def update(self, members: dict[str, list[tuple[str, int]]], place, belongs,
+                     hold: bool = False) -> bool:
         """Bring every protocol's domain in line with its `members` ((name, region) in ring
         order); `place(protocol, name)` delegates an agent, `belongs(protocol, name)` says
-        along which chain it should be now (see RecoveryDomain.update). True when an agent's
-        address changed."""
+        along which chain it should be now, `hold` that the list may be incomplete (see
+        RecoveryDomain.update). True when an agent's address changed."""
         changed = False
         for protocol in sorted(set(members) | set(self.domains)):
             d = self.domains.get(protocol)
@@ -223,7 +227,7 @@ class RecoveryDomains:
                 d.upper = self.upper.get(protocol)
             names = members.get(protocol, [])
             changed |= await d.update(names, lambda name, p=protocol: place(p, name),
-                                      lambda name, p=protocol: belongs(p, name))
+                                      lambda name, p=protocol: belongs(p, name), hold)
             if not names:
                 del self.domains[protocol]
         return changed

@@ -39,7 +39,7 @@ from scopecast.policies.registry import digest
 from scopecast.scopes import multicast_probe
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
-from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains, agent_name
+from scopecast.scopes.recovery_domain import GONE, AgentRecord, RecoveryDomains, agent_name
 from scopecast.scopes.topic_table import TopicTable
 from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
 
@@ -163,6 +163,11 @@ class ScopeManager:
         self._empty_since: float | None = time.monotonic()  # a user's scope: see _retire_if_empty
         self._retiring: asyncio.Task | None = None
         self.retired = False
+        # child scopes gone silent, kept in the recovery domains until they report again or Ray
+        # says they are gone for good (see _remove); and when this scope itself was restarted
+        self._silent: dict[str, Child] = {}
+        self._watching: asyncio.Task | None = None
+        self._rebuilt_at: float | None = time.monotonic() if _reconstructed() else None
 
     # ----------------------------------------------------------------------------- running
 
@@ -200,6 +205,8 @@ class ScopeManager:
 
     async def _on_tick(self) -> None:
         self._expire()
+        self._end_rebuilding()
+        self._watch_silent()
         self._report(force=True)
         self._start_recovery_tick()
         if self.kind == "lan":
@@ -255,6 +262,44 @@ class ScopeManager:
         child = self.children.get(name)
         if child is not None and child.kind == "scope" and child.incarnation == incarnation:
             self._remove(child, "retired")
+
+    # ------------------------------------- what stability waits for: restarts and silence
+
+    @property
+    def rebuilding(self) -> bool:
+        """Ray restarted this scope, and its children have not all had the time to report again
+        (it rebuilds from them): its domains do not know all their members, so they hold
+        stability back, and its parent keeps counting the domains it had."""
+        return self._rebuilt_at is not None
+
+    def _end_rebuilding(self) -> None:
+        grace = max(self.settings["member_timeout"], self.settings["scope_timeout"])
+        if self._rebuilt_at is not None and time.monotonic() - self._rebuilt_at > grace:
+            self._rebuilt_at = None
+            log.info("scope %r: rebuilt from %d children after its restart", self.path,
+                     len(self.children))
+            self._kick()  # (the report up says so)
+
+    def _watch_silent(self) -> None:
+        if self._silent and (self._watching is None or self._watching.done()):
+            self._watching = asyncio.get_running_loop().create_task(self._ask_silent())
+
+    async def _ask_silent(self) -> None:
+        """A silent child scope leaves the recovery domains once Ray has given it up (a host
+        scope whose node died: its members died with it); one that is restarting, or only
+        slow, stays until it reports again."""
+        silent = list(self._silent.values())
+        answers = await self._ask(silent, lambda c: c.handle.incarnation_now.remote())
+        for child, answer in zip(silent, answers, strict=True):
+            if isinstance(answer, GONE) and self._silent.get(child.name) is child:
+                del self._silent[child.name]
+                log.warning("scope %r: child scope %s is gone for good: its recovery domains "
+                            "no longer wait for it", self.path, child.name)
+                self._kick()
+
+    async def incarnation_now(self) -> int:
+        """(What a parent asks of a silent child: an answer, late or not, means not gone.)"""
+        return self.incarnation
 
     # ------------------------------------------------------- multicast in a LAN (probe)
 
@@ -499,11 +544,15 @@ class ScopeManager:
             if child is None or child.incarnation != incarnation or child.rev != rev:
                 return False
         else:
+            before = self._silent.pop(name, None) or child
             if child is None or child.incarnation != incarnation:
                 if child is None:
                     log.info("scope %r: child scope %r joined", self.path, name)
                 child = self.children[name] = Child(name, "scope", handle=handle,
                                                     incarnation=incarnation)
+            if body.get("rebuilding") and before is not None:
+                # (see `rebuilding`) the domains it had still count until it has rebuilt
+                state = (*state[:-1], {**before.recovering, **state[-1]})
             child.rev = rev
             if state != (child.depth, child.subs, child.pubs, child.offers, child.joined,
                          child.regular, child.recovering):
@@ -595,7 +644,8 @@ class ScopeManager:
                     "covered_here": self.delegation.get("covered", {})} if topics else {}),
                 "policy_rejections": dict(self.container.rejected),
                 "failed_policies": {f"{p} topic {t}": why for (p, t), why in self._failed.items()},
-                "recovery": recovery,
+                "recovery": recovery, "rebuilding": self.rebuilding,
+                "silent_scopes": sorted(self._silent),
                 "scopes": [{**c.record(topics), **sub[c.name]} for c in scopes]}
 
     # ----------------------------------------------------------------------------- layout
@@ -966,7 +1016,8 @@ class ScopeManager:
                 "offers": {str(t): o.to_wire() for t, o in self._offers(subs).items()},
                 "joined": {k: sorted(v) for k, v in joined.items()},
                 "regular": any(c.regular for c in self.children.values()),
-                "recovering": {p: list(self._lead_chain(p)) for p in self._domain_members()}}
+                "recovering": {p: list(self._lead_chain(p)) for p in self._domain_members()},
+                "rebuilding": self.rebuilding}
 
     def _offers(self, subs: dict[int, str]) -> dict[int, Offer]:
         """For each topic this scope receives from its parent: where that traffic enters."""
@@ -1037,7 +1088,7 @@ class ScopeManager:
 
     def _group_domains(self) -> dict[str, list[tuple[str, int]]]:
         grouped: dict[str, list[tuple[tuple, str]]] = {}
-        for c in self.children.values():
+        for c in [*self.children.values(), *self._silent.values()]:
             keys = c.recovering if c.kind == "scope" else set(self._reliable_topics(c).values())
             interest = tuple(sorted(t for t, role in c.subs.items() if role == "member"))
             for key in keys:
@@ -1054,7 +1105,7 @@ class ScopeManager:
         members = self._domain_members().get(protocol)
         if not members:
             return ()
-        leader = self.children.get(members[0][0])
+        leader = self.children.get(members[0][0]) or self._silent.get(members[0][0])
         if leader is None or leader.kind != "scope":
             return (members[0][0],)
         return (leader.name, *leader.recovering.get(protocol, ()))
@@ -1069,7 +1120,7 @@ class ScopeManager:
     async def _recovery_tick(self) -> None:
         try:
             changed = await self.recovery.update(self._domain_members(), self._place_for,
-                                                 self._belongs)
+                                                 self._belongs, hold=self.rebuilding)
         except Exception as exc:  # a child placing an agent timed out or died: next tick again
             log.warning("scope %r: recovery domain update failed: %r", self.path, exc)
             return
@@ -1080,7 +1131,9 @@ class ScopeManager:
 
     async def _place_for(self, protocol: str, name: str) -> AgentRecord:
         """Delegate the agent of member `name` of this scope's `protocol` domain (3.2.13)."""
-        child = self.children[name]
+        child = self.children.get(name)
+        if child is None:  # silent: its agent stays where it was, holding stability back
+            raise LookupError(f"child scope {name!r} is silent")
         hello = await self._cluster_hello()
         spec = {"name": agent_name(self.path, name, protocol),
                 "domain": f"{self.path or '/'}|{name}",
@@ -1154,6 +1207,10 @@ class ScopeManager:
 
     def _remove(self, child: Child, why: str) -> None:
         del self.children[child.name]
+        if child.kind == "scope" and child.recovering and why not in ("left", "retired"):
+            # silent is not gone: a restarting scope's members live on, and stability passed
+            # without them would lose them what is unstable (nobody would keep it for them)
+            self._silent[child.name] = child
         if child.kind == "member":
             self._by_id.pop(child.id, None)
             self._release(child.id)
@@ -1244,6 +1301,15 @@ def _route(ob: dict) -> dict:
 def _check_role(role: str) -> None:
     if role not in ("member", "client"):
         raise InvalidConfig(f"role must be 'member' or 'client', not {role!r}")
+
+
+def _reconstructed() -> bool:
+    """Whether Ray restarted this actor (True where that cannot be told: holding stability
+    back a while is safe, passing it too early is not)."""
+    try:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:
+        return True
 
 
 def _node_id() -> str:
