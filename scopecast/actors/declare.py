@@ -23,10 +23,15 @@ def get_or_create(cls: type, name: str, *args, ray_options: dict | None = None, 
     return remote_cls.options(name=name, get_if_exists=True, **opts).remote(*args, **kwargs)
 
 
+def find(name: str):
+    """The named scopecast actor (ValueError if there is none)."""
+    return ray.get_actor(name, namespace=NAMESPACE)
+
+
 def lookup(name: str):
     """The named scopecast actor, or None."""
     try:
-        return ray.get_actor(name, namespace=NAMESPACE)
+        return find(name)
     except ValueError:
         return None
 

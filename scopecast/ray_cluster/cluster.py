@@ -23,7 +23,7 @@ from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.local_hosts import namespace_node_ip
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
-from scopecast.scopes.paths import scope_actor_name
+from scopecast.scopes.paths import scope_actor
 from scopecast.scopes.topics import TopicInfo
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class Cluster:
                 path = call(self._manager.ensure_scope, scope)
             element = self._elements.get(path)
             if element is None:
-                handle = ray.get_actor(scope_actor_name(path), namespace=declare.NAMESPACE)
+                handle = scope_actor(path)
                 element = self._elements[path] = ControlledElement(
                     self._manager, handle, path, self._hello, self._config, name=self._name,
                     on_unused=self._leave)

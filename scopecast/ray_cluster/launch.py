@@ -88,7 +88,7 @@ def down(address: str | None = None, stop_ray: bool = False) -> dict:
                        if e.get("namespace") == declare.NAMESPACE)
         # the root first, so that it deploys no scope while the others go
         for name in sorted(names, key=lambda n: n != declare.CLUSTER_SCOPE_MANAGER):
-            ray.kill(ray.get_actor(name, namespace=declare.NAMESPACE), no_restart=True)
+            ray.kill(declare.find(name), no_restart=True)
             removed.append(name)
         ray.shutdown()
     stopped = _stop_head() if stop_ray else 0

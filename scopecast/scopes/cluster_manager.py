@@ -34,7 +34,7 @@ from scopecast.netio.auth import new_cluster_key
 from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
-from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor_name
+from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager, pinned
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name
@@ -350,7 +350,7 @@ def _deploy(path: str, kind: str, ray_options: dict | None = None) -> None:
 async def _started(path: str) -> None:
     """Wait until the scope manager of `path` runs (a handle a caller gets from `ray.get_actor`
     before then may not know the actor's methods yet)."""
-    await ray.get_actor(scope_actor_name(path), namespace=declare.NAMESPACE).start.remote()
+    await scope_actor(path).start.remote()
 
 
 async def _ended(handle, timeout: float = 30.0) -> None:

@@ -18,13 +18,12 @@ from dataclasses import replace
 
 import ray
 
-from scopecast.actors import declare
 from scopecast.actors.errors import MemberExpired, ScopeRetired, typed_cause
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.netio.transport import member_interface
 from scopecast.policies.filters import ModuloFilter
 from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
-from scopecast.scopes.paths import scope_actor_name
+from scopecast.scopes.paths import scope_actor
 from scopecast.scopes.routing import RoutingLabel
 from scopecast.scopes.topic_table import TopicTable
 
@@ -114,7 +113,7 @@ class ControlledElement:
         """The scope manager ended (it retired while this member was away, or as it joined):
         have the scope made again and talk to the new one."""
         call(self.root.ensure_scope, self.scope)
-        self.manager = ray.get_actor(scope_actor_name(self.scope), namespace=declare.NAMESPACE)
+        self.manager = scope_actor(self.scope)
 
     def _rejoin(self) -> None:
         """The scope forgot this member (silent too long, or the scope restarted): register

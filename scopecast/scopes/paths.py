@@ -37,3 +37,8 @@ def parent_path(path: str) -> str | None:
 
 def scope_actor_name(path: str) -> str:
     return declare.CLUSTER_SCOPE_MANAGER if path == "" else f"scopecast:scope:{path}"
+
+
+def scope_actor(path: str):
+    """The scope manager of `path` (ValueError if it does not run)."""
+    return declare.find(scope_actor_name(path))

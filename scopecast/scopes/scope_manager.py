@@ -1042,7 +1042,7 @@ class ScopeManager:
 
     def _parent_handle(self):
         if self._parent is None:
-            self._parent = ray.get_actor(self._parent_name, namespace=declare.NAMESPACE)
+            self._parent = declare.find(self._parent_name)
         return self._parent
 
     def _check_lag(self, member: Child) -> None:
@@ -1244,7 +1244,7 @@ class ScopeManager:
         asyncio.get_running_loop().create_task(self._root_call("release_member", member_id))
 
     async def _root_call(self, method: str, *args):
-        root = ray.get_actor(declare.CLUSTER_SCOPE_MANAGER, namespace=declare.NAMESPACE)
+        root = declare.find(declare.CLUSTER_SCOPE_MANAGER)
         try:
             return await getattr(root, method).remote(*args)
         except ray.exceptions.RayTaskError as exc:
