@@ -452,13 +452,20 @@ _KILL_CHILD = textwrap.dedent('''
 
     def kill_executor():
         """Kill -9 this Spark's executor (RayDP names it in the driver's namespace; the app master
-        that creates it is a Ray job of its own); returns its pid."""
+        that creates it is a Ray job of its own) once it runs; returns its pid. (A loaded machine
+        may still be starting it, or the name may still lead to the last Spark's.)"""
         import ray._private.state as state
-        actor_id = ray.get_actor("raydp-executor-0")._actor_id.hex()
-        entry = state.actors().get(actor_id) or {}
-        if entry.get("State") == "ALIVE" and entry.get("Pid"):
-            os.kill(entry["Pid"], signal.SIGKILL)
-            return entry["Pid"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                actor_id = ray.get_actor("raydp-executor-0")._actor_id.hex()
+                entry = state.actors().get(actor_id) or {}
+            except ValueError:
+                entry = {}
+            if entry.get("State") == "ALIVE" and entry.get("Pid"):
+                os.kill(entry["Pid"], signal.SIGKILL)
+                return entry["Pid"]
+            time.sleep(0.1)
         return None
 
     def attempt(name, df, rows, progress=None, kill_after=None, convert_timeout=None):
