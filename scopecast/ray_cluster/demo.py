@@ -162,7 +162,9 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         routes = (flights.groupBy("origin", "dest")
                   .agg(F.count("*").alias("flights"), F.avg("dep_delay").alias("avg_dep_delay"),
                        F.avg("arr_delay").alias("avg_arr_delay"), F.first("distance").alias("distance"))
-                  .cache())
+                  # a few hundred rows in the shuffle's 200 partitions: from_spark fetches each
+                  # partition in a Ray task of its own (20 s on 2 cores), one does as well here
+                  .coalesce(1).cache())
         route_count = routes.count()
         say(f"Spark read {rows:,} flights ({', '.join(f'{o} {n:,}' for o, n in sorted(per_origin.items()))})"
             f" and computed {route_count:,} routes")
