@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 
@@ -1307,7 +1308,9 @@ def _reconstructed() -> bool:
     """Whether Ray restarted this actor (True where that cannot be told: holding stability
     back a while is safe, passing it too early is not)."""
     try:
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        with warnings.catch_warnings():  # (Ray's own method reads a property it deprecated)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:
         return True
 
