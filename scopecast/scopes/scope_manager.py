@@ -165,7 +165,7 @@ class ScopeManager:
         self._retiring: asyncio.Task | None = None
         self.retired = False
         # child scopes gone silent, kept in the recovery domains until they report again or Ray
-        # says they are gone for good (see _remove); and when this scope itself was restarted
+        # says they are gone for good (see _expire); and when this scope itself was restarted
         self._silent: dict[str, Child] = {}
         self._watching: asyncio.Task | None = None
         self._rebuilt_at: float | None = time.monotonic() if _reconstructed() else None
@@ -1204,14 +1204,15 @@ class ScopeManager:
         for c in list(self.children.values()):
             limit = self.settings["member_timeout" if c.kind == "member" else "scope_timeout"]
             if now - c.last_seen > limit:
+                if c.kind == "scope" and c.recovering:
+                    # silent is not gone: a restarting scope's members live on, and stability
+                    # passed without them would lose them what is unstable (nobody would keep
+                    # it for them); see _ask_silent
+                    self._silent[c.name] = c
                 self._remove(c, f"silent for {limit:.0f}s")
 
     def _remove(self, child: Child, why: str) -> None:
         del self.children[child.name]
-        if child.kind == "scope" and child.recovering and why not in ("left", "retired"):
-            # silent is not gone: a restarting scope's members live on, and stability passed
-            # without them would lose them what is unstable (nobody would keep it for them)
-            self._silent[child.name] = child
         if child.kind == "member":
             self._by_id.pop(child.id, None)
             self._release(child.id)
