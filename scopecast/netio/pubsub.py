@@ -79,10 +79,11 @@ class Publisher:
             return self._send(RAW, value)
         return self._send(*encode_value(value))
 
-    def publish_msgpack_batch(self, payloads: list[bytes]) -> int:
+    def publish_msgpack_batch(self, payloads: list[bytes | memoryview]) -> int:
         """Queue values its caller already msgpack-encoded, in order (subscribers see each decoded,
         as if published with `publish`), with the checks done once for the batch: for callers
-        that encode anyway, such as publish_dataframe's rows. Returns how many were queued: all,
+        that encode anyway, such as publish_dataframe's rows (views of one buffer, which stays
+        alive until every message in it is stable: do not change it). Returns how many were queued: all,
         unless the window fills and the runtime does not block (`block_when_full=False`), like a
         non-blocking socket's send (WindowFull if not even the first fits)."""
         self._check(max(map(len, payloads), default=0))

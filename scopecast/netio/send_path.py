@@ -110,7 +110,9 @@ class SendPath:
             if subs:  # subscribers in this process get it directly
                 if ctype == END:
                     self._on_end_of_stream(me, topic, session, seq - 1)
-                else:
+                else:  # (a publisher may queue views, publish_dataframe does: a copy here)
+                    if payload.__class__ is not bytes:
+                        payload = bytes(payload)
                     self._offer(subs, [Message(self._topic_names.get(topic, str(topic)),
                                                self.name, session, seq, payload, ctype,
                                                self._origin)], n)

@@ -196,10 +196,106 @@ def to_msgpack_rows(batch: pa.RecordBatch | pa.Table, wire: pa.Schema) -> list[d
     return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
-def packed_rows(batch: pa.RecordBatch | pa.Table, wire: pa.Schema) -> list[bytes]:
-    """The rows of `batch` as msgpack maps (one Packer for the batch)."""
+def packed_rows(batch: pa.RecordBatch | pa.Table, wire: pa.Schema) -> list[bytes | memoryview]:
+    """The rows of `batch` as msgpack maps. A flat batch (numbers, booleans, strings, binary,
+    nulls) is encoded column by column in Arrow into one buffer, each row a memoryview of it:
+    about a tenth of the cost of a dict and a Packer per row, which nested batches still take."""
+    import pyarrow as pa
+
+    table = (batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])).cast(wire)
+    if table.num_rows and table.num_columns and all(_flat_tag(f.type) for f in table.schema):
+        return _packed_flat(table)
     pack = msgpack.Packer(use_bin_type=True).pack
-    return [pack(row) for row in to_msgpack_rows(batch, wire)]
+    return [pack(row) for row in to_msgpack_rows(table, wire)]
+
+
+def _flat_tag(t: pa.DataType) -> str | None:
+    """How `_packed_flat` encodes a wire type: "i" int 64, "u" uint 64, "f" float 64, "b" bool,
+    "s" str 32, "y" bin 32, "n" nil; None for lists and structs."""
+    import pyarrow as pa
+
+    if pa.types.is_unsigned_integer(t):
+        return "u" if t.bit_width == 64 else "i"
+    if pa.types.is_integer(t):
+        return "i"
+    if pa.types.is_floating(t):
+        return "f"
+    if pa.types.is_boolean(t):
+        return "b"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "s"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "y"
+    if pa.types.is_null(t):
+        return "n"
+    return None
+
+
+_FIXED = {"i": (0xD3, "int64", ">i8"), "u": (0xCF, "uint64", ">u8"), "f": (0xCB, "float64", ">f8")}
+_LENGTH_PREFIXED = {"s": 0xDB, "y": 0xC6}
+
+
+def _packed_flat(table: pa.Table) -> list[memoryview]:
+    """Each row's msgpack map in one Arrow buffer: per column a binary array of key + value (the
+    widest fixed-size msgpack form of each value, any decoder reads it), nulls as nil, joined
+    row-wise; rows are views of the joined buffer."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n, width = table.num_rows, table.num_columns
+    if width < 16:
+        header = bytes([0x80 | width])
+    elif width <= 0xFFFF:
+        header = b"\xde" + width.to_bytes(2, "big")
+    else:
+        header = b"\xdf" + width.to_bytes(4, "big")
+    binary = pa.large_binary()
+    parts: list = [pa.repeat(pa.scalar(header, binary), n)]  # (an array: all may be scalars)
+    for field, column in zip(table.schema, table.columns, strict=True):
+        key = msgpack.packb(field.name, use_bin_type=True)
+        column = column.combine_chunks()
+        tag = _flat_tag(field.type)
+        if tag == "n" or column.null_count == n:
+            parts.append(pa.scalar(key + b"\xc0", binary))
+            continue
+        if tag in _FIXED:
+            code, arrow_type, big_endian = _FIXED[tag]
+            values = pc.fill_null(column.cast(arrow_type), 0).to_numpy(zero_copy_only=False)
+            cells = _fixed_cells(key, code, values.astype(big_endian))
+        elif tag == "b":
+            values = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
+            cells = _fixed_cells(key, np.where(values, 0xC3, 0xC2), None)
+        else:
+            lengths = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
+            heads = _fixed_cells(key, _LENGTH_PREFIXED[tag], lengths.astype(">u4"))
+            cells = pc.binary_join_element_wise(heads, column.cast(binary), pa.scalar(b"", binary))
+        if column.null_count:
+            cells = pc.if_else(column.is_valid(), cells, pa.scalar(key + b"\xc0", binary))
+        parts.append(cells)
+    rows = pc.binary_join_element_wise(*parts, pa.scalar(b"", binary))
+    _, offsets, data = rows.buffers()
+    bounds = np.frombuffer(offsets, np.int64, n + 1, rows.offset * 8).tolist()
+    view = memoryview(data)
+    return list(map(view.__getitem__, map(slice, bounds, bounds[1:])))
+
+
+def _fixed_cells(key: bytes, code, values) -> pa.Array:
+    """A large_binary array of key + code byte(s) + the bytes of `values` (big-endian numpy
+    values, one per row; None: nothing after the code)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(code) if values is None else len(values)
+    size = values.dtype.itemsize if values is not None else 0
+    cells = np.empty((n, len(key) + 1 + size), np.uint8)
+    cells[:, :len(key)] = np.frombuffer(key, np.uint8)
+    cells[:, len(key)] = code
+    if values is not None:
+        cells[:, len(key) + 1:] = values.view(np.uint8).reshape(n, size)
+    array = pa.FixedSizeBinaryArray.from_buffers(pa.binary(cells.shape[1]), n,
+                                                 [None, pa.py_buffer(cells)])
+    return array.cast(pa.large_binary())
 
 
 def from_msgpack_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:

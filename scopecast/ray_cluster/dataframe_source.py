@@ -221,7 +221,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
         while part in columns:
             part += "_"
         source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
-    actors, started = _start_publishers(run, parallelism, config)  # (joining while Spark converts)
+    actors, started = _start_publishers(run, parallelism, config, topic)  # (while Spark converts)
     report = None
     try:
         report = _publish(cluster, source, actors, schema, destinations, base, convert_timeout,
@@ -339,15 +339,16 @@ class _Plan:
     spark_schema: dict
 
 
-def _start_publishers(run: str, n: int, config: RuntimeConfig | None) -> tuple[list, int]:
+def _start_publishers(run: str, n: int, config: RuntimeConfig | None,
+                      topic: str) -> tuple[list, int]:
     """The run's publisher actors, spread over the nodes (warm ones of an earlier run first, see
     `publisher_pool`), and how many were started: each joins the cluster as a member of its own
-    while Spark still converts."""
+    and opens a publisher of the base `topic` while Spark still converts."""
     remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_DataFramePublisher)
     actors, started = publisher_pool.take(
         config, n, lambda: remote.options(scheduling_strategy="SPREAD").remote(config))
     for index, actor in enumerate(actors):
-        actor.join.remote(run, index)
+        actor.join.remote(run, index, topic)
     return actors, started
 
 
@@ -442,8 +443,9 @@ class _DataFramePublisher:
     def ping(self) -> bool:
         return True
 
-    def join(self, run: str, index: int) -> None:
-        """Join the cluster as this run's publisher `index` (called before `run`, which waits)."""
+    def join(self, run: str, index: int, topic: str) -> None:
+        """Join the cluster as this run's publisher `index` and open a publisher of `topic` (it
+        exists; nothing is published yet): called before `run`, which waits for it."""
         self._index = index
         self._stop: str | None = None
         self._rows = 0
@@ -452,6 +454,7 @@ class _DataFramePublisher:
         self._join_error = None
         try:
             self._cluster = self._connect(config=self._config, name=f"dataframe-{run}-p{index}")
+            self._pubs[topic] = self._cluster.publisher(topic)
         except BaseException as exc:
             self._join_error = exc
         finally:
@@ -464,7 +467,8 @@ class _DataFramePublisher:
         self._topic_rows = dict.fromkeys(plan.topics, 0)
         self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
         for name in plan.topics:
-            self._pubs[name] = self._cluster.publisher(name)
+            if name not in self._pubs:
+                self._pubs[name] = self._cluster.publisher(name)
 
     def progress(self) -> int:
         return self._rows
