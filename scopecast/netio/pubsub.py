@@ -83,22 +83,17 @@ class Publisher:
         """Queue values its caller already msgpack-encoded, in order (subscribers see each decoded,
         as if published with `publish`), with the checks done once for the batch: for callers
         that encode anyway, such as publish_dataframe's rows (views of one buffer, which stays
-        alive until every message in it is stable: do not change it). Returns how many were queued: all,
-        unless the window fills and the runtime does not block (`block_when_full=False`), like a
-        non-blocking socket's send (WindowFull if not even the first fits)."""
+        alive until every message in it is stable: do not change it). Returns how many were
+        queued: all, unless the window fills and the runtime does not block
+        (`block_when_full=False`), like a non-blocking socket's send (then those before, in
+        chunks of MANY_BYTES; WindowFull if not even the first chunk fits)."""
         self._check(max(map(len, payloads), default=0))
-        publish, topic, session = self._publish, self._topic_id, self._session
-        first = seq = self._seq
-        try:
-            for payload in payloads:
-                self._last_sseq = publish(topic, session, seq + 1, MSGPACK, payload)
-                seq += 1
-        except WindowFull:
-            if seq == first:
-                raise
-        finally:
-            self._seq = seq
-        return seq - first
+        queued, last = self._runtime.publish_many(self._topic_id, self._session, self._seq + 1,
+                                                  MSGPACK, payloads)
+        if queued:
+            self._last_sseq = last
+            self._seq += queued
+        return queued
 
     def _check(self, size: int) -> None:
         """Before queueing a message of `size` bytes: refuse what cannot be sent, and move to the

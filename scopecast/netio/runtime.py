@@ -40,6 +40,7 @@ from scopecast.scopes.routing import RoutingLabel, origin_record
 log = logging.getLogger(__name__)
 
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
+MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
 HOLE_DELAY = 0.002  # a hole is NAKed this soon (runs reordered across paths come within it)
 IDLE_FROM = 0.1    # a token period this long is the idle one: a moving stream reports at once
 MAX_MESSAGE = 0xFFFFFFFF
@@ -248,6 +249,38 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._wake_pending = True
             self._wake()
         return sseq
+
+    def publish_many(self, topic: int, session: int, first_seq: int, ctype: int,
+                     payloads: list) -> tuple[int, int]:
+        """Queue `payloads` as messages `first_seq`, `first_seq` + 1, ... of one topic, in
+        chunks of up to MANY_BYTES with the queue and window checked once per chunk (the
+        per-message work in C). Returns how many were queued — all, unless the window fills and
+        the runtime does not block (then the chunks before; WindowFull if not even the first)
+        — and the stream sequence number of the last one."""
+        q, ordinal = self._publish_q, self._ordinal
+        sseq = start = 0
+        total = len(payloads)
+        while start < total:
+            if self.app_bytes - self.taken_bytes + self.feed_bytes > self._queue_limit:
+                self._wait_for_space()
+            if self.app_bytes - self.released_bytes > self._window_limit:
+                if start and not self.config.block_when_full:
+                    break
+                self._wait_for_window()
+            end, size = start, 0
+            while end < total and (size < MANY_BYTES or end == start):
+                size += MESSAGE_COST + len(payloads[end])
+                end += 1
+            sseqs = list(itertools.islice(ordinal, end - start))
+            self.app_bytes += size
+            q.extend(zip(itertools.repeat(topic), range(first_seq + start, first_seq + end),
+                         sseqs, payloads[start:end], itertools.repeat(session),
+                         itertools.repeat(ctype)))
+            sseq, start = sseqs[-1], end
+            if self._sleeping and not self._wake_pending:
+                self._wake_pending = True
+                self._wake()
+        return start, sseq
 
     def end_stream(self, topic: int, session: int, last_seq: int) -> int:
         """Queue an end-of-stream marker behind the messages already published on `topic`: the
