@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -182,6 +183,51 @@ def test_each_builtin_policy_delivers_across_scopes(cluster, policy):
         assert all(c["endpoint"][0] == "u" for m in inside for c in m["channels"])
         assert top["topics"][str(info.id)]["channels"] == ["a->b (origin a)"]
     ray.get([a.close.remote() for a in actors])
+
+
+class _Publisher:
+    """A member process that only publishes (Ray actor)."""
+
+    def __init__(self, topic: str, scope: str, name: str) -> None:
+        import scopecast
+
+        self.cluster = scopecast.connect(name=name)
+        self.pub = self.cluster.publisher(topic, scope=scope)
+
+    def publish(self, n: int) -> int:
+        for i in range(n):
+            self.pub.publish(b"%d" % i)
+        self.pub.flush(timeout=120.0)
+        return n
+
+    def close(self) -> None:
+        self.pub.close()
+        self.cluster.shutdown()
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+
+
+def test_the_entry_is_a_subscriber_not_a_member_that_only_publishes(cluster):
+    """Two publishers A1 and A2 next to a subscriber S: the scope's entry (which every local
+    source's traffic also reaches, to leave the scope) is S, so each publisher sends to S alone.
+    The first member by name, A1, was the entry: A2's stream went to A1 as well, for nothing."""
+    info = cluster.create_topic("entry/T", policy="tree")
+    sub = Consumer.remote(info.name, scope="entry/P", name="S")
+    ray.get(sub.ready.remote())
+    pubs = [ray.remote(num_cpus=0)(_Publisher).remote(info.name, "entry/P", name)
+            for name in ("A1", "A2")]
+    ray.get([p.__ray_ready__.remote() for p in pubs])
+    t = info.id
+    expected = {"A1": [f"A1-S, {t}:A1"], "A2": [f"A2-S, {t}:A2"], "S": []}
+    got = wait_for(lambda: (lambda ls: ls if ls == expected else None)(
+        labels(cluster.status(), "entry")), f"channels {expected}")
+    assert got == expected
+    pending = sub.consume.remote(2_000, 120.0)
+    assert ray.get([p.publish.remote(1_000) for p in pubs], timeout=240) == [1_000, 1_000]
+    got = ray.get(pending, timeout=240)
+    assert (got["count"], got["gaps"], got["out_of_order"]) == (2_000, 0, 0)
+    ray.get([p.close.remote() for p in pubs] + [sub.close.remote()], timeout=120)
 
 
 def test_a_multicast_sender_waits_for_every_member_on_its_group(cluster):

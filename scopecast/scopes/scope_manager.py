@@ -717,6 +717,13 @@ class ScopeManager:
         names = sorted(c.name for c in self.children.values() if c.regular)
         return names or sorted(self.children)
 
+    def _candidates(self, tid: int, subs: dict[int, set[str]], forwarders: list[str]) -> list[str]:
+        """The members a topic's policy picks its entry and exits from: its regular subscribers
+        here, which take its traffic anyway (a member that only publishes, made the entry,
+        would receive every other source's traffic just to pass it on); any member where none
+        subscribes."""
+        return sorted(m for m in subs.get(tid, ()) if self.children[m].regular) or forwarders
+
     def _wanted(self) -> dict[int, dict]:
         subs, pubs, exits = self._interest()
         covered = {int(k) for k in self.delegation.get("covered", {})}
@@ -744,7 +751,8 @@ class ScopeManager:
                            "context": {"scope": self.path, "topic": info.name, "topic_id": tid,
                                        "multicast": self.multicast, "options": info.options},
                            "members": members, "sources": sources,
-                           "candidates": forwarders, "replicas": replicas.get(tid, {1})}
+                           "candidates": self._candidates(tid, subs, forwarders),
+                           "replicas": replicas.get(tid, {1})}
         return wanted
 
     def _policy_key(self, info: TopicInfo) -> str:
