@@ -452,6 +452,7 @@ class _DataFramePublisher:
         self._bytes = 0
         self._pubs = {}
         self._join_error = None
+        self._cluster = None
         try:
             self._cluster = self._connect(config=self._config, name=f"dataframe-{run}-p{index}")
             self._pubs[topic] = self._cluster.publisher(topic)
@@ -481,6 +482,8 @@ class _DataFramePublisher:
         self._joined.wait()  # (a threaded actor may start this call before join's ends)
         self._joined.clear()
         if self._join_error is not None:
+            if self._cluster is not None:  # joined, but the topic could not be opened
+                self._cluster.shutdown()
             raise self._join_error
         error: BaseException | None = None
         try:
