@@ -5,7 +5,6 @@ again, to the surviving host of lan2; every surviving subscriber gets every mess
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -16,7 +15,7 @@ import pytest
 from scopecast.ray_cluster.local_hosts import LocalHosts
 from scopecast.scopes.status import walk
 from tests.conftest import is_root
-from tests.test_local_hosts import SCOPECAST, HaltingDriver, _complete, lose
+from tests.test_local_hosts import HaltingDriver, _complete, lose, status_json
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
 SILENT = 12.0  # s: longer than the scope timeout (5 s), after which the root expires lan2
@@ -31,15 +30,9 @@ def hosts():
     cluster.down(quiet=True)
 
 
-def _status(hosts: LocalHosts) -> dict:
-    out = hosts.run(hosts.head, [SCOPECAST, "status", "--json"], capture=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
-
-
 def _root_agents(hosts: LocalHosts) -> dict[str, str]:
     """Child scope -> the address of the root's token_ring agent standing for it."""
-    domain = _status(hosts)["scopes"]["recovery"]["token_ring"]
+    domain = status_json(hosts)["scopes"]["recovery"]["token_ring"]
     return {name: a["address"].rsplit(":", 1)[0] for name, a in domain["agents"].items()
             if a.get("address")}
 
@@ -59,7 +52,7 @@ def test_the_host_leading_a_lan_lost_mid_stream_its_neighbour_loses_nothing(host
             assert time.monotonic() < deadline, f"the root's agent for lan2 is at {leader}"
             time.sleep(0.5)
         lost, neighbour = (h3, h4) if leader == h3.address else (h4, h3)
-        (lan2,) = [s for s in walk(_status(hosts)) if s["path"] == "lan2"]
+        (lan2,) = [s for s in walk(status_json(hosts)) if s["path"] == "lan2"]
         restart = threading.Timer(SILENT, os.kill, (lan2["pid"], signal.SIGKILL))
         try:
             lose(hosts, lost, "killed" if fault == "killed" else "cut off")
