@@ -717,13 +717,6 @@ class ScopeManager:
         names = sorted(c.name for c in self.children.values() if c.regular)
         return names or sorted(self.children)
 
-    def _candidates(self, tid: int, subs: dict[int, set[str]], forwarders: list[str]) -> list[str]:
-        """The members a topic's policy picks its entry and exits from: its regular subscribers
-        here, which take its traffic anyway (a member that only publishes, made the entry,
-        would receive every other source's traffic just to pass it on); any member where none
-        subscribes."""
-        return sorted(m for m in subs.get(tid, ()) if self.children[m].regular) or forwarders
-
     def _wanted(self) -> dict[int, dict]:
         subs, pubs, exits = self._interest()
         covered = {int(k) for k in self.delegation.get("covered", {})}
@@ -736,8 +729,8 @@ class ScopeManager:
             info = self.topics.get(tid)
             if info is None or tid in covered or not self._relevant(info):
                 continue
-            members = {m for m in subs.get(tid, ()) if self.children[m].regular} | exits.get(tid,
-                                                                                           set())
+            takers = {m for m in subs.get(tid, ()) if self.children[m].regular}
+            members = takers | exits.get(tid, set())
             sources = set(pubs.get(tid, ()))
             up = self._parent_name is not None and self.path != info.root
             if up and (tid in subs or tid in exits):
@@ -751,7 +744,11 @@ class ScopeManager:
                            "context": {"scope": self.path, "topic": info.name, "topic_id": tid,
                                        "multicast": self.multicast, "options": info.options},
                            "members": members, "sources": sources,
-                           "candidates": self._candidates(tid, subs, forwarders),
+                           # the policy picks the entry and exits among the regular
+                           # subscribers, which take the traffic anyway (a member that only
+                           # publishes, made the entry, would get every other source's traffic
+                           # just to pass it on); among any members where none subscribes
+                           "candidates": sorted(takers) or forwarders,
                            "replicas": replicas.get(tid, {1})}
         return wanted
 
