@@ -71,6 +71,10 @@ def _float_list(text: str) -> list[float]:
     return [v for v in values if v > 0]
 
 
+def _int_list_or_none(text: str) -> list[int]:
+    return _int_list(text) if text.strip() else []
+
+
 def _names(known: tuple[str, ...], empty_ok: bool = False):
     def parse(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -141,11 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peer suite: throughput at saturation of these systems side by side "
                         f"(default {','.join(peer_suite.SYSTEMS)}; '' for none; a peer whose "
                         "server or client is not installed is skipped and the results say why)")
-    p.add_argument("--peer-sizes", type=_int_list, default=None, metavar="B,B,...",
-                   help="message sizes of the peer suite (default 100,1000)")
+    p.add_argument("--peer-sizes", type=_int_list_or_none, default=None, metavar="B,B,...",
+                   help="message sizes of the peer suite (default 100,1000; '' for none: only "
+                        "the topic cases run)")
     p.add_argument("--peer-subscribers", type=_int_list, default=None, metavar="N,N,...",
                    help="subscriber process counts of the peer suite (default 1,4,8)")
-    p.add_argument("--topic-counts", type=lambda t: _int_list(t) if t.strip() else [],
+    p.add_argument("--topic-counts", type=_int_list_or_none,
                    default=None, metavar="N,N,...",
                    help="peer suite, scale in topics: the publisher round-robin over this many "
                         "topics, every subscriber on all of them, every system (default "
@@ -203,7 +208,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise SystemExit("--datagram-bytes: 1200 to 65000")
     if args.seconds <= 0 or args.warmup < 0:
         raise SystemExit("--seconds must be positive and --warmup not negative")
-    if args.peers and min(args.peer_sizes) < STAMP.size:
+    if args.peers and min(args.peer_sizes, default=STAMP.size) < STAMP.size:
         raise SystemExit(f"--peer-sizes are at least {STAMP.size} bytes (latency runs stamp the "
                          "send time into each payload)")
     if args.loss is None:
