@@ -250,6 +250,32 @@ def test_a_nak_of_any_topic_is_served_with_each_topics_messages_in_runs_of_their
     assert got == [(T, 4, 5, b"t4"), (u, 5, 6, b"u5"), (T, 5, 7, b"t5")]
 
 
+def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_runs_it_keeps(
+        member):
+    """A caching member keeps whole runs (the datagram, where the payloads are) rather than a
+    copy per message; a peer's NAK gets just the messages it names, cut out of them, also when
+    its range starts or ends inside a run."""
+    from scopecast.netio import wire
+    from scopecast.netio.recovery_path import ANY_TOPIC
+    sent: list[bytes] = []
+    member._cacher = True
+    _deliver(member, 1, 4)
+    _deliver(member, 5, 6)
+
+    def serve(nak):
+        sent.clear()
+        member._repair_used.clear()
+        member._transmit_repair = lambda datagram, address: sent.append(datagram)
+        member._serve(SOURCE, nak, ("127.0.0.1", 9))
+        return [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
+                for d in sent for m in wire.decode_data(d)[1]]
+    assert member.call_wait(serve, [T, 1, 3, 6, 3, 6]) == [
+        (T, q, q, b"%d" % q) for q in (3, 4, 5, 6)]
+    assert member.call_wait(serve, [ANY_TOPIC, 0, 9, TAIL_SEQ, 9, 20]) == [
+        (T, 9, 9, b"9"), (T, 10, 10, b"10")]
+    assert member.call_wait(serve, [T + 1, 1, 1, 10, 1, 10]) == []
+
+
 def test_a_dense_stream_asks_again_for_none_of_the_runs_it_holds_after_a_hole(member):
     """T 11 lost, T 12..20 held (in order per topic, they wait for it): the member asks for 11
     alone, not for what it holds, although nothing moves (one topic at 1% loss: every hole

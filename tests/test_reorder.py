@@ -11,6 +11,7 @@ import pytest
 
 from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.recovery_path import cached_messages
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
 T, U, SOURCE = 3, 4, 9
@@ -59,6 +60,12 @@ def mixed(rt: MemberRuntime, first_sseq: int, entries: list[tuple[int, int]]) ->
             for i, (t, q) in enumerate(entries)]
     data = wire.encode_datagram(wire.PacketType.DATA, SOURCE, 1, first_sseq, msgs)
     rt.call_wait(lambda: rt._on_data(wire.unpack_header(data), memoryview(data), data))
+
+
+def kept(rt: MemberRuntime) -> list[tuple]:
+    """(stream seq, topic, seq, payload) of what a caching member keeps of SOURCE's stream."""
+    return rt.call_wait(lambda: [(e[0], e[1], e[3], e[5])
+                                 for e in cached_messages(rt._peer_cache[SOURCE])])
 
 
 def test_runs_out_of_order_are_delivered_in_order(member):
@@ -122,8 +129,7 @@ def test_a_caching_member_keeps_a_mixed_run_in_stream_order(member):
     mixed(rt, 1, [(T, 1)])
     mixed(rt, 2, [(T, 2), (U, 1), (T, 3)])
     assert received(sub, 4) == [1, 2, 1, 3]
-    kept = rt.call_wait(lambda: [e[0] for e in rt._peer_cache[SOURCE]])
-    assert kept == [1, 2, 3, 4]
+    assert kept(rt) == [(1, T, 1, b"1"), (2, T, 2, b"2"), (3, U, 1, b"1"), (4, T, 3, b"3")]
 
 
 def test_mixed_runs_of_reliable_topics_at_once_or_one_by_one_agree(member):
@@ -145,7 +151,6 @@ def test_mixed_runs_of_reliable_topics_at_once_or_one_by_one_agree(member):
     assert [q for t, q in got if t == "T"] == [1, 2, 3, 4, 5, 6, 7]
     assert [q for t, q in got if t == "U"] == [1, 2, 3, 4, 5, 6]
     assert rt.stats["duplicates"] == 0 and rt.stats["gaps"] == 0
-    kept = rt.call_wait(lambda: [e[0] for e in rt._peer_cache[SOURCE]])
-    assert kept == list(range(1, 14))
+    assert [e[0] for e in kept(rt)] == list(range(1, 14))
     assert rt._positions.contiguous[SOURCE] == 13
     assert rt._last_sseq[(T, SOURCE, 1)] == 13 and rt._last_sseq[(U, SOURCE, 1)] == 12

@@ -17,6 +17,7 @@ from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
+from scopecast.netio.recovery_path import CachedRun
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
@@ -232,7 +233,6 @@ class ReceivePath:
         self.stats["mixed_runs"] += 1
         in_order = not self._early and ctype != END
         cacher = self._cacher
-        kept: list = []
         top = low = 0  # the stretch of stream seqs taken in this pass, from `low` to `top`
         group: tuple = ()  # the subscribers of the messages in `batch`
         batch: list = []
@@ -255,14 +255,12 @@ class ReceivePath:
                         low = sseq
                     last_sseq[key] = top = sseq
                     if cacher:  # kept until stable, to repair peers (see recovery_path)
-                        kept.append((sseq, topic, session, seq, ctype, payload))
+                        self._keep(source, CachedRun(sseq, sseq, data, topic, session, seq, ctype,
+                                                     (n,), off))
             else:
                 if batch:  # delivered in order: what came before goes first
                     self._offer(group, batch, nbytes)
                     group, batch, nbytes = (), [], 0
-                if kept:  # the cache stays in stream order
-                    self._keep(source, kept)
-                    kept = []
                 if low:
                     self._stream_taken(source, low, top)
                     low = 0
@@ -275,8 +273,6 @@ class ReceivePath:
             self._offer(group, batch, nbytes)
         if low:
             self._stream_taken(source, low, top)
-        if kept:
-            self._keep(source, kept)
 
     def _take_mixed_at_once(self, data: bytes, routes: list, run: tuple, plain: dict) -> bool:
         """The common mixed run, taken with the per-message work in C (map, zip): every message
@@ -312,8 +308,7 @@ class ReceivePath:
                              repeat(session), seqs, payloads, repeat(ctype), repeat(routes[ridx]))),
                     bounds[-1] - off + MESSAGE_COST * n)
         if self._cacher:  # kept until stable, to repair peers (see recovery_path)
-            self._keep(source, list(zip(range(sseq, top + 1), topics, repeat(session), seqs,
-                                        repeat(ctype), payloads)))
+            self._keep(source, CachedRun(sseq, top, data, MIXED, session, 0, ctype, entries, off))
         self._stream_taken(source, sseq, top)
         return True
 
@@ -339,10 +334,10 @@ class ReceivePath:
         else:
             payloads = []
             append = payloads.append
+            stop = off
             for n in lengths:
-                stop = off + n
-                append(data[off:stop])
-                off = stop
+                append(data[stop:stop + n])
+                stop += n
         route = routes[ridx]
         if subs and ctype == END:
             self._on_end_of_stream(source, topic, session, first + count - 2)
@@ -359,8 +354,8 @@ class ReceivePath:
             top = self._last_sseq[key] = first_sseq + count - 1
             self._stream_taken(source, first_sseq, top)
             if self._cacher:  # kept until stable, to repair peers (see recovery_path)
-                self._keep(source, [(first_sseq + i, topic, session, first + i, ctype, p)
-                                    for i, p in enumerate(payloads)])
+                self._keep(source, CachedRun(first_sseq, top, data, topic, session, first, ctype,
+                                             lengths, off))
 
     # ------------------------------------------------------------ runs that arrive early
 

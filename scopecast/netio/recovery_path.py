@@ -35,8 +35,9 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, repeat
 from operator import itemgetter
+from typing import NamedTuple
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
@@ -73,6 +74,37 @@ def _sseq(entry: tuple) -> int:
 
 
 _TOPIC_SESSION, _PAYLOAD = itemgetter(1, 2), itemgetter(5)  # of a cache entry
+
+
+class CachedRun(NamedTuple):
+    """A run a caching member keeps until stable, as it came: the datagram and where the run's
+    payloads are in it (one object per run; the payloads are cut out only to repair)."""
+
+    first_sseq: int
+    last_sseq: int
+    data: bytes
+    topic: int          # wire.MIXED: `lengths` are the mixed run's (topic, seq, length) entries
+    session: int
+    first_seq: int
+    ctype: int
+    lengths: tuple
+    offset: int         # of the first payload in `data`
+
+
+_last_sseq = itemgetter(1)  # of a CachedRun
+
+
+def cached_messages(runs):
+    """The messages of cached runs, as own cache entries: (stream seq, topic, session, seq,
+    content type, payload)."""
+    for first_sseq, _last, data, topic, session, seq, ctype, lengths, off in runs:
+        if topic == wire.MIXED:
+            entries = zip(lengths[0::3], lengths[1::3], lengths[2::3], strict=True)
+        else:
+            entries = zip(repeat(topic), range(seq, seq + len(lengths)), lengths)
+        for sseq, (t, q, n) in enumerate(entries, first_sseq):
+            yield sseq, t, session, q, ctype, data[off:off + n]
+            off += n
 
 
 def _pack_named(named) -> bytes:
@@ -140,7 +172,7 @@ class RecoveryPath:
         self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
         self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
                                                  # summary
-        self._peer_cache: dict[int, list[tuple]] = {}       # source -> entries, as _cache
+        self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
         self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
@@ -353,20 +385,19 @@ class RecoveryPath:
 
     # ----------------------------------------------------------------------- the receiver
 
-    def _keep(self, source: int, entries: list[tuple]) -> None:
-        """A caching member keeps what it received until stable."""
+    def _keep(self, source: int, run: CachedRun) -> None:
+        """A caching member keeps what it received until stable, run by run (`CachedRun`)."""
         cache = self._peer_cache.get(source)
         if cache is None:
             cache = self._peer_cache[source] = []
             self._peer_heads[source] = 0
-        if cache and entries[0][0] < cache[-1][0]:
+        if cache and run[0] < cache[-1][0]:
             # runs held early and released after later ones: put in stream order (repairs and
-            # pruning look entries up by stream seq)
+            # pruning look runs up by stream seq)
             head = self._peer_heads[source]
-            for e in entries:
-                cache.insert(bisect.bisect(cache, e[0], lo=head, key=_sseq), e)
+            cache.insert(bisect.bisect(cache, run[0], lo=head, key=_sseq), run)
             return
-        cache.extend(entries)
+        cache.append(run)
 
     def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
         """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses.
@@ -708,7 +739,7 @@ class RecoveryPath:
         cache = self._peer_cache.get(source)
         if not cache:
             return
-        head = bisect.bisect_right(cache, stable, lo=self._peer_heads[source], key=_sseq)
+        head = bisect.bisect_right(cache, stable, lo=self._peer_heads[source], key=_last_sseq)
         if head * 2 > len(cache):
             del cache[:head]
             head = 0
@@ -740,16 +771,19 @@ class RecoveryPath:
         if budget <= 0:
             self.stats["repairs_deferred"] += 1
             return
-        i = bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq)
+        if source == self.member_id:
+            messages = islice(cache, bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq), None)
+        else:  # the run that may hold `lo_sseq`, and those after it
+            i = bisect.bisect_right(cache, lo_sseq, lo=head, key=_sseq)
+            messages = cached_messages(islice(cache, max(head, i - 1), None))
         picked: list[tuple] = []
         left = budget
-        while i < len(cache) and left > 0:
-            e = cache[i]
-            i += 1
-            if e[0] > hi_sseq:
+        for e in messages:
+            if e[0] > hi_sseq or left <= 0:
                 break
             left -= REPAIR_SCAN_COST
-            if topic == ANY_TOPIC or e[1] == topic and e[2] == session and lo <= e[3] <= hi:
+            if e[0] >= lo_sseq and (topic == ANY_TOPIC or e[1] == topic and e[2] == session
+                                    and lo <= e[3] <= hi):
                 picked.append(e)
                 left -= len(e[5]) + REPAIR_ENTRY_COST
         self._repair_used[address] = REPAIR_BURST - left
