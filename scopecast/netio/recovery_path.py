@@ -214,7 +214,7 @@ class RecoveryPath:
         self._own_domains = frozenset(protocols.values())
         self.forget_keys(self._reliable - protocols.keys())
         self._reliable = frozenset(protocols)
-        self._plain = None
+        self._tables_changed()
         self._cached_history = frozenset(cached)
         self._replies = {k: r for k, r in self._replies.items() if k in agents}
 

@@ -162,7 +162,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self.stream_ends: dict[tuple[int, int], int] = {}
         self._routes: dict[int, list[Route]] = {}
         self._plans: dict[tuple, list] = {}
-        self._own_plans: dict[int, list] = {}
+        self._own_plans: dict[int, tuple] = {}  # see SendPath._own_plan
         self._own_records: dict[tuple, tuple] = {}  # see SendPath._own_plan
         self._subs: dict[int, tuple[Subscription, ...]] = {}
         self._plain: dict[int, tuple] | None = None  # see ReceivePath._plain_topics
@@ -244,7 +244,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._wait_for_window()
         sseq = next(self._ordinal)
         self.app_bytes += MESSAGE_COST + len(payload)
-        self._publish_q.append((topic, seq, sseq, payload, session, ctype))
+        self._publish_q.append((sseq, topic, session, seq, ctype, payload))  # a cache entry
         if self._sleeping and not self._wake_pending:
             self._wake_pending = True
             self._wake()
@@ -273,9 +273,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 end += 1
             sseqs = list(itertools.islice(ordinal, end - start))
             self.app_bytes += size
-            q.extend(zip(itertools.repeat(topic), range(first_seq + start, first_seq + end),
-                         sseqs, payloads[start:end], itertools.repeat(session),
-                         itertools.repeat(ctype)))
+            q.extend(zip(sseqs, itertools.repeat(topic), itertools.repeat(session),
+                         range(first_seq + start, first_seq + end), itertools.repeat(ctype),
+                         payloads[start:end]))
             sseq, start = sseqs[-1], end
             if self._sleeping and not self._wake_pending:
                 self._wake_pending = True
@@ -383,9 +383,15 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._topic_names = dict(names)
         if sessions is not None:
             self._sessions = dict(sessions)
-        self._plain = None
+        self._tables_changed()
         for sub in self._subscriptions:
             self._match_patterns(sub)
+
+    def _tables_changed(self) -> None:
+        """Topics, routes, subscriptions or reliable topics changed: the per-topic lookups of the
+        receive and send paths (`_plain`, `_own_plans`) are made again on first use."""
+        self._plain = None
+        self._own_plans.clear()
 
     def _match_patterns(self, sub: Subscription) -> None:
         """A pattern subscription takes in the known topics it matches."""
@@ -400,9 +406,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                        receivers: dict[tuple[str, int], set[int]] | None = None) -> None:
         """Replace the forwarding table; feeds of unchanged destinations keep their queues."""
         self._routes = {t: list(rs) for t, rs in routes.items()}
-        self._plain = None
+        self._tables_changed()
         self._plans.clear()
-        self._own_plans.clear()
         self._own_records.clear()
         now = time.monotonic()
         receivers = receivers or {}
@@ -439,7 +444,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._match_patterns(sub)
 
     def _index(self, sub: Subscription, topics) -> None:
-        self._plain = None
+        self._tables_changed()
         for t in topics:
             self._subs[t] = self._subs.get(t, ()) + (sub,)
 
@@ -452,7 +457,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 self._subs[t] = rest
             else:
                 self._subs.pop(t, None)
-        self._plain = None
+        self._tables_changed()
         self.forget_keys(sub.topics - self._subs.keys())
         sub.event.set()  # a receive() waiting on it returns
 

@@ -38,7 +38,7 @@ class SendPath:
         plan: list = []
         feed = record = table = run = None
         subs: tuple = ()
-        reliable = self._reliable
+        own_plans = self._own_plans
         keep = self._cache.append
         tails = self._tails
         released = 0
@@ -46,27 +46,21 @@ class SendPath:
         tail = None
         tail_session = 0
         while q:
-            item = q.popleft()
-            if item[0] != topic:
-                topic = item[0]
-                plan = self._own_plans.get(topic) or self._own_plan(topic)
-                # the common case: one destination queue, no filters
-                if len(plan) == 1 and plan[0][0].__class__ is Feed:
-                    if plan[0][0] is not feed:
-                        run = None
-                    feed, record, table = plan[0]
-                else:
-                    feed = record = table = run = None
+            item = q.popleft()  # as the cache keeps it: (sseq, topic, session, seq, ctype, payload)
+            if item[1] != topic:
+                topic = item[1]
+                plan, single, record, table, subs, rel = own_plans.get(topic) \
+                    or self._own_plan(topic)
+                if single is not feed:  # (the common case: one destination queue, no filters)
+                    feed, run = single, None
                 if run.__class__ is not MixedRun:  # (a mixed run goes on across topics)
                     run = None
-                subs = self._subs.get(topic, ())
-                rel = topic in reliable
                 tail = None
-            _, seq, sseq, payload, session, ctype = item
+            sseq, _, session, seq, ctype, payload = item
             n = len(payload) + MESSAGE_COST
             taken += n
             if rel:  # kept until stable (see recovery_path)
-                keep((sseq, topic, session, seq, ctype, payload))
+                keep(item)
                 if tail is None or tail_session != session:
                     tail_session = session
                     tail = tails.get((topic, session))
@@ -133,15 +127,21 @@ class SendPath:
                 low = first - 1
         self.handed = low
 
-    def _own_plan(self, topic: int) -> list:
+    def _own_plan(self, topic: int) -> tuple:
+        """What `_take_publishes` needs of a topic it publishes, in one lookup: (plan, its one
+        feed when that is all of it, else None, that feed's record and table, the subscribers
+        in this process, whether it is reliable)."""
         plan = self._plan(topic, self._origin)
-        if len(plan) == 1:
+        single = record = table = None
+        if len(plan) == 1 and plan[0][0].__class__ is Feed:
             # one object per distinct record: consecutive messages of topics that carry equal
             # records join one chunk (and one mixed run) on an identity check
-            target, record, table = plan[0]
-            plan = [(target, self._own_records.setdefault(record, record), table)]
-        self._own_plans[topic] = plan
-        return plan
+            single, record, table = plan[0]
+            record = self._own_records.setdefault(record, record)
+            plan = [(single, record, table)]
+        own = self._own_plans[topic] = (plan, single, record, table, self._subs.get(topic, ()),
+                                        topic in self._reliable)
+        return own
 
     def _plan(self, topic: int, record: tuple) -> list:
         """For messages of `topic` carrying `record`: (feed or filtered channel, record after the

@@ -1,0 +1,29 @@
+"""The send path on real sockets without a control plane: what it looks up once per topic (the
+plan, the subscribers in this process, whether the topic is reliable) follows changes made while
+a publisher is publishing."""
+
+from __future__ import annotations
+
+from member_pair import TOPIC, member_pair, received, wait_for
+
+from scopecast.netio.delivery import Subscription
+
+
+def test_a_subscriber_and_reliability_added_while_publishing_apply_from_the_next_message():
+    with member_pair() as (a, _b, inbox):
+        a.publish(TOPIC, 1, 1, 0, b"1")
+        wait_for(lambda: inbox.queue, "the first message at B")
+        local = Subscription(frozenset([TOPIC]))
+        a.call_wait(a.add_subscription, local)
+        a.publish(TOPIC, 1, 2, 0, b"2")
+        wait_for(lambda: local.queue, "the second message at the subscriber in A's process")
+        assert [m.seq for m in received(local)] == [2]
+
+        a.call_wait(a.install_recovery, {"token_ring": ("127.0.0.1", 9)}, {TOPIC: "token_ring"})
+        a.publish(TOPIC, 1, 3, 0, b"3")
+        wait_for(lambda: a.handed >= 3, "the third message sent")
+        # reliable now: kept until stable (no agent here, so for good)
+        assert a.call_wait(lambda: [e[3] for e in a._cache if e is not None]) == [3]
+        at_b: list = []
+        wait_for(lambda: at_b.extend(received(inbox)) or len(at_b) == 3, "all three at B")
+        assert [m.seq for m in at_b] == [1, 2, 3]
