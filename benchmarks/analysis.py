@@ -35,7 +35,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "ended_by": r.get("ended_by"),
         }
         for key in ("gaps", "seqs_ok", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
-                    "latency", "error", "rss_bytes", "runqueue_wait_s", "settle_s", "netns"):
+                    "latency", "error", "rss_bytes", "runqueue_wait_s", "netns"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from operator import attrgetter
 
 from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, pace, rss, stamp
@@ -38,22 +37,6 @@ def _member_counters(cluster) -> dict:
         return {"drops": me["drops"], "stats": me["stats"], "recovery": me["recovery"]}
     except Exception as exc:  # counters are diagnostics; never lose the result for them
         return {"error": repr(exc)}
-
-
-def _settle(cluster, timeout: float = 5.0) -> float | None:
-    """Wait until this process's member holds no peer's messages to repair others with (they
-    go as the stream becomes stable): its memory is then what it keeps, not what is in flight.
-    Seconds waited, or None if they were still there after `timeout`."""
-    start = monotonic()
-    while monotonic() - start < timeout:
-        try:
-            (me,) = cluster.counters().values()
-            if not me["recovery"].get("cached_runs"):
-                return round(monotonic() - start, 3)
-        except Exception:  # counters are diagnostics: measure as things are
-            return None
-        time.sleep(0.05)
-    return None
 
 
 def subscribe(args) -> None:
@@ -114,9 +97,7 @@ def subscribe(args) -> None:
             prev_seq = sum(ends) if ends else None
             gaps = prev_seq - meter.count if ends else None
             seqs_ok = seq_sum == sum(e * (e + 1) // 2 for e in ends) if ends else None
-        settled = _settle(cluster)
-        result = meter.summary(end_cpu)  # (its memory reading: once nothing is in flight)
-        result["settle_s"] = settled
+        result = meter.summary(end_cpu)
         if latency is not None:
             result["latency"] = latency.summary()
         result.update(role="subscriber", pid=os.getpid(), ended_by=ended_by, gaps=gaps,
