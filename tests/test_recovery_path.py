@@ -276,23 +276,6 @@ def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_ru
     assert member.call_wait(serve, [T + 1, 1, 1, 10, 1, 10]) == []
 
 
-def test_a_caching_member_lets_go_of_runs_as_they_become_stable_and_of_a_gone_senders(member):
-    """Stable runs leave the cache at once (their datagrams are freed, not when the list is
-    next cut), and a sender whose record expired (gone: nobody asks for its stream any more)
-    leaves no cached runs behind."""
-    member._cacher = True
-    for first in (1, 3, 5, 7):
-        _deliver(member, first, 2)
-    assert member.call_wait(member.cached_runs) == 4
-    member.call_wait(member._prune_peer_cache, SOURCE, 4)
-    assert member.call_wait(member.cached_runs) == 2
-    held = member.call_wait(lambda: [r.first_sseq for r in member._peer_cache[SOURCE] if r])
-    assert held == [5, 7]
-    member.call_wait(member._on_instructions, _instructions(8, 8), PROTOCOL)
-    member.call_wait(member._expire_records, time.monotonic() + 60)
-    assert member.call_wait(member.cached_runs) == 0
-
-
 def test_a_dense_stream_asks_again_for_none_of_the_runs_it_holds_after_a_hole(member):
     """T 11 lost, T 12..20 held (in order per topic, they wait for it): the member asks for 11
     alone, not for what it holds, although nothing moves (one topic at 1% loss: every hole

@@ -645,9 +645,6 @@ class RecoveryPath:
     def _expire_records(self, now: float) -> None:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
             del self._records[source]
-            # gone: nobody asks for its messages any more (its stream is no longer owed)
-            self._peer_cache.pop(source, None)
-            self._peer_heads.pop(source, None)
 
     def _on_instructions(self, ins: dict, key: str) -> None:
         """Agent `key`'s reply: stability and records from above, repairs to push."""
@@ -742,18 +739,11 @@ class RecoveryPath:
         cache = self._peer_cache.get(source)
         if not cache:
             return
-        old = self._peer_heads[source]
-        head = bisect.bisect_right(cache, stable, lo=old, key=_last_sseq)
+        head = bisect.bisect_right(cache, stable, lo=self._peer_heads[source], key=_last_sseq)
         if head * 2 > len(cache):
             del cache[:head]
             head = 0
-        elif head > old:  # (their datagrams go now, not when the list is cut)
-            cache[old:head] = [None] * (head - old)
         self._peer_heads[source] = head
-
-    def cached_runs(self) -> int:
-        """Runs of peers this member holds to repair others with (see CachedRun)."""
-        return sum(len(c) - self._peer_heads[s] for s, c in self._peer_cache.items())
 
     # -------------------------------------------------------------------------- repairs
 
