@@ -5,20 +5,16 @@ again, to the surviving host of lan2; every surviving subscriber gets every mess
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
+import contextlib
 import time
 
 import pytest
 
 from scopecast.ray_cluster.local_hosts import LocalHosts
-from scopecast.scopes.status import walk
 from tests.conftest import is_root
-from tests.test_local_hosts import HaltingDriver, _complete, lose, status_json
+from tests.test_local_hosts import HaltingDriver, _complete, lan_scope_pid, lose, restarted_later, status_json
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
-SILENT = 12.0  # s: longer than the scope timeout (5 s), after which the root expires lan2
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +48,13 @@ def test_the_host_leading_a_lan_lost_mid_stream_its_neighbour_loses_nothing(host
             assert time.monotonic() < deadline, f"the root's agent for lan2 is at {leader}"
             time.sleep(0.5)
         lost, neighbour = (h3, h4) if leader == h3.address else (h4, h3)
-        (lan2,) = [s for s in walk(status_json(hosts)) if s["path"] == "lan2"]
-        restart = threading.Timer(SILENT, os.kill, (lan2["pid"], signal.SIGKILL))
+        lan2 = lan_scope_pid(hosts, "lan2")
         try:
             lose(hosts, lost, "killed" if fault == "killed" else "cut off")
-            if fault.endswith("scope manager"):
-                os.kill(lan2["pid"], signal.SIGSTOP)
-                restart.start()
-            r = driver.finish()
+            with (restarted_later(lan2) if fault.endswith("scope manager")
+                  else contextlib.nullcontext()):
+                r = driver.finish()
         finally:
-            if restart.is_alive():  # (failed before the restart: let it run again)
-                restart.cancel()
-                os.kill(lan2["pid"], signal.SIGCONT)
             hosts.restart_host(lost)  # for the next case
     assert _complete(r["got"], n) == {h1.address, h2.address, neighbour.address}
     assert not [s["path"] for s in r["scopes"] if s["ip"] == lost.address]  # the tree converged

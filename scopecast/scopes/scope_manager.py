@@ -299,7 +299,11 @@ class ScopeManager:
                 self._kick()
 
     async def incarnation_now(self) -> int:
-        """(What a parent asks of a silent child: an answer, late or not, means not gone.)"""
+        """(What a parent asks of a silent child: an answer, late or not, means not gone.) It
+        starts the ticks of a scope that Ray restarted where nothing else would: one whose
+        members and hosts died with the node it ran on calls it no more, and until it ticks it
+        never reports again, so the parent would keep waiting for it."""
+        self._ensure_ticking()
         return self.incarnation
 
     # ------------------------------------------------------- multicast in a LAN (probe)
