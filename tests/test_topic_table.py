@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scopecast.scopes.topic_table import TopicTable
 
 
@@ -9,21 +11,26 @@ def _body(i: int, session: int = 1) -> dict:
     return {"name": f"t/{i}", "id": i, "session": session}
 
 
-def test_changes_of_the_same_base_are_taken_key_by_key_and_agree_with_a_full_take():
+@pytest.mark.parametrize("keep", [None, lambda f: (f["name"], f["session"])],
+                         ids=["whole entries", "what a member keeps"])
+def test_changes_of_the_same_base_are_taken_key_by_key_and_agree_with_a_full_take(keep):
     base = {str(i): _body(i) for i in range(1, 6)}
-    table = TopicTable()
+    table = TopicTable(keep)
     assert table.take(("b1", {}), base) and table.changed is None  # a new base: everything
     steps = [{"6": _body(6)},
              {"6": _body(6), "2": None},                       # 2 deleted
              {"6": _body(6), "2": None, "3": _body(3, 2)},     # 3 in a new session
-             {"6": _body(6, 2), "2": None, "3": _body(3, 2)}]  # 6 again
-    expected_changes = [{"6"}, {"2"}, {"3"}, {"6"}]
+             {"6": _body(6, 2), "2": None, "3": _body(3, 2)},  # 6 again
+             {"6": _body(6, 2), "2": None}]                    # 3 as the base has it
+    expected_changes = [{"6"}, {"2"}, {"3"}, {"6"}, {"3"}]
     for delta, changed in zip(steps, expected_changes, strict=True):
         assert table.take(("b1", delta), None)
         assert table.changed == changed
-        full = TopicTable()
+        full = TopicTable(keep)
         full.take(("b1", delta), base)
         assert table.entries == full.entries
+        whole = {k: v for k, v in {**base, **delta}.items() if v is not None}
+        assert table.entries == {k: keep(v) if keep else v for k, v in whole.items()}
     assert not table.take(("b1", steps[-1]), None)  # the same again: nothing to do
 
 

@@ -83,7 +83,7 @@ class ControlledElement:
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._topic_names: dict[int, str] = {}
-        self._table = TopicTable()
+        self._table = TopicTable(keep=_name_and_session)
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         self._latest: dict | None = None  # the data plane's counters taken last (see _counters)
         self._siblings: list[MemberInfo] = []
@@ -212,8 +212,8 @@ class ControlledElement:
         self._siblings = [MemberInfo(*m) for m in view["members"]]
         rt.install_members(self._siblings + list(self._peers.values()))
         entries = self._table.entries
-        sessions = {int(k): v["session"] for k, v in entries.items()}
-        self._topic_names = {int(k): v["name"] for k, v in entries.items()}
+        sessions = {int(k): session for k, (_name, session) in entries.items()}
+        self._topic_names = {int(k): name for k, (name, _session) in entries.items()}
         rt.install_topics(self._topic_names, sessions)
         for tid, session in sessions.items():  # topics this process publishes move on later
             if rt.publish_sessions.get(tid, session) < session:
@@ -353,3 +353,8 @@ def _node_id() -> str:
         return ray.get_runtime_context().get_node_id()
     except Exception:
         return ""
+
+
+def _name_and_session(fields: dict) -> tuple[str, int]:
+    """What a member keeps of a topic's entry (see TopicTable)."""
+    return fields["name"], fields["session"]

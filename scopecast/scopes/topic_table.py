@@ -14,9 +14,14 @@ _MISSING = object()
 
 class TopicTable:
     """Topic entries by id (str) -> TopicInfo fields; `ref` is what is sent down:
-    (base ObjectRef, {id: fields, or None for a deleted topic})."""
+    (base ObjectRef, {id: fields, or None for a deleted topic}).
 
-    def __init__(self) -> None:
+    `keep` turns the fields of an entry taken from above into what this holder keeps of it: a
+    member needs a topic's name and session only, and at thousands of topics the whole entries
+    cost it more memory than anything else it keeps per topic."""
+
+    def __init__(self, keep=None) -> None:
+        self._keep = keep
         self.entries: dict[str, dict] = {}
         self.ref: tuple | None = None
         self._base: dict[str, dict] = {}
@@ -29,7 +34,7 @@ class TopicTable:
         self._rebase()
 
     def change(self, key: str, body: dict | None) -> None:
-        """Add, replace (body) or delete (None) one entry."""
+        """Add, replace (body) or delete (None) one entry (at the root: it keeps whole ones)."""
         self._put(self.entries, key, body)
         base_ref, delta = self.ref if self.ref is not None else (None, {})
         delta = {**delta, key: body}
@@ -57,20 +62,23 @@ class TopicTable:
             self.changed = {k for k, body in new.items() if old.get(k, _MISSING) != body}
             self.changed.update(k for k in old if k not in new)
             for key in self.changed:
-                self._put(self.entries, key, new.get(key, self._base.get(key)))
+                if key in new:
+                    self._put(self.entries, key, new[key])
+                else:  # (back to the base's entry, kept already)
+                    self._put(self.entries, key, self._base.get(key), kept=True)
             self.ref = ref
             return True
         if base is not None:
-            self._base = base
+            keep = self._keep
+            self._base = base if keep is None else {k: keep(v) for k, v in base.items()}
         entries = dict(self._base)
         for key, body in ref[1].items():
             self._put(entries, key, body)
         self.entries, self.ref, self.changed = entries, ref, None
         return True
 
-    @staticmethod
-    def _put(entries: dict[str, dict], key: str, body: dict | None) -> None:
+    def _put(self, entries: dict, key: str, body: dict | None, kept: bool = False) -> None:
         if body is None:
             entries.pop(key, None)
         else:
-            entries[key] = body
+            entries[key] = body if kept or self._keep is None else self._keep(body)
