@@ -85,6 +85,38 @@ def test_a_lost_token_is_released_again():
     assert agents[0].down == {9: [300, REC]}
 
 
+def test_a_lost_token_is_released_again_within_a_few_periods():
+    """Stability waits for the round: at 1% loss a ring of five loses a token every twenty
+    rounds, and a 200 ms wait for each (as before) held a publisher's window full."""
+    agents = _group(3, active_period=0.01)
+    for a in agents:
+        a.on_summary(summary({9: 300}, recs={9: REC}), 0.0)
+    dropped = []
+    run(agents, periods=3, lose=lambda src, dst, body: not dropped and not dropped.append(body))
+    assert dropped and agents[0].stats["tokens_lost"] == 1
+    assert agents[0].down == {9: [300, REC]}  # decided by the round after the lost one
+
+
+def test_rounds_slower_than_the_loss_timeout_still_complete():
+    """Every token comes back after 100 ms, ten periods: each loss in a row doubles the wait,
+    so a round ends before the next is started over it (else none would ever complete)."""
+    agents = _group(2, active_period=0.01)
+    for a in agents:
+        a.on_summary(summary({9: 300}, recs={9: REC}), 0.0)
+    in_flight = []  # (due, token)
+    now = 0.0
+    while now < 1.0 and not agents[0].stats["rounds"]:
+        now += 0.01
+        for due, body in [f for f in in_flight if f[0] <= now]:
+            in_flight.remove((due, body))
+            agents[0].on_peer(1, body, now)
+        for _dst, body in agents[0].on_tick(now):
+            for _back, token in agents[1].on_peer(0, body, now):
+                in_flight.append((now + 0.1, token))
+    assert agents[0].stats["rounds"] == 1 and agents[0].stats["tokens_lost"] >= 2
+    assert agents[0].down == {9: [300, REC]}
+
+
 def test_an_idle_ring_starts_a_round_at_once_when_a_member_that_does_not_lead_turns_active():
     agents = _group(5, active_period=0.01, idle_period=100.0)
     for a in agents:

@@ -305,7 +305,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             raise WindowFull(f"{self.app_bytes - self.released_bytes} bytes published and not yet "
                              f"stable exceed stable_window_bytes={self._window_limit}; slow "
                              "down, flush(), or configure block_when_full=True")
+        began = time.monotonic()
         self._wait_until(lambda: self.app_bytes - self.released_bytes <= self._window_limit)
+        # (app thread: only it writes these two counters)
+        self.stats["window_full_waits"] += 1
+        self.stats["window_full_ms"] += round((time.monotonic() - began) * 1000)
 
     def wait_stable(self, sseq: int, timeout: float) -> bool:
         """Wait until every own message up to stream sequence `sseq` is stable."""
