@@ -9,7 +9,7 @@ import time
 import pytest
 
 from scopecast.netio.delivery import Subscription
-from scopecast.netio.recovery_path import TAIL_SEQ
+from scopecast.netio.recovery_path import RETRY_MIN, TAIL_SEQ
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
 T, SOURCE = 3, 9
@@ -109,6 +109,23 @@ def test_a_new_hole_is_asked_of_the_sender_at_once_even_if_another_of_its_stream
     _deliver(member, 40, 11)  # 31..39 missing too, a moment later
     second = member.call_wait(tick)
     assert (first, second) == (1, 2)  # the new hole now; the first not again within its period
+
+
+def test_a_hole_is_asked_for_again_once_its_repair_is_overdue_not_a_period_later(member):
+    """A lost NAK or repair used to cost a whole period (and the p99 of repair times was those):
+    the hole is asked for again after twice the recent repair time, at least RETRY_MIN."""
+    def naks_at(now: float) -> int:
+        member._recovery_tick(now)
+        return member.stats["naks_sent"]
+
+    _deliver(member, 1, 10)
+    _deliver(member, 20, 11)  # 11..19 missing
+    t = time.monotonic()
+    later = t + RETRY_MIN * 1.5
+    sent = member.call_wait(lambda: [naks_at(t), naks_at(t + RETRY_MIN / 2), naks_at(later)])
+    assert member._period >= 4 * RETRY_MIN  # (what it waited for before)
+    assert sent == [1, 1, 2]
+    assert member.retry_at == pytest.approx(later + RETRY_MIN)  # the step loop ticks then
 
 
 def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_stalls(member):

@@ -64,7 +64,10 @@ TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender witho
                                      # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
+INF = float("inf")
 IDLE_PERIODS, IDLE_MIN = 4, 0.05     # a sender whose stream stands still this long is idle
+RETRY_MIN, RETRY_TIMES = 0.004, 2.0  # a hole is asked of its sender again after twice the recent
+                                     # repair time (at least RETRY_MIN, at most a token period)
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
 
@@ -185,6 +188,8 @@ class RecoveryPath:
         self._sent_unreliable = False            # (if not: no stream is dense)
         self._beat = 0                           # own summaries with a record (its heartbeat)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session, lo) -> last NAKed
+        self.retry_at = INF                      # when a hole NAKed may be asked for again
+        self._repair_avg = 0.0                   # recent repair time (s), a moving average
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
@@ -510,6 +515,7 @@ class RecoveryPath:
             _end, since = marks.pop(0)
             if not given_up:
                 self.repair_ms.append((now - since) * 1000)
+                self._repair_avg += (now - since - self._repair_avg) / 8
         if not marks:
             del self._gap_at[key]
 
@@ -627,11 +633,14 @@ class RecoveryPath:
             self._send_control(wire.PacketType.TOKEN, ["sum", summary], agent)
             self.stats["summaries_sent"] += 1
             self.stats["naks_reported"] += len(summary["naks"])
-        # the sender holds everything not yet stable: pull from it (again once a period passed)
+        # the sender holds everything not yet stable: pull from it (again once a repair should
+        # have come: a lost NAK or repair would otherwise cost a whole period, and the tail of
+        # the repair times is those)
         nak_at = self._nak_at
+        retry = min(self._period, max(RETRY_MIN, RETRY_TIMES * self._repair_avg))
         for nak in naks[:MAX_NAKS]:
             key = (nak[1], nak[0], nak[2], nak[3])
-            if now - nak_at.get(key, -1.0) < self._period:
+            if now - nak_at.get(key, -1.0) < retry:
                 continue
             nak_at[key] = now
             member = self._members.get(nak[0])
@@ -640,6 +649,7 @@ class RecoveryPath:
                 self.stats["naks_sent"] += 1
             else:
                 self._look_up(nak[0])
+        self.retry_at = min(nak_at.values()) + retry if nak_at else INF
         self._expire_records(now)
 
     def _expire_records(self, now: float) -> None:

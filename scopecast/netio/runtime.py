@@ -31,7 +31,7 @@ from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ReceivePath
-from scopecast.netio.recovery_path import RecoveryPath
+from scopecast.netio.recovery_path import INF, RecoveryPath
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
 from scopecast.scopes.channel import Channel
@@ -485,7 +485,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                          "light": self.light(),
                          "senders_known": sorted(self._records),
                          "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes,
-                         "repair_ms": _percentiles(self.repair_ms)},
+                         "repair_ms": percentiles(self.repair_ms)},
         }
 
     # -------------------------------------------------------------------------- the I/O loop
@@ -526,10 +526,12 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._send_acks(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
-        # at once when a hole opens, and when the stream moves again while the period is idle
-        # (else a sender stalled on its window would wait a whole idle period to say so)
+        # at once when a hole opens, when one NAKed is due to be asked for again, and when the
+        # stream moves again while the period is idle (else a sender stalled on its window would
+        # wait a whole idle period to say so)
         if now - self._last_summary >= self._period or (
-                (self.hole_opened or self.progressed and self._period > IDLE_FROM)
+                (self.hole_opened or now >= self.retry_at
+                 or self.progressed and self._period > IDLE_FROM)
                 and now - self._last_summary >= HOLE_DELAY):
             self._recovery_tick(now)
         if self._space_waiting:
@@ -542,8 +544,12 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         if self.hole_opened or self.progressed and self._period > IDLE_FROM:
             return HOLE_DELAY
         if any(pos[0] != pos[1] for pos in self._recv_pos.values()):
-            return self.config.ack_period
-        return min(0.1, self._period) if self._reliable or self._early else 0.1
+            timeout = self.config.ack_period
+        else:
+            timeout = min(0.1, self._period) if self._reliable or self._early else 0.1
+        if self.retry_at < INF:  # (a NAKed hole to ask for again)
+            timeout = min(timeout, max(HOLE_DELAY, self.retry_at - time.monotonic()))
+        return timeout
 
     def _poll(self, sel, timeout: float) -> None:
         for key, mask in sel.select(timeout):
@@ -579,8 +585,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                             member, *feed.address, self.config.ack_timeout)
 
 
-def _percentiles(values) -> dict:
-    """p50/p99/max of recent repair times (resolution: the member's summary period)."""
+def percentiles(values) -> dict:
+    """p50/p99/max (nearest rank) of repair times in ms, with their count."""
     v = sorted(values)
     if not v:
         return {"count": 0}
