@@ -48,3 +48,37 @@ def test_a_scope_brings_its_topics_in_line_key_by_key_as_a_full_rebuild_would():
         fresh._topics_changed(None)
         assert scope.topics == fresh.topics and scope._named == fresh._named
     assert "t/6" not in scope._named and scope._named["t/six"].id == 6
+
+
+def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_yet():
+    """A scope asks the root for a topic its parent's table does not carry yet; a table from
+    above still without it (the parent behind, or a restarted scope's first one, on a new base)
+    must not make the scope forget the publisher: its agent would be dropped, and nothing it
+    publishes would ever be stable."""
+    import asyncio
+
+    from scopecast.scopes.scope_manager import Child, ScopeManager
+    from scopecast.scopes.topics import TopicInfo
+
+    base = {str(i): {"name": f"t/{i}", "id": i} for i in range(1, 6)}
+    scope = ScopeManager("lan0/host-x", "host", "lan0")
+    scope.table.take(("b1", {}), base)
+    scope._topics_changed(None)
+
+    async def root_call(method, name):
+        assert method == "topic"
+        return TopicInfo(name=name, id=9)
+    scope._root_call = root_call
+    publisher = scope.children["m"] = Child("m", "member", id=7)
+    publisher.pubs.add(asyncio.run(scope._topic("t/new")).id)  # as `advertise` does
+    assert scope._reliable_topics(publisher) == {9: "token_ring"}
+
+    scope.table.take(("b2", {}), base)  # the parent's table, rebased but behind the root
+    scope._topics_changed(scope.table.changed)
+    scope._resolve(publisher)
+    assert 9 not in scope.topics and scope._reliable_topics(publisher) == {}
+
+    scope.table.take(("b2", {"9": {"name": "t/new", "id": 9}}), None)  # ... caught up
+    scope._topics_changed(scope.table.changed)
+    scope._resolve(publisher)
+    assert scope._reliable_topics(publisher) == {9: "token_ring"}

@@ -1197,14 +1197,17 @@ class ScopeManager:
         return child
 
     def _resolve(self, member: Child) -> None:
-        """Topics a member's subscriptions cover (after its or the topics' change)."""
+        """Topics a member's subscriptions cover (after its or the topics' change). What it
+        publishes stays as it advertised it, even a topic missing from the table for now: a
+        scope asks the root for a topic its parent's table does not carry yet, and a table
+        from above that still lacks it (the parent not caught up, or a restarted scope's first
+        one) must not make it forget a publisher; every use looks ids up in `topics`."""
         def covered(names: set[str]) -> set[int]:
             patterns = [topic_matcher(n) for n in names if is_pattern(n)]
             return {t.id for t in self.topics.values()
                     if t.name in names or any(p.match(t.name) for p in patterns)}
         member.subs = {t: "client" for t in covered(member.client_subscriptions)}
         member.subs.update((t, "member") for t in covered(member.subscriptions))
-        member.pubs &= set(self.topics)
         member.regular = bool(member.role == "member" and (member.subscriptions or member.pubs
                                                            or not member.client_subscriptions))
 
