@@ -26,17 +26,21 @@ class _Host:
 
     def __init__(self, ip: str) -> None:
         self.ip, self.down, self.slow, self.dropped = ip, False, False, []
+        self.version = 0  # the latest view version this host's agent was sent
         self._actor_id = next(_ids)
         self.ensure = _Call(self._ensure)
-        self.view = _Call(lambda *args: None)
+        self.view = _Call(self._view)
         self.drop = _Call(self.dropped.append)
+
+    def _view(self, name: str, version: int, *view) -> None:
+        self.version = version
 
     async def _ensure(self, spec: dict):
         if self.down:
             raise ActorUnschedulableError(f"the node of {self.ip} is dead")
         if self.slow:
             raise TimeoutError
-        return self.ip, 7000, 1, 100
+        return self.ip, 7000, 1, 100, self.version
 
 
 class _Tree:
@@ -149,3 +153,24 @@ def test_a_rebuilding_scope_holds_its_groups_stability_back_until_it_has_rebuilt
     assert domain.agents["lan2"].sent[3] == 1
     asyncio.run(domain.update([("lan2", 0)], tree.place, tree.belongs))  # rebuilt
     assert domain.agents["lan2"].sent[3] == 0
+
+
+def test_a_view_goes_out_once_per_version_and_a_restarted_scope_goes_on_past_its_agents():
+    """A protocol takes messages of the same version as of the same view: a view sent again
+    under its version (a new upper, say), taken by one agent before another, had a follower keep
+    the rounds of the old one and drop every token of the new for good. Agents outlive a scope
+    that Ray restarted: its new domain numbers from the latest version they were sent."""
+    tree, domain = _Tree(), RecoveryDomain("lan1", "token_ring", top=False)
+    host = tree.hosts["host-a"]
+    for _ in range(2):
+        _update(domain, tree)
+    first = host.version
+    domain.upper = ["10.0.0.5", 9000]  # the agent above moved
+    _update(domain, tree)
+    assert host.version == first + 1 == domain.version
+    _update(domain, tree)
+    assert host.version == first + 1  # nothing changed: nothing sent
+    restarted = RecoveryDomain("lan1", "token_ring", top=False)
+    for _ in range(2):
+        _update(restarted, tree)
+    assert host.version == restarted.version > first + 1

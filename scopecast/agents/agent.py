@@ -171,6 +171,7 @@ class AgentHost:
             self._plugin = getattr(importlib.import_module(module), cls)
         self._interface = ray.util.get_node_ip_address()
         self._agents: dict[str, RecoveryAgent] = {}   # the Ray side's view
+        self._versions: dict[str, int] = {}           # agent -> the latest view version sent
         self._ops: deque = deque()
         self._thread = threading.Thread(target=self._run, name="scopecast-agents", daemon=True)
         self._thread.start()
@@ -178,8 +179,9 @@ class AgentHost:
     # ----------------------------------------------------------------------- Ray methods
 
     def ensure(self, spec: dict) -> list:
-        """Create agent `spec["name"]` unless it runs here; where it listens and which
-        incarnation it is (a host restarted by Ray recreates its agents with new ones)."""
+        """Create agent `spec["name"]` unless it runs here; where it listens, which incarnation
+        it is (a host restarted by Ray recreates its agents with new ones), and the latest view
+        version it was sent (a scope restarted by Ray goes on from there)."""
         agent = self._agents.get(spec["name"])
         if agent is None:
             protocol = self._plugin or BUILTIN[spec["protocol"]]
@@ -187,11 +189,13 @@ class AgentHost:
             self._ops.append(("add", agent))
             log.info("recovery agent %s (%s) at %s:%d", agent.domain, agent.protocol.name,
                      *agent.address)
-        return [agent.address[0], agent.address[1], agent.incarnation, os.getpid()]
+        return [agent.address[0], agent.address[1], agent.incarnation, os.getpid(),
+                self._versions.get(spec["name"], 0)]
 
     def view(self, name: str, version: int, peers: list[list], index: int, upper: list | None,
              top: bool, missing: int) -> None:
         if name in self._agents:
+            self._versions[name] = version
             self._ops.append(("view", self._agents[name],
                               (version, peers, index, upper, top, missing)))
 
@@ -201,6 +205,7 @@ class AgentHost:
 
     def drop(self, name: str) -> None:
         agent = self._agents.pop(name, None)
+        self._versions.pop(name, None)
         if agent is not None:
             self._ops.append(("drop", agent))
 

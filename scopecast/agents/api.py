@@ -62,7 +62,9 @@ class DomainContext:
 
 @dataclass(slots=True, frozen=True)
 class PeerView:
-    """One version of a peer group as its owning scope laid it out."""
+    """One version of a peer group as its owning scope laid it out (an agent gets a version
+    once: the same version always means the same view, so messages of other peers that carry it
+    belong to this view)."""
 
     version: int
     peers: tuple[str, ...]      # sub-domain names, in the order the protocol should use

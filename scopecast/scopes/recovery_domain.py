@@ -9,7 +9,10 @@ the peer group below (the child asks its own leader, down to a member). Each lev
 chain; the chain ends at the node's `AgentHost`, which runs the agent. The scope reaches its agents
 through that host: it ensures they exist (a recreated agent has a new address and incarnation, so
 the ring is laid again) and installs versioned views; views go one level down only (an agent learns
-its peers, never their members).
+its peers, never their members). A version names one view and an agent gets it once: protocols
+take a message of the same version as of the same view (token_ring's rounds, ack_tree's downs), so a
+view installed again under its version, on one agent before another, mixed two. The agents outlive
+a scope that Ray restarted, so its domains go on from the latest version their agents were sent.
 
 A scope has one domain per recovery protocol its topics use (`RecoveryDomains`): a domain's agents
 all run the same protocol, and a member takes part in the domain of each protocol among its topics.
@@ -71,6 +74,7 @@ class RecoveryDomain:
         self.agents: dict[str, AgentRecord] = {}
         self.version = 0
         self.upper: list | None = None  # [host, port] of this domain's agent in the parent's group
+        self._installed: tuple | None = None  # what the views of `version` say
 
     def address(self, member: str) -> list | None:
         rec = self.agents.get(member)
@@ -101,10 +105,14 @@ class RecoveryDomain:
             rec.host.drop.remote(rec.spec["name"])
         changed = await self._ping()
         changed |= await self._replace_misplaced(place, belongs)
-        if changed or members != self.members or regions != self.regions:
+        live = [n for n in members if n in self.agents and self.agents[n].address]
+        peers = [[n, *self.agents[n].address, regions[n]] for n in live]
+        missing = len(members) - len(live) + hold  # (they hold the group's stability back)
+        view = (members, peers, tuple(self.upper or ()), missing)
+        if changed or view != self._installed:
             self.version += 1
-            self.members, self.regions = members, regions
-        self._install_views(hold)
+            self.members, self.regions, self._installed = members, regions, view
+        self._install_views(live, peers, missing)
         return changed
 
     async def _ping(self) -> bool:
@@ -119,6 +127,8 @@ class RecoveryDomain:
             if isinstance(res, BaseException):  # starting, restarting after a crash, or gone
                 continue
             address, incarnation = (res[0], int(res[1])), int(res[2])
+            if int(res[4]) > self.version:  # sent by this scope before Ray restarted it: go on
+                self.version, self._installed = int(res[4]), None  # past it (module docstring)
             if (address, incarnation) != (rec.address, rec.incarnation):
                 if rec.address is not None:
                     log.warning("scope %r: agent of %s restarted at %s:%d; laying the ring again",
@@ -163,10 +173,7 @@ class RecoveryDomain:
             changed = True
         return changed
 
-    def _install_views(self, hold: bool) -> None:
-        live = [n for n in self.members if n in self.agents and self.agents[n].address]
-        peers = [[n, *self.agents[n].address, self.regions[n]] for n in live]
-        missing = len(self.members) - len(live) + hold  # (they hold the group's stability back)
+    def _install_views(self, live: list[str], peers: list[list], missing: int) -> None:
         for index, name in enumerate(live):
             rec = self.agents[name]
             content = (self.version, index, tuple(self.upper) if self.upper else None, missing)
