@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from scopecast.scopes.topic_table import TopicTable
+from scopecast.scopes.topic_table import TopicTable, member_entry
 
 
 def _body(i: int, session: int = 1) -> dict:
     return {"name": f"t/{i}", "id": i, "session": session}
 
 
-@pytest.mark.parametrize("keep", [None, lambda f: (f["name"], f["session"])],
-                         ids=["whole entries", "what a member keeps"])
-def test_changes_of_the_same_base_are_taken_key_by_key_and_agree_with_a_full_take(keep):
+@pytest.mark.parametrize("member", [False, True], ids=["whole entries", "what a member keeps"])
+def test_changes_of_the_same_base_are_taken_key_by_key_and_agree_with_a_full_take(member):
     base = {str(i): _body(i) for i in range(1, 6)}
-    table = TopicTable(keep)
-    assert table.take(("b1", {}), base) and table.changed is None  # a new base: everything
+    sent = {k: member_entry(v) for k, v in base.items()} if member else base  # (its own base)
+    table = TopicTable(member)
+    assert table.take(("b1", {}, "m1"), sent) and table.changed is None  # a new base: everything
     steps = [{"6": _body(6)},
              {"6": _body(6), "2": None},                       # 2 deleted
              {"6": _body(6), "2": None, "3": _body(3, 2)},     # 3 in a new session
@@ -24,27 +24,28 @@ def test_changes_of_the_same_base_are_taken_key_by_key_and_agree_with_a_full_tak
              {"6": _body(6, 2), "2": None}]                    # 3 as the base has it
     expected_changes = [{"6"}, {"2"}, {"3"}, {"6"}, {"3"}]
     for delta, changed in zip(steps, expected_changes, strict=True):
-        assert table.take(("b1", delta), None)
+        assert table.take(("b1", delta, "m1"), None)
         assert table.changed == changed
-        full = TopicTable(keep)
-        full.take(("b1", delta), base)
+        full = TopicTable(member)
+        full.take(("b1", delta, "m1"), sent)
         assert table.entries == full.entries
         whole = {k: v for k, v in {**base, **delta}.items() if v is not None}
-        assert table.entries == {k: keep(v) if keep else v for k, v in whole.items()}
-    assert not table.take(("b1", steps[-1]), None)  # the same again: nothing to do
+        assert table.entries == {k: member_entry(v) if member else v for k, v in whole.items()}
+    assert not table.take(("b1", steps[-1], "m1"), None)  # the same again: nothing to do
+    assert table.base_ref(("b2", {}, "m2")) == ("m2" if member else "b2")
 
 
 def test_a_scope_brings_its_topics_in_line_key_by_key_as_a_full_rebuild_would():
     from scopecast.scopes.scope_manager import ScopeManager
     base = {str(i): {"name": f"t/{i}", "id": i} for i in range(1, 6)}
     scope, fresh = ScopeManager("lan0", "lan", ""), ScopeManager("lan0", "lan", "")
-    scope.table.take(("b1", {}), base)
+    scope.table.take(("b1", {}, "m1"), base)
     scope._topics_changed(scope.table.changed)
     for delta in [{"6": {"name": "t/6", "id": 6}}, {"6": {"name": "t/6", "id": 6}, "2": None},
                   {"6": {"name": "t/six", "id": 6}, "2": None}]:
-        scope.table.take(("b1", delta), None)
+        scope.table.take(("b1", delta, "m1"), None)
         scope._topics_changed(scope.table.changed)
-        fresh.table.take(("b1", delta), base)
+        fresh.table.take(("b1", delta, "m1"), base)
         fresh._topics_changed(None)
         assert scope.topics == fresh.topics and scope._named == fresh._named
     assert "t/6" not in scope._named and scope._named["t/six"].id == 6
@@ -62,7 +63,7 @@ def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_y
 
     base = {str(i): {"name": f"t/{i}", "id": i} for i in range(1, 6)}
     scope = ScopeManager("lan0/host-x", "host", "lan0")
-    scope.table.take(("b1", {}), base)
+    scope.table.take(("b1", {}, "m1"), base)
     scope._topics_changed(None)
 
     async def root_call(method, name):
@@ -73,12 +74,12 @@ def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_y
     publisher.pubs.add(asyncio.run(scope._topic("t/new")).id)  # as `advertise` does
     assert scope._reliable_topics(publisher) == {9: "token_ring"}
 
-    scope.table.take(("b2", {}), base)  # the parent's table, rebased but behind the root
+    scope.table.take(("b2", {}, "m2"), base)  # the parent's table, rebased but behind the root
     scope._topics_changed(scope.table.changed)
     scope._resolve(publisher)
     assert 9 not in scope.topics and scope._reliable_topics(publisher) == {}
 
-    scope.table.take(("b2", {"9": {"name": "t/new", "id": 9}}), None)  # ... caught up
+    scope.table.take(("b2", {"9": {"name": "t/new", "id": 9}}, "m2"), None)  # ... caught up
     scope._topics_changed(scope.table.changed)
     scope._resolve(publisher)
     assert scope._reliable_topics(publisher) == {9: "token_ring"}

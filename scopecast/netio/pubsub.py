@@ -196,14 +196,14 @@ def close_publishers(pubs: list[Publisher], timeout: float = 10.0) -> None:
 class Subscriber:
     """Receives messages of one or more topics, in order per sender, without duplicates."""
 
-    def __init__(self, element, names: list[str], infos: list[TopicInfo],
+    def __init__(self, element, names: list[str], ids: list[int],
                  on_message: Callable[[Message], None] | None = None,
                  role: str = "member") -> None:
         self._element = element
         self.role = role
         self._runtime = element.runtime
         self.topics = list(names)  # as subscribed: names and patterns
-        self._sub = Subscription(frozenset(i.id for i in infos),
+        self._sub = Subscription(frozenset(ids),
                                  tuple(topic_matcher(n) for n in names if is_pattern(n)))
         self._batch: list[Message] = []
         self._index = 0

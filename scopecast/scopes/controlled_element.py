@@ -83,7 +83,7 @@ class ControlledElement:
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._topic_names: dict[int, str] = {}
-        self._table = TopicTable(keep=_name_and_session)
+        self._table = TopicTable(member=True)
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         self._latest: dict | None = None  # the data plane's counters taken last (see _counters)
         self._siblings: list[MemberInfo] = []
@@ -135,13 +135,13 @@ class ControlledElement:
 
     def subscribe(self, names: list[str], role: str = "member"):
         """Subscribe this member to `names` (topics or patterns) as a member or a client; returns
-        the TopicInfos covered now."""
-        infos = call(self.manager.subscribe, self.member_id, names, role)
+        the ids of the topics covered now."""
+        ids = call(self.manager.subscribe, self.member_id, names, role)
         for name in names:
             self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
         self.unused_since = None
         self._fetch()
-        return infos
+        return ids
 
     def advertise(self, names: list[str]) -> list:
         """Make this member a publisher of `names`; returns their TopicInfos once every scope has
@@ -202,7 +202,8 @@ class ControlledElement:
                 return
             if view["topics"] is not None:  # the scope's topic table (fetched here: no Ray
                 ref = tuple(view["topics"])   # call on the I/O thread)
-                self._table.take(ref, ray.get(ref[0]) if self._table.needs_base(ref) else None)
+                base = ray.get(self._table.base_ref(ref)) if self._table.needs_base(ref) else None
+                self._table.take(ref, base)
             self.runtime.call_wait(self._install, view, beat=self._beat)
             self._version = view["version"]
 
@@ -354,7 +355,3 @@ def _node_id() -> str:
     except Exception:
         return ""
 
-
-def _name_and_session(fields: dict) -> tuple[str, int]:
-    """What a member keeps of a topic's entry (see TopicTable)."""
-    return fields["name"], fields["session"]

@@ -446,9 +446,11 @@ class ScopeManager:
             self._remove(child, "left")
 
     async def subscribe(self, member_id: int, names: list[str],
-                        role: str = "member") -> list[TopicInfo]:
+                        role: str = "member") -> list[int]:
         """Subscribe a member to topics by name (which must exist) or pattern (existing and
-        future topics); returns the topics covered now."""
+        future topics); returns the ids of the topics covered now (all a member needs: a
+        pattern over thousands of topics would cost it their whole entries, and Python keeps
+        the memory they took)."""
         _check_role(role)
         member = self._member(member_id)
         matched: dict[str, TopicInfo] = {}
@@ -464,7 +466,7 @@ class ScopeManager:
         self._resolve(member)
         self._kick()
         await self._settle()
-        return sorted(matched.values(), key=lambda t: t.id)
+        return sorted(t.id for t in matched.values())
 
     async def unsubscribe(self, member_id: int, names: list[str], role: str = "member") -> None:
         member = self._member(member_id, missing_ok=True)
@@ -575,7 +577,7 @@ class ScopeManager:
             return  # overtaken by a newer one
         if delegation["topics"] is not None:  # (None: the parent has no table yet)
             ref = tuple(delegation["topics"])
-            base = await ref[0] if self.table.needs_base(ref) else None
+            base = await self.table.base_ref(ref) if self.table.needs_base(ref) else None
             if version < self._pending_version:
                 return  # a newer one arrived while the table was fetched
             if self.table.take(ref, base):

@@ -12,16 +12,22 @@ REBASE_FRACTION = 16   # ... or 1/16 of the table, whichever is more
 _MISSING = object()
 
 
+def member_entry(fields: dict) -> tuple[str, int]:
+    """What a member keeps of a topic's entry: its name and session."""
+    return fields["name"], fields["session"]
+
+
 class TopicTable:
     """Topic entries by id (str) -> TopicInfo fields; `ref` is what is sent down:
-    (base ObjectRef, {id: fields, or None for a deleted topic}).
+    (base ObjectRef, {id: fields, or None for a deleted topic}, members' base ObjectRef).
 
-    `keep` turns the fields of an entry taken from above into what this holder keeps of it: a
-    member needs a topic's name and session only, and at thousands of topics the whole entries
-    cost it more memory than anything else it keeps per topic."""
+    A `member`'s table keeps `member_entry` of each entry, and takes its base from the members'
+    base, which has only that: at thousands of topics the whole entries cost a member more
+    memory than anything else it keeps per topic, and so did fetching them once (Python keeps
+    the memory it freed)."""
 
-    def __init__(self, keep=None) -> None:
-        self._keep = keep
+    def __init__(self, member: bool = False) -> None:
+        self._member = member
         self.entries: dict[str, dict] = {}
         self.ref: tuple | None = None
         self._base: dict[str, dict] = {}
@@ -36,21 +42,29 @@ class TopicTable:
     def change(self, key: str, body: dict | None) -> None:
         """Add, replace (body) or delete (None) one entry (at the root: it keeps whole ones)."""
         self._put(self.entries, key, body)
-        base_ref, delta = self.ref if self.ref is not None else (None, {})
+        if self.ref is None:
+            self._rebase()
+            return
+        base_ref, delta, members_ref = self.ref
         delta = {**delta, key: body}
-        if base_ref is None or len(delta) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
+        if len(delta) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
             self._rebase()
         else:
-            self.ref = (base_ref, delta)
+            self.ref = (base_ref, delta, members_ref)
 
     def _rebase(self) -> None:
         self._base = dict(self.entries)
-        self.ref = (ray.put(self._base), {})
+        members = {k: member_entry(v) for k, v in self._base.items()}
+        self.ref = (ray.put(self._base), {}, ray.put(members))
 
     # ----------------------------------------------------------------------- everyone else
 
     def needs_base(self, ref: tuple) -> bool:
         return self.ref is None or ref[0] != self.ref[0]
+
+    def base_ref(self, ref: tuple):
+        """Which base of `ref` this table takes (when `needs_base`)."""
+        return ref[2] if self._member else ref[0]
 
     def take(self, ref: tuple, base: dict | None) -> bool:
         """Take what a parent sent (`base`: the fetched base when `needs_base`); False if it
@@ -69,8 +83,7 @@ class TopicTable:
             self.ref = ref
             return True
         if base is not None:
-            keep = self._keep
-            self._base = base if keep is None else {k: keep(v) for k, v in base.items()}
+            self._base = base
         entries = dict(self._base)
         for key, body in ref[1].items():
             self._put(entries, key, body)
@@ -81,4 +94,4 @@ class TopicTable:
         if body is None:
             entries.pop(key, None)
         else:
-            entries[key] = body if kept or self._keep is None else self._keep(body)
+            entries[key] = member_entry(body) if self._member and not kept else body
