@@ -34,13 +34,10 @@ def _connect(address: str):
 def _member_counters(cluster) -> dict:
     try:
         (me,) = cluster.counters().values()  # this process's one member
-        (element,) = cluster._elements.values()
-        runtime = element.runtime
         # every gap-to-repair time, for percentiles over all subscribers together (each one's
         # own p99 of a hundred-odd repairs is its slowest)
-        repairs = runtime.call_wait(lambda: [round(ms, 2) for ms in runtime.repair_ms])
         return {"drops": me["drops"], "stats": me["stats"], "recovery": me["recovery"],
-                "repair_ms": repairs}
+                "repair_ms": [round(ms, 2) for ms in cluster.repair_times()]}
     except Exception as exc:  # counters are diagnostics; never lose the result for them
         return {"error": repr(exc)}
 

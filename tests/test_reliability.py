@@ -542,6 +542,11 @@ def test_status_counts_per_member_drops_naks_repairs_window_token_period_and_rol
         assert asked > 0 or c["stats"].get("repair_datagrams_in", 0) > 0, c
         assert c["stats"]["token_period_ms"] in (TOKEN_PERIOD * 1000, 1000)  # active, or idle
         assert c["recovery"]["window_limit"] == RuntimeConfig().stable_window_bytes
+    # each repair's time, for percentiles over several members (the bench pools them)
+    times = ray.get([a.__ray_call__.remote(lambda self: self._cluster.repair_times())
+                     for a in actors])
+    assert sum(map(len, times)) >= sum(c["recovery"]["repair_ms"]["count"] for c in counters) > 0
+    assert all(ms >= 0 for t in times for ms in t)
     # the sender (this process) answered NAKs with repairs, and holds nothing once flushed
     senders = [c for c in cluster.counters().values() if c["stats"].get("naks_received")]
     assert senders and all(c["stats"]["repairs_sent"] > 0 for c in senders)

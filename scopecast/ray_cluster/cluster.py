@@ -332,6 +332,13 @@ class Cluster:
         return {path: e.runtime.call_wait(e.runtime.snapshot)
                 for path, e in list(self._elements.items())}
 
+    def repair_times(self) -> list[float]:
+        """The latest gap-to-repair times (ms, up to 4,096 per member) of this process's members:
+        `counters()` gives each member's percentiles, and percentiles over many members need
+        their times together."""
+        return [ms for e in list(self._elements.values())
+                for ms in e.runtime.call_wait(lambda rt=e.runtime: list(rt.repair_ms))]
+
     def shutdown(self) -> None:
         """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""
         pubs = [h for h in self._handles if isinstance(h, Publisher)]
