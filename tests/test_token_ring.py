@@ -68,23 +68,6 @@ def test_the_group_leader_hands_the_aggregate_up_and_takes_stability_from_above(
     assert all(a.down == {9: [650, REC]} for a in agents)
 
 
-def test_a_lost_token_is_released_again():
-    agents = _group(3)
-    for a in agents:
-        a.on_summary(summary({9: 300}, recs={9: REC}), 0.0)
-    lost = []
-
-    def lose_first(src, dst, body):
-        if not lost:
-            lost.append(body)
-            return True
-        return False
-
-    run(agents, periods=12, lose=lose_first)
-    assert lost and agents[0].stats["tokens_lost"] >= 1
-    assert agents[0].down == {9: [300, REC]}
-
-
 def test_a_lost_token_is_released_again_within_a_few_periods():
     """Stability waits for the round: at 1% loss a ring of five loses a token every twenty
     rounds, and a 200 ms wait for each (as before) held a publisher's window full."""
