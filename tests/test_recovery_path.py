@@ -293,6 +293,23 @@ def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_ru
     assert member.call_wait(serve, [T + 1, 1, 1, 10, 1, 10]) == []
 
 
+def test_a_caching_member_lets_go_of_runs_as_they_become_stable(member):
+    """Stable runs leave the cache at once: their datagrams are freed, not when more than half
+    of the list is stable and it is cut (a member caching a fast stream held up to twice what
+    was unstable)."""
+    member._cacher = True
+    for first in (1, 3, 5, 7, 9, 11):
+        _deliver(member, first, 2)
+    assert member.call_wait(member.cached_runs) == 6
+    member.call_wait(member._prune_peer_cache, SOURCE, 4)
+    assert member.call_wait(member.cached_runs) == 4
+    cache = member.call_wait(lambda: list(member._peer_cache[SOURCE]))
+    assert [r.first_sseq if r else None for r in cache] == [None, None, 5, 7, 9, 11]
+    member.call_wait(member._prune_peer_cache, SOURCE, 8)  # more than half: the list is cut
+    assert [r.first_sseq for r in member.call_wait(lambda: list(member._peer_cache[SOURCE]))] \
+        == [9, 11]
+
+
 def test_a_dense_stream_asks_again_for_none_of_the_runs_it_holds_after_a_hole(member):
     """T 11 lost, T 12..20 held (in order per topic, they wait for it): the member asks for 11
     alone, not for what it holds, although nothing moves (one topic at 1% loss: every hole

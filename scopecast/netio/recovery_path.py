@@ -746,14 +746,23 @@ class RecoveryPath:
         self._release_early(key)
 
     def _prune_peer_cache(self, source: int, stable: int) -> None:
+        """Let go of `source`'s runs that are stable: their datagrams at once, the list's slots
+        when more than half of it is stable (before the head, None; nothing looks there)."""
         cache = self._peer_cache.get(source)
         if not cache:
             return
-        head = bisect.bisect_right(cache, stable, lo=self._peer_heads[source], key=_last_sseq)
+        old = self._peer_heads[source]
+        head = bisect.bisect_right(cache, stable, lo=old, key=_last_sseq)
         if head * 2 > len(cache):
             del cache[:head]
             head = 0
+        elif head > old:
+            cache[old:head] = [None] * (head - old)
         self._peer_heads[source] = head
+
+    def cached_runs(self) -> int:
+        """Runs of peers this member holds to repair others with (see CachedRun)."""
+        return sum(len(c) - self._peer_heads[s] for s, c in self._peer_cache.items())
 
     # -------------------------------------------------------------------------- repairs
 

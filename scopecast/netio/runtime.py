@@ -485,6 +485,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                          "light": self.light(),
                          "senders_known": sorted(self._records),
                          "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes,
+                         "cached_runs": self.cached_runs(),
                          "repair_ms": percentiles(self.repair_ms)},
         }
 
