@@ -10,6 +10,7 @@ receiver, over the whole stream.
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 
 from benchmarks.meter import cpu_between
@@ -36,7 +37,7 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "ended_by": r.get("ended_by"),
         }
         for key in ("gaps", "seqs_ok", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
-                    "latency", "error", "rss_bytes", "runqueue_wait_s", "netns"):
+                    "latency", "error", "rss_bytes", "runqueue_wait_s", "netns", "repair_ms"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)
@@ -153,29 +154,47 @@ REPAIR_TARGET_MS = 2 * DEFAULT_SETTINGS["token_period"] * 1000
 
 
 def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
-    """Each lossy scopecast case against the lossless case of the same size and subscribers:
-    delivered-throughput ratio, repair times (p50/p99 over every subscriber's repairs), nothing
-    lost."""
+    """One row per loss level: delivered throughput against the lossless case run right before
+    each lossy one (the median over the pairs; also against the throughput suite's lossless
+    case, for comparison), repair times (p50/p99 over every subscriber's repairs in every pair),
+    nothing lost."""
     out = []
+    levels: dict[float, list[dict]] = {}
     for c in lossy:
-        clean = next((x for x in cases if x["system"] == "scopecast" and not x.get("error")
+        levels.setdefault(c["loss"], []).append(c)
+    for p, runs in levels.items():
+        c = runs[0]
+        suite = next((x for x in cases if x["system"] == "scopecast" and not x.get("error")
                       and (x["size"], x["subscribers"]) == (c["size"], c["subscribers"])), None)
-        times = [t for r in c.get("receivers", ()) for t in r.get("repair_ms", ())]
-        repair = [percentiles(times)] if times else [
-            r.get("recovery", {}).get("repair_ms", {}) for r in c.get("receivers", ())]
-        row = {"loss": c["loss"], "size": c["size"], "subscribers": c["subscribers"],
-               "rate": c.get("min_rate", 0.0), "lossless_rate": clean["min_rate"] if clean else None,
-               "ratio": c.get("min_rate", 0.0) / clean["min_rate"] if clean and clean["min_rate"]
-               else None, "lost": c.get("lost_total"), "dropped_datagrams": c.get("dropped"),
-               "repairs": sum(r.get("count", 0) for r in repair),
-               "repair_p50_ms": max((r.get("p50", 0.0) for r in repair), default=None),
-               "repair_p99_ms": max((r.get("p99", 0.0) for r in repair), default=None),
-               "error": c.get("error")}
-        if abs(c["loss"] - 0.01) < 1e-9 and row["ratio"] is not None:
+        rates = [r.get("min_rate") or 0.0 for r in runs]
+        references = [(r.get("reference") or {}).get("min_rate") for r in runs]
+        pairs = [rate / ref for rate, ref in zip(rates, references, strict=True) if ref]
+        times = [t for r in runs for rc in r.get("receivers", ()) for t in rc.get("repair_ms", ())]
+        repair = percentiles(times) if times else {}
+        errors = [r["error"] for r in runs if r.get("error")]
+        row = {"loss": p, "size": c["size"], "subscribers": c["subscribers"],
+               "rate": _median(rates),
+               "lossless_rate": _median([ref for ref in references if ref]) if pairs else None,
+               "ratio": _median(pairs) if pairs else None,
+               "pair_ratios": [round(x, 3) for x in pairs],
+               "suite_ratio": _median(rates) / suite["min_rate"] if suite and suite["min_rate"]
+               else None,
+               "lost": sum(r.get("lost_total") or 0 for r in runs),
+               "dropped_datagrams": sum(r.get("dropped") or 0 for r in runs),
+               "repairs": repair.get("count", 0),
+               "repair_p50_ms": repair.get("p50"), "repair_p99_ms": repair.get("p99"),
+               "error": errors[0] if errors else None}
+        if abs(p - 0.01) < 1e-9 and row["ratio"] is not None:
             row["target"] = ("met" if row["ratio"] >= LOSS_TARGET and row["lost"] == 0
-                             and (row["repair_p99_ms"] or 0) <= REPAIR_TARGET_MS else "missed")
+                             and not errors and row["repair_p99_ms"] is not None
+                             and row["repair_p99_ms"] <= REPAIR_TARGET_MS
+                             else "missed")
         out.append(row)
     return out
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
 
 
 # ----------------------------------------------------------------------- kernel UDP counters

@@ -14,6 +14,7 @@ never asserted; a peer that keeps up at no offered rate is a result, not a failu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -129,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "iptables drops this share of loopback UDP datagrams (default 0.01,0.05; "
                         "needs root and iptables; 0 or --quick: none); then the recovery curves: "
                         "token round time for 3-17 members, publisher memory per byte in flight")
+    p.add_argument("--loss-pairs", type=int, default=None, metavar="N",
+                   help="loss suite: run each loss level N times, each right after a lossless "
+                        "case of its own; the ratio is the median over the pairs (default 3, "
+                        "--quick: 1)")
     p.add_argument("--ring-subscribers", type=_int_list, default=None, metavar="N,N,...",
                    help="recovery curves: token round time with this many subscribers and the "
                         "publisher in one peer group (default "
@@ -213,6 +218,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "send time into each payload)")
     if args.loss is None:
         args.loss = [] if args.quick else [0.01, 0.05]
+    if args.loss_pairs is None:
+        args.loss_pairs = 1 if args.quick else 3
+    if args.loss_pairs < 1:
+        raise SystemExit("--loss-pairs must be at least 1")
     if args.spark_rows is None:
         args.spark_rows = 0 if args.quick else 100_000
     if args.case_timeout is None:
@@ -373,7 +382,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "peers": args.peers, "peer_sizes": args.peer_sizes,
                    "peer_subscribers": args.peer_subscribers,
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
-                   "members": args.members, "loss": args.loss,
+                   "members": args.members, "loss": args.loss, "loss_pairs": args.loss_pairs,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
                    "spark_rows": args.spark_rows, "hosts": args.hosts,
                    "datagram_bytes": args.datagram_bytes},
@@ -417,7 +426,10 @@ def _hosts_line(on_hosts: dict | None, datagram: int) -> str:
 
 
 def _loss_cases(args, cluster, wiring: Wiring, stamp: str, log_dir: Path) -> list[dict]:
-    """The loss suite's cases: scopecast, 1 KB (or the first size), the most subscribers."""
+    """The loss suite's cases: scopecast, 1 KB (or the first size), the most subscribers; each
+    lossy case right after a lossless one of its own (its `reference`), `--loss-pairs` times per
+    loss level. A shared machine's speed drifts over a run: the lossless case of the throughput
+    suite, minutes earlier, is a poorer yardstick than one taken a moment before."""
     if not args.loss or "scopecast" not in args.systems:
         return []
     if not loss.available():
@@ -425,22 +437,30 @@ def _loss_cases(args, cluster, wiring: Wiring, stamp: str, log_dir: Path) -> lis
         return []
     size = 1000 if 1000 in args.sizes else args.sizes[0]
     n = max(args.subscribers)
+    case = Case("scopecast", size, n, args.seconds, args.warmup,
+                ready_timeout=min(120.0, args.case_timeout), timeout=args.case_timeout)
+    namespaces = wiring.placement.namespaces
     out = []
     for p in args.loss:
-        case = Case("scopecast", size, n, args.seconds, args.warmup,
-                    ready_timeout=min(120.0, args.case_timeout), timeout=args.case_timeout)
-        topic = f"bench/{stamp}/{size}B-1to{n}-loss{p:g}"
-        cluster.create_topic(topic, policy=args.policy)
-        machine.settle(5.0)
-        print(f"[loss {p:.0%}] {case.label}: running", flush=True)
-        namespaces = wiring.placement.namespaces
-        with loss.udp_loss(p, namespaces):
-            result = run_case(case, dataclasses.replace(wiring, topic=topic),
-                              log_dir / f"loss-{p:g}-{size}-{n}")
-            result["dropped"] = loss.dropped(namespaces)
-        result["loss"] = p
-        out.append(result)
-        print(f"[loss {p:.0%}] {case.label}: {_progress(result)}", flush=True)
+        for pair in range(args.loss_pairs):
+            runs = {}
+            for level in (0.0, p):
+                label = f"[loss {level:.0%}, pair {pair + 1}/{args.loss_pairs}] {case.label}"
+                topic = f"bench/{stamp}/{size}B-1to{n}-loss{p:g}-{pair}-{level:g}"
+                cluster.create_topic(topic, policy=args.policy)
+                machine.settle(5.0)
+                print(f"{label}: running", flush=True)
+                with loss.udp_loss(level, namespaces) if level else contextlib.nullcontext():
+                    runs[level] = run_case(case, dataclasses.replace(wiring, topic=topic),
+                                           log_dir / f"loss-{p:g}-{pair}-{level:g}-{size}-{n}")
+                    if level:
+                        runs[level]["dropped"] = loss.dropped(namespaces)
+                print(f"{label}: {_progress(runs[level])}", flush=True)
+            result, reference = runs[p], runs[0.0]
+            result.update(loss=p, pair=pair, reference={
+                k: reference.get(k) for k in ("min_rate", "mean_rate", "lost_total",
+                                              "cpu_us_per_msg", "error")})
+            out.append(result)
     return out
 
 

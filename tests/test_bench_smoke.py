@@ -97,6 +97,10 @@ def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
     (row,) = results["loss_suite"]
     assert row["error"] is None and row["loss"] == 0.05 and row["lost"] == 0, row
     assert row["dropped_datagrams"] and row["lossless_rate"], row  # the rule dropped; a clean case ran
+    (lossy,) = results["loss_cases"]  # --quick: one pair, its lossless case run right before it
+    assert lossy["reference"]["min_rate"] == row["lossless_rate"] and lossy["reference"]["error"] is None
+    assert len(row["pair_ratios"]) == 1 and "vs lossless right before" in results["table_markdown"]
+    assert row["repairs"] and row["repair_p99_ms"] is not None, row  # every subscriber's, pooled
     curves = results["recovery_curves"]
     assert [r["members"] for r in curves["token_rounds"]] == [3]
     assert [r["in_flight_mb"] for r in curves["memory_in_flight"]] == [4]
