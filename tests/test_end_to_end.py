@@ -80,9 +80,13 @@ def test_a_publisher_reopened_in_one_process_numbers_on_after_the_last(cluster, 
     assert list(ends.values()) == [7]  # the last data message before the second marker
 
 
+def _datagrams_out(cluster) -> int:
+    return sum(m["stats"].get("datagrams_out", 0) for m in cluster.counters().values())
+
+
 def test_publishers_closed_together_end_every_stream(cluster, topic_name):
     """close_publishers queues every end marker, then flushes and waits once: each stream ends
-    after its last message, for a subscriber elsewhere."""
+    after its last message, for a subscriber elsewhere; the markers share datagrams."""
     names = [f"{topic_name}/{i}" for i in range(200)]
     for name in names:
         cluster.create_topic(name)
@@ -93,7 +97,11 @@ def test_publishers_closed_together_end_every_stream(cluster, topic_name):
     for i in range(3):
         for pub in pubs:
             pub.publish(b"%d" % i)
+    pubs[-1].flush()  # (one stream: every message is sent and stable)
+    sent = _datagrams_out(cluster)
     cluster.close_publishers(pubs)
+    # the markers of topics closed together travel together, a run of them per datagram
+    assert _datagrams_out(cluster) - sent < len(names) // 10
     summary = ray.get(result, timeout=180)
     deadline = time.monotonic() + 60
     while len(ends := ray.get(consumer.ends.remote())) < len(names):

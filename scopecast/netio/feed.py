@@ -77,7 +77,7 @@ class MixedRun:
 
 
 class Chunk:
-    """Runs for one datagram (or one end-of-stream marker, or one message to fragment)."""
+    """Runs for one datagram (or one message to fragment)."""
 
     __slots__ = ("record", "table", "runs", "last", "size", "framing", "room", "first_own",
                  "end_of_stream", "oversized")
@@ -91,7 +91,7 @@ class Chunk:
         self.framing = 0              # of which run headers and mixed entries beyond MESSAGE_COST
         self.room = room              # bytes of runs that fit one datagram with this table
         self.first_own = 0            # stream seq of the first of this member's own messages
-        self.end_of_stream = False    # one end-of-stream marker
+        self.end_of_stream = False    # carries an end-of-stream marker (an END_OF_STREAM datagram)
         self.oversized = False        # one message larger than a datagram: sent as fragments
 
 
@@ -127,10 +127,7 @@ class Feed:
         it joined, which the caller may extend directly while messages stay consecutive."""
         c = self.open
         n = len(payload) + MESSAGE_COST
-        if ctype == END:  # an end-of-stream marker: a datagram of its own (END_OF_STREAM)
-            c = self._start(record, table, capacity, RUN_COST + n)
-            c.end_of_stream = True
-        elif c is not None and (c.record is record or c.record == record):
+        if c is not None and (c.record is record or c.record == record):
             r = c.last
             same_stream = (r.next_sseq == sseq and r.source == source and r.session == session
                            and r.stream == stream and r.ctype == ctype)
@@ -160,9 +157,8 @@ class Feed:
         c.framing += RUN_COST
         if own and not c.first_own:
             c.first_own = sseq
-        if c.end_of_stream:  # closed at once: nothing joins it
-            self.chunks.append(c)
-            self.open = None
+        if ctype == END:  # (markers of many topics closed at once travel together, as a run)
+            c.end_of_stream = True
         return r
 
     @staticmethod

@@ -460,12 +460,16 @@ class ReceivePath:
             sub.delivered_bytes += nbytes
             self.stats["delivered"] += len(batch)
             sub.queue.append((batch, nbytes))
-            if sub.waiting and not sub.wake:
-                sub.wake = True
-                self._to_wake.append(sub)
+            self._wake_later(sub)
+
+    def _wake_later(self, sub: Subscription) -> None:
+        if sub.waiting and not sub.wake:
+            sub.wake = True
+            self._to_wake.append(sub)
 
     def _wake_subscribers(self) -> None:
-        """Wake waiting applications once per drained burst, not once per datagram."""
+        """Wake waiting applications once per drained burst, not once per datagram (or per end
+        marker: the markers of thousands of topics closed together come in a few datagrams)."""
         for sub in self._to_wake:
             sub.wake = False
             sub.event.set()
@@ -534,8 +538,7 @@ class ReceivePath:
         name = self.name if source == self.member_id else self._names.get(source) or str(source)
         for sub in self._subs.get(topic, ()):
             sub.end((self._topic_names.get(topic, str(topic)), name, session), last_seq)
-            if sub.waiting:
-                sub.event.set()
+            self._wake_later(sub)
 
     def _on_ack(self, sender: int, channel: int, dseq: int) -> None:
         feed = self._feeds_by_channel.get(channel)
