@@ -172,13 +172,12 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
         times = [t for r in runs for rc in r.get("receivers", ()) for t in rc.get("repair_ms", ())]
         repair = percentiles(times) if times else {}
         errors = [r["error"] for r in runs if r.get("error")]
-        row = {"loss": p, "size": c["size"], "subscribers": c["subscribers"],
-               "rate": _median(rates),
-               "lossless_rate": _median([ref for ref in references if ref]) if pairs else None,
-               "ratio": _median(pairs) if pairs else None,
+        rate = statistics.median(rates)
+        row = {"loss": p, "size": c["size"], "subscribers": c["subscribers"], "rate": rate,
+               "lossless_rate": statistics.median([r for r in references if r]) if pairs else None,
+               "ratio": statistics.median(pairs) if pairs else None,
                "pair_ratios": [round(x, 3) for x in pairs],
-               "suite_ratio": _median(rates) / suite["min_rate"] if suite and suite["min_rate"]
-               else None,
+               "suite_ratio": rate / suite["min_rate"] if suite and suite["min_rate"] else None,
                "lost": sum(r.get("lost_total") or 0 for r in runs),
                "dropped_datagrams": sum(r.get("dropped") or 0 for r in runs),
                "repairs": repair.get("count", 0),
@@ -191,10 +190,6 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
                              else "missed")
         out.append(row)
     return out
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
 
 
 # ----------------------------------------------------------------------- kernel UDP counters
