@@ -9,7 +9,7 @@ import time
 import pytest
 
 from scopecast.netio.delivery import Subscription
-from scopecast.netio.recovery_path import RETRY_MIN, TAIL_SEQ
+from scopecast.netio.recovery_path import INF, RETRY_MIN, SETTLE_FOR, SETTLE_REPORT, TAIL_SEQ
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
 T, SOURCE = 3, 9
@@ -126,6 +126,28 @@ def test_a_hole_is_asked_for_again_once_its_repair_is_overdue_not_a_period_later
     assert member._period >= 4 * RETRY_MIN  # (what it waited for before)
     assert sent == [1, 1, 2]
     assert member.retry_at == pytest.approx(later + RETRY_MIN)  # the step loop ticks then
+
+
+def test_an_idle_member_holding_what_is_not_stable_yet_reports_again_soon(member):
+    """After an idle spell, a member's first report is answered before the agents turn active,
+    so with the idle period: it used to wait that whole period (a second) for its next report,
+    which the data's stability needed (a flush of one message took over a second). It reports
+    again within SETTLE_REPORT while what it delivered is not stable, and only then."""
+    def due(stable: int, period: float, moved_ago: float = 0.0) -> float:
+        member._on_instructions({"down": {str(SOURCE): [stable, [15, [[T, 1, 1, 1, 15, 15]], 7]]},
+                                 "hi": {}, "period": period}, PROTOCOL)
+        now = time.monotonic()
+        member._moved_at = min(member._moved_at, now - moved_ago)
+        member._recovery_tick(now)
+        return member.settle_at - now
+
+    _deliver(member, 1, 10)
+    assert member.call_wait(lambda: due(0, 1.0)) == pytest.approx(SETTLE_REPORT)
+    assert member.call_wait(lambda: due(10, 1.0)) == INF  # all it delivered is stable
+    _deliver(member, 11, 5)
+    assert member.call_wait(lambda: due(10, 0.02)) == INF  # active: its period is short anyway
+    assert member.call_wait(lambda: due(10, 1.0)) == pytest.approx(SETTLE_REPORT)
+    assert member.call_wait(lambda: due(10, 1.0, 2 * SETTLE_FOR)) == INF  # not for ever
 
 
 def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_stalls(member):

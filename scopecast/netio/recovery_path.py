@@ -69,6 +69,9 @@ IDLE_PERIODS, IDLE_MIN = 4, 0.05     # a sender whose stream stands still this l
 RETRY_MIN, RETRY_TIMES = 0.004, 2.0  # a hole is asked of its sender again after twice the recent
                                      # repair time (at least RETRY_MIN, at most a token period)
 RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
+SETTLE_REPORT, SETTLE_FOR = 0.02, 1.0  # an idle member holding what is not stable yet reports
+                                     # this often, for up to SETTLE_FOR after its stream moved
+IDLE_FROM = 0.1                      # a token period this long is the idle one
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
 
 
@@ -189,6 +192,8 @@ class RecoveryPath:
         self._beat = 0                           # own summaries with a record (its heartbeat)
         self._nak_at: dict[tuple, float] = {}    # (topic, source, session, lo) -> last NAKed
         self.retry_at = INF                      # when a hole NAKed may be asked for again
+        self.settle_at = INF                     # when to report again while idle (see _settling)
+        self._moved_at = -INF                    # when this member last sent or delivered
         self._repair_avg = 0.0                   # recent repair time (s), a moving average
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
@@ -613,7 +618,10 @@ class RecoveryPath:
         if not (self._reliable or self._early):
             return
         self._last_summary = now
+        if self.progressed:
+            self._moved_at = now
         self.hole_opened = self.progressed = False
+        self.settle_at = now + SETTLE_REPORT if self._settling(now) else INF
         acks, naks = self._owed(now)
         self._deliver()  # runs released by records that came
         self._caught_up()
@@ -651,6 +659,22 @@ class RecoveryPath:
                 self._look_up(nak[0])
         self.retry_at = min(nak_at.values()) + retry if nak_at else INF
         self._expire_records(now)
+
+    def _settling(self, now: float) -> bool:
+        """Idle, a moment after its stream moved, holding what is not stable yet. A member's
+        first report after an idle spell is answered before the agents turn active (the token
+        that carries the news has not gone round yet), so its period stays idle: a second later
+        it would report what let the data become stable (a receiver's ack of a sender whose
+        record it has only just learned), and a flush of one message would take that long."""
+        if self._period <= IDLE_FROM or now - self._moved_at > SETTLE_FOR:
+            return False
+        if self._tails:  # own messages not stable yet
+            return True
+        for source, seen in self._max_seen.items():
+            known = [s for s in (r.down.get(source) for r in self._replies.values()) if s is not None]
+            if not known or seen > min(known):
+                return True
+        return False
 
     def _expire_records(self, now: float) -> None:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:

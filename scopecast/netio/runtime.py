@@ -31,7 +31,7 @@ from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ReceivePath
-from scopecast.netio.recovery_path import INF, RecoveryPath
+from scopecast.netio.recovery_path import IDLE_FROM, INF, RecoveryPath
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
 from scopecast.scopes.channel import Channel
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
 HOLE_DELAY = 0.002  # a hole is NAKed this soon (runs reordered across paths come within it)
-IDLE_FROM = 0.1    # a token period this long is the idle one: a moving stream reports at once
 MAX_MESSAGE = 0xFFFFFFFF
 MAX_NAMES = 4096   # names of members remembered, current and gone
 BEAT_EVERY = 1.0   # seconds between a waiting control thread's heartbeats (see call_wait)
@@ -529,9 +528,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._housekeeping(now)
         # at once when a hole opens, when one NAKed is due to be asked for again, and when the
         # stream moves again while the period is idle (else a sender stalled on its window would
-        # wait a whole idle period to say so)
+        # wait a whole idle period to say so); soon again while idle and unstable (`_settling`)
         if now - self._last_summary >= self._period or (
-                (self.hole_opened or now >= self.retry_at
+                (self.hole_opened or now >= self.retry_at or now >= self.settle_at
                  or self.progressed and self._period > IDLE_FROM)
                 and now - self._last_summary >= HOLE_DELAY):
             self._recovery_tick(now)
@@ -548,8 +547,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             timeout = self.config.ack_period
         else:
             timeout = min(0.1, self._period) if self._reliable or self._early else 0.1
-        if self.retry_at < INF:  # (a NAKed hole to ask for again)
-            timeout = min(timeout, max(HOLE_DELAY, self.retry_at - time.monotonic()))
+        due = min(self.retry_at, self.settle_at)  # (a NAKed hole to ask for again, a report)
+        if due < INF:
+            timeout = min(timeout, max(HOLE_DELAY, due - time.monotonic()))
         return timeout
 
     def _poll(self, sel, timeout: float) -> None:
