@@ -101,7 +101,7 @@ class RecoveryProtocol:
 
     def upward(self) -> dict | None:
         """The summary of the whole peer group for the agent above (the leader only; None if
-        there is nothing new). Asked after every tick and after every summary from below."""
+        there is nothing new)."""
         return None
 
     def on_down(self, instructions: dict) -> None:
