@@ -143,14 +143,3 @@ def test_a_group_whose_own_members_send_nothing_goes_at_the_active_period_while_
     agents[0].on_down({"down": {}, "period": 1.0})
     run(agents, periods=40)
     assert [a.period for a in agents] == [1.0] * 9
-
-
-def test_a_group_of_one_goes_round_on_each_summary_not_at_the_next_period():
-    """A scope with one child (a host's scope in its LAN, a LAN at the top) has no token to send
-    round: each summary is a round at once. Waiting for the period cost up to a period per level
-    on the way to stability and back."""
-    top = _group(1, active_period=0.01, idle_period=100.0)[0]
-    assert top.on_summary(summary({9: 700}, recs={9: REC}), 0.0)["down"] == {9: [700, REC]}
-    below = _group(1, has_upper=True, active_period=0.01, idle_period=100.0)[0]
-    below.on_summary(summary({9: 700}, recs={9: REC}), 0.0)
-    assert below.upward()["acks"] == {9: 700}  # what the agent sends up as the summary's reply goes

@@ -95,9 +95,6 @@ class RecoveryAgent:
 
     def tick(self, now: float) -> None:
         self._send_peers(self.protocol.on_tick(now))
-        self._send_up()
-
-    def _send_up(self) -> None:
         up = self.protocol.upward()
         if up is not None and self._upper is not None:
             self._send(["sum", up], self._upper)
@@ -128,7 +125,6 @@ class RecoveryAgent:
                 self._last_bottom = now
                 self.stats["summaries"] += 1
                 self._send(["ins", self.protocol.on_summary(body[1], now), self.key], addr)
-                self._send_up()  # (an aggregate the summary completed goes up now, not next tick)
             elif kind == "tok" and self._view is not None and body[1] == self._view.version:
                 self.stats["tokens"] += 1
                 self._send_peers(self.protocol.on_peer(int(body[2]), body[3], now))

@@ -7,8 +7,7 @@ token goes round every period, released by the partition's first agent: each age
 bottom's summary — the minimum MaxContiguous per sender stream (with a count, so a stream a peer has
 not reported yet is not taken as held), the senders' records, and its bottom's NAKs. An agent whose
 bottom caches a stream up to a NAK's end takes the NAK off the token and tells its bottom to push the
-repair (neighbour repair); the members also pull what nobody serves from the sender itself. A
-group of one (a scope with one child) has no token to send round: each summary is a round at once.
+repair (neighbour repair); the members also pull what nobody serves from the sender itself.
 
 The partition leaders form the regional ring, whose token (released by the group's leader, agent 0)
 carries each partition's aggregate and its unserved NAKs (a leader whose bottom holds the range
@@ -143,12 +142,6 @@ class TokenRing(RecoveryProtocol):
         self.bottom = summary
         if summary.get("naks") or any(r[1] for r in summary.get("recs", {}).values()):
             self._activate()
-        ring = self.rings.get("p")
-        if ring is not None and len(self.rings) == 1 and ring.members == [ring.me]:
-            # a group of one (a scope with one child): no token to send round, so each summary
-            # is a round at once rather than at the next period — the aggregate goes up, and at
-            # the top stability is decided, without a period's wait per level
-            self._round(ring, now)
         pushes, self.pushes = self.pushes, []
         return {"down": self.down, "hi": self.hi, "push": pushes, "period": self.period,
                 "cacher": self.cacher}
@@ -174,23 +167,19 @@ class TokenRing(RecoveryProtocol):
                 ring.losses += 1
             elif now - ring.started < self.period:
                 continue
-            out += self._round(ring, now)
+            ring.round += 1
+            ring.started = now
+            ring.outstanding = True
+            token = _empty_token(ring.kind, ring.round, self.view.version, self.down, self.hi)
+            token["naks"], ring.carry = ring.carry, []
+            # what this agent knows of the rest: partitions learn it from the regional token
+            token["act"] = self.above_active or (ring.kind == "p" and self.group_active)
+            self._fold(ring, token)
+            if len(ring.members) == 1:
+                self._complete(ring, token, now)
+            else:
+                out.append((ring.next_peer(), token))
         return out
-
-    def _round(self, ring: _Ring, now: float) -> list[tuple[int, object]]:
-        """Start a round of `ring`: its token to the next peer (a ring of one completes it)."""
-        ring.round += 1
-        ring.started = now
-        ring.outstanding = True
-        token = _empty_token(ring.kind, ring.round, self.view.version, self.down, self.hi)
-        token["naks"], ring.carry = ring.carry, []
-        # what this agent knows of the rest: partitions learn it from the regional token
-        token["act"] = self.above_active or (ring.kind == "p" and self.group_active)
-        self._fold(ring, token)
-        if len(ring.members) == 1:
-            self._complete(ring, token, now)
-            return []
-        return [(ring.next_peer(), token)]
 
     def on_peer(self, sender: int, body, now: float) -> list[tuple[int, object]]:
         if self.view is None or body.get("v") != self.view.version:
