@@ -671,10 +671,16 @@ class RecoveryPath:
         if self._tails:  # own messages not stable yet
             return True
         for source, seen in self._max_seen.items():
-            known = [s for s in (r.down.get(source) for r in self._replies.values()) if s is not None]
-            if not known or seen > min(known):
+            stable = self._peer_stable(source)
+            if stable is None or seen > stable:
                 return True
         return False
+
+    def _peer_stable(self, source: int) -> int | None:
+        """How far a peer's stream is stable: where every agent that knows it says so (None if
+        none does yet)."""
+        known = [s for s in (r.down.get(source) for r in self._replies.values()) if s is not None]
+        return min(known) if known else None
 
     def _expire_records(self, now: float) -> None:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
@@ -716,8 +722,7 @@ class RecoveryPath:
                 if mine and None not in mine:
                     self._release_own(min(r.down.get(source) or 0 for r in mine))
             else:
-                known = [r.down.get(source) for r in replies]
-                stable = stables[source] = min(s for s in known if s is not None)
+                stable = stables[source] = self._peer_stable(source)
                 self._prune_peer_cache(source, stable)
         self._pass_stable(stables)
         for nak in ins.get("push", ()):
