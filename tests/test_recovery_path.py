@@ -270,6 +270,27 @@ def test_a_dense_stream_is_acknowledged_and_repaired_by_stream_position(member):
     assert naks == [[SOURCE, ANY_TOPIC, 0, 12, TAIL_SEQ, 12, 12]]
 
 
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_dense_stream_is_acknowledged_past_the_record_it_has_of_its_sender(member, dense):
+    """The record a member has of a sender is a token trip old: a member owed every message of
+    the stream (dense) acknowledges all it holds, beyond the record's top too, so the sender's
+    last messages become stable one trip up and down the agents after they came, not two (the
+    next record first, then the acknowledgement). Not dense: the record still bounds it."""
+    from scopecast.netio.stream_position import KeyDigest
+    sent = KeyDigest()
+    sent.add(T, 1 if dense else 2)  # (another session: this member did not take all it sent)
+    _deliver(member, 1, 30)  # T 1..30 at stream seqs 1..30; the record was made at 20
+    record = {"down": {str(SOURCE): [0, [20, [[T, 1, 1, 1, 20, 20]], 7, 20, sent.count,
+                                         sent.digest]]}, "hi": {str(SOURCE): 0}, "period": 0.02}
+
+    def owed():
+        member._on_instructions(record, PROTOCOL)
+        return member._owed(time.monotonic())
+    acks, naks = member.call_wait(owed)
+    assert acks[SOURCE] == (30 if dense else 20)
+    assert naks == []
+
+
 def test_a_nak_of_any_topic_is_served_with_each_topics_messages_in_runs_of_their_own(member):
     """The sender answers a stream-seq NAK with every message it holds in the range, in runs
     that never join two topics (a run is one topic's consecutive seqs)."""

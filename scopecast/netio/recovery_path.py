@@ -440,13 +440,18 @@ class RecoveryPath:
                  naks: list, streams: list) -> int:
         """How far `source`'s stream is acknowledged; its NAKs go to `naks`, and a dense
         stream's tail to ask for to `streams`."""
-        top = a = record.top
+        top = record.top
         # the sender sends nothing new either: what it handed before is all there is (not
         # within a period or two: a sender on a busy machine misses a period now and then)
         idle = now - record.top_at >= max(IDLE_PERIODS * self._period, IDLE_MIN)
         settled = max(record.settled, seen)
-        # dense: the stream position is exact; else what the record names bounds the ack
+        # dense: the stream position is exact, and bounds the ack alone: what came after the
+        # record is held as surely (acknowledged now, not once a newer record has come the
+        # long way round: a flush waits one trip up and down the agents, not two); else what
+        # the record names bounds it
         dense = self._dense(source, record.keys)
+        position = self._positions.contiguous.get(source, 0)
+        a = max(top, position) if dense else top
         if record.topics is None and not dense:
             # no longer dense since the record came (its topics were not read): what is
             # stable already, until the next record
@@ -455,18 +460,17 @@ class RecoveryPath:
         # seen), or the sender is idle. While it sends, the topic's next message may be a moment
         # old (going round thousands of topics, asking for those cost more than the data)
         tail_upto = (TAIL_ANY if idle else settled) if stalled else -1
-        a = min(a, self._owed_by_topic(source, record, tail_upto, dense, now, naks))
+        a = min(a, self._owed_by_topic(source, record, a, tail_upto, dense, now, naks))
         if dense:
             streams.append((source, (top if idle else min(top, settled)) if stalled else 0))
-            return min(a, self._positions.contiguous.get(source, 0))
+            return min(a, position)
         return min(a, record.horizon)
 
-    def _owed_by_topic(self, source: int, record: _Record, tail_upto: int, dense: bool,
+    def _owed_by_topic(self, source: int, record: _Record, a: int, tail_upto: int, dense: bool,
                        now: float, naks: list) -> int:
         """The topics `source`'s record names: each one's holes NAKed (and its tail, when the
-        tail's last stream seq is at most `tail_upto`); returns how far they let the stream be
-        acknowledged (a dense one: only where this member's start is not known yet)."""
-        a = record.top
+        tail's last stream seq is at most `tail_upto`); returns how far, up to `a`, they let the
+        stream be acknowledged (a dense one: only where this member's start is not known yet)."""
         for (topic, session), (fs, fss, ls, lss) in (record.topics or {}).items():
             if topic not in self._reliable or topic not in self._subs:
                 continue
