@@ -13,8 +13,8 @@ jobs, Ray Data's warm-up), and one sample per case would compare that noise. pub
 keeps the publisher processes of a run for the next (`publisher_pool`): the suite's first runs
 start them, later ones find them warm, as a driver that publishes again does; the table marks
 each run that started publisher processes. The first round is in effect a warm-up for every case
-(the ceiling's first `from_spark` is the slowest of all, by 3-5x): three rounds leave each case
-two warm runs.
+(the ceiling's first `from_spark` is the slowest of all, by 3-5x): four rounds leave each case
+three warm runs (with two, the best of a case was often just the luckier of two conversions).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROW_CHARS = 1000
 TARGET_RATIO = 0.5
 PARALLELISMS = (1, 2)
 MODES = ("rows", "arrow")  # one msgpack map per row; Arrow record batches (publish_dataframe's bulk mode)
-ROUNDS = 3
+ROUNDS = 4
 
 
 def _dataframe(spark, rows: int):
