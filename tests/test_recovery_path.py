@@ -291,6 +291,30 @@ def test_a_dense_stream_is_acknowledged_past_the_record_it_has_of_its_sender(mem
     assert naks == []
 
 
+def test_a_member_that_takes_no_reliable_topic_acknowledges_every_stream_whole():
+    """A publisher that subscribes to nothing is owed nothing: it acknowledges a sender's stream
+    without bound, where it acknowledged only the top of the record it had of the sender (a
+    token trip old: the sender's newest messages waited one trip more for it, as for a
+    receiver)."""
+    from scopecast.netio.recovery_path import OWED_NOTHING
+    rt = MemberRuntime(1, "m", os.urandom(32), RuntimeConfig())
+    try:
+        rt.call_wait(rt.install_members, [MemberInfo(SOURCE, "src", "127.0.0.1", 9)])
+        rt.call_wait(rt.install_topics, {T: "T"})
+        rt.call_wait(rt.install_recovery, {PROTOCOL: ("127.0.0.1", 9)}, {T: PROTOCOL})
+
+        def owed():
+            rt._on_instructions(_instructions(20, 0), PROTOCOL)
+            return rt._owed(time.monotonic())
+        acks, naks = rt.call_wait(owed)
+        assert acks[SOURCE] == OWED_NOTHING and naks == []
+        sub = Subscription(frozenset([T]))
+        rt.call_wait(rt.add_subscription, sub)  # a subscriber: held to what it holds
+        assert rt.call_wait(owed)[0][SOURCE] == 0
+    finally:
+        rt.close()
+
+
 def test_a_nak_of_any_topic_is_served_with_each_topics_messages_in_runs_of_their_own(member):
     """The sender answers a stream-seq NAK with every message it holds in the range, in runs
     that never join two topics (a run is one topic's consecutive seqs)."""

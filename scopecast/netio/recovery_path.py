@@ -64,6 +64,7 @@ TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender witho
                                      # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
+OWED_NOTHING = 1 << 62               # the acknowledgement of a member that takes no reliable topic
 INF = float("inf")
 IDLE_PERIODS, IDLE_MIN = 4, 0.05     # a sender whose stream stands still this long is idle
 RETRY_MIN, RETRY_TIMES = 0.004, 2.0  # a hole is asked of its sender again after twice the recent
@@ -422,12 +423,16 @@ class RecoveryPath:
         streams: list[tuple[int, int]] = []  # dense: (source, its tail to ask for up to)
         stalls, self._stalls = self._stalls, {}
         self._digest_keys()
+        # a member that takes no reliable topic (a publisher only) is owed nothing of any stream:
+        # it holds all it is owed of the newest messages too, not only of what the record it has
+        # of their sender names (which, a token trip old, kept them unstable one trip more)
+        owes = any(topic in self._reliable for topic in self._subs)
         for source, record in self._records.items():
             if source == self.member_id:
                 continue
             seen = self._stalls[source] = self._max_seen.get(source, 0)
             acks[source] = self._owed_of(source, record, seen, stalls.get(source) == seen, now,
-                                         naks, streams)
+                                         naks, streams) if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
         for source, tail_top in streams:
             self._stream_naks(source, tail_top, naks)
