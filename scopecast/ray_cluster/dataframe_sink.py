@@ -274,6 +274,7 @@ class TopicCollector:
         if self._summary is not None:
             return self._summary
         deadline = time.monotonic() + timeout
+        pause = 0.005  # the run is often complete a moment after the publishers return
         while True:
             status = self.status()
             verdict = self._verdict(status)
@@ -285,7 +286,8 @@ class TopicCollector:
             if time.monotonic() >= deadline:
                 raise FlushTimeout(f"the DataFrame run on {self.names} did not end within {timeout}s: "
                                    f"{verdict['missing']}")
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(0.1, pause * 2)
 
     def _verdict(self, status: dict) -> dict:
         streams = status["streams"]
