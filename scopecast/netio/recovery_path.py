@@ -426,7 +426,7 @@ class RecoveryPath:
         # a member that takes no reliable topic (a publisher only) is owed nothing of any stream:
         # it holds all it is owed of the newest messages too, not only of what the record it has
         # of their sender names (which, a token trip old, kept them unstable one trip more)
-        owes = any(topic in self._reliable for topic in self._subs)
+        owes = not self._reliable.isdisjoint(self._subs)
         for source, record in self._records.items():
             if source == self.member_id:
                 continue
@@ -465,7 +465,7 @@ class RecoveryPath:
         # seen), or the sender is idle. While it sends, the topic's next message may be a moment
         # old (going round thousands of topics, asking for those cost more than the data)
         tail_upto = (TAIL_ANY if idle else settled) if stalled else -1
-        a = min(a, self._owed_by_topic(source, record, a, tail_upto, dense, now, naks))
+        a = self._owed_by_topic(source, record, a, tail_upto, dense, now, naks)
         if dense:
             streams.append((source, (top if idle else min(top, settled)) if stalled else 0))
             return min(a, position)
