@@ -27,3 +27,36 @@ def test_a_subscriber_and_reliability_added_while_publishing_apply_from_the_next
         at_b: list = []
         wait_for(lambda: at_b.extend(received(inbox)) or len(at_b) == 3, "all three at B")
         assert [m.seq for m in at_b] == [1, 2, 3]
+
+
+class _CountingEvent:
+    """An Event stand-in that counts `set` calls."""
+
+    def __init__(self) -> None:
+        self.sets = 0
+
+    def set(self) -> None:
+        self.sets += 1
+
+    def wait(self, timeout: float) -> bool:
+        return False
+
+    def clear(self) -> None:
+        pass
+
+
+def test_a_blocked_publisher_is_woken_once_what_it_waits_for_holds_not_at_every_step():
+    """A publisher blocked on a full queue was woken after every I/O step, and a saturating one
+    then took the GIL thousands of times a second only to find its queue still full."""
+    with member_pair() as (a, _b, _inbox):
+        event = a._space = _CountingEvent()
+        ready = [False]
+        a._waiting_for.append(lambda: ready[0])
+        for _ in range(20):  # each runs in a step of the I/O thread, then the step ends
+            a.call_wait(lambda: None)
+        assert event.sets == 0
+        ready[0] = True
+        a.call_wait(lambda: None)
+        a.call_wait(lambda: None)
+        assert event.sets >= 1
+        a._waiting_for.clear()

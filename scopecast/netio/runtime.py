@@ -194,7 +194,10 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._taken_sseq = 0
         self.handed = 0         # every own message with stream seq <= handed is on the wire
         self._space = threading.Event()
-        self._space_waiting = False
+        # what the application threads blocked in _wait_until wait for: the I/O thread wakes them
+        # once one of these holds, not after every step (a saturating publisher would be woken,
+        # and take the GIL, thousands of times a second to find its queue still full)
+        self._waiting_for: list = []
         self.unknown_sender = threading.Event()  # set for the control thread: refresh members
         self._stop = False
         self._init_recovery()
@@ -322,19 +325,19 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         """Block an application thread until `done()` (the I/O thread signals progress), the
         timeout, or close; `poke` wakes the I/O thread each time."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._waiting_for.append(done)
         try:
             while not done():
                 remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
                 if remaining <= 0 or self._stop:
                     return done()
-                self._space_waiting = True
                 if poke:
                     self._wake()
                 self._space.wait(remaining)
                 self._space.clear()
             return True
         finally:
-            self._space_waiting = False
+            self._waiting_for.remove(done)
 
     def _wake(self) -> None:
         try:
@@ -534,7 +537,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                  or self.progressed and self._period > IDLE_FROM)
                 and now - self._last_summary >= HOLE_DELAY):
             self._recovery_tick(now)
-        if self._space_waiting:
+        if self._waiting_for and any(done() for done in tuple(self._waiting_for)):
             self._space.set()
         if self._to_wake:
             self._wake_subscribers()
