@@ -59,6 +59,18 @@ def test_delete_topic_leaves_others(cluster, topic_name):
         cluster.topic(topic_name + "/gone")
 
 
+def test_topics_lists_those_named_or_matched_only(cluster, topic_name):
+    for leaf in ("a/x", "a/y", "b/z", "a/x/deeper"):
+        cluster.create_topic(f"{topic_name}/{leaf}")
+    listed = cluster.topics([f"{topic_name}/a/*", f"{topic_name}/b/z"])
+    assert [t.name for t in listed] == [f"{topic_name}/{leaf}" for leaf in ("a/x", "a/y", "b/z")]
+    assert [t.name for t in cluster.topics(f"{topic_name}/a/y")] == [f"{topic_name}/a/y"]
+    assert cluster.topics([f"{topic_name}/none/*"]) == []
+    assert len(cluster.topics()) >= 4
+    with pytest.raises(scopecast.InvalidConfig):
+        cluster.topics(["bad pattern*"])
+
+
 def test_status_without_topics_leaves_out_what_is_per_topic(cluster, topic_name):
     """`status(topics=False)`, for polling a cluster of thousands of topics: the topic list is
     its length, scopes omit their layouts and members their topic ids; the rest is there."""

@@ -275,8 +275,12 @@ class Cluster:
         """Remove a plug-in from the library (refused while a topic uses it)."""
         return call(self._manager.remove_plugin, ref)
 
-    def topics(self) -> list[TopicInfo]:
-        return call(self._manager.topics_list)
+    def topics(self, names: list[str] | None = None) -> list[TopicInfo]:
+        """Every topic of the cluster, or those `names` name or match (patterns such as
+        "flights/*")."""
+        if isinstance(names, str):
+            names = [names]
+        return call(self._manager.topics_list, None if names is None else list(names))
 
     def delete_topic(self, name: str) -> None:
         call(self._manager.delete_topic, name)

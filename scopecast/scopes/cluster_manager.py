@@ -37,7 +37,7 @@ from scopecast.policies.registry import PluginRef
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager, pinned
 from scopecast.scopes.state import ScopeStore
-from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name
+from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name, name_filter
 
 log = logging.getLogger(__name__)
 
@@ -274,8 +274,14 @@ class ClusterScopeManager(ScopeManager):
             raise TopicNotFound(name)
         return info
 
-    async def topics_list(self) -> list[TopicInfo]:
-        return sorted(self.topics.values(), key=lambda t: t.id)
+    async def topics_list(self, names: list[str] | None = None) -> list[TopicInfo]:
+        """Every topic, or those `names` name or match (a caller polling a few topics in a
+        cluster of thousands gets only those)."""
+        topics = self.topics.values()
+        if names is not None:
+            wanted = name_filter(names)
+            topics = [t for t in topics if wanted(t.name)]
+        return sorted(topics, key=lambda t: t.id)
 
     async def delete_topic(self, name: str) -> None:
         info = await self.topic(name)

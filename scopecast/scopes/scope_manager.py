@@ -42,7 +42,7 @@ from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.recovery_domain import GONE, AgentRecord, RecoveryDomains, agent_name
 from scopecast.scopes.topic_table import TopicTable
-from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
+from scopecast.scopes.topics import TopicInfo, is_pattern, name_filter, topic_matcher
 
 log = logging.getLogger(__name__)
 
@@ -1205,9 +1205,8 @@ class ScopeManager:
         from above that still lacks it (the parent not caught up, or a restarted scope's first
         one) must not make it forget a publisher; every use looks ids up in `topics`."""
         def covered(names: set[str]) -> set[int]:
-            patterns = [topic_matcher(n) for n in names if is_pattern(n)]
-            return {t.id for t in self.topics.values()
-                    if t.name in names or any(p.match(t.name) for p in patterns)}
+            wanted = name_filter(names)
+            return {t.id for t in self.topics.values() if wanted(t.name)}
         member.subs = {t: "client" for t in covered(member.client_subscriptions)}
         member.subs.update((t, "member") for t in covered(member.subscriptions))
         member.regular = bool(member.role == "member" and (member.subscriptions or member.pubs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from scopecast.actors.errors import InvalidConfig
@@ -27,6 +28,15 @@ def topic_matcher(pattern: str) -> re.Pattern:
                             "'?', in '/'-separated parts")
     body = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in pattern)
     return re.compile(body + r"\Z")
+
+
+def name_filter(names) -> Callable[[str], bool]:
+    """A test of topic names: one of `names`, or matched by one of its patterns."""
+    exact = {n for n in names if not is_pattern(n)}
+    patterns = [topic_matcher(n) for n in names if is_pattern(n)]
+    if not patterns:
+        return exact.__contains__
+    return lambda name: name in exact or any(p.match(name) for p in patterns)
 
 
 def check_topic_name(name: str) -> str:
