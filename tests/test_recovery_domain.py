@@ -174,27 +174,3 @@ def test_a_view_goes_out_once_per_version_and_a_restarted_scope_goes_on_past_its
     for _ in range(2):
         _update(restarted, tree)
     assert host.version == restarted.version > first + 1
-
-
-def test_a_member_that_only_publishes_does_not_lead_its_scopes_domain():
-    """The first child in ring order leads (the parent's agent sits on its host): a publisher
-    joining for a moment must not take the lead from the subscribers, nor move the agents
-    above when it comes and goes."""
-    from types import SimpleNamespace
-
-    from scopecast.scopes.scope_manager import Child, ScopeManager
-
-    def scope(*children):
-        return SimpleNamespace(children={c.name: c for c in children}, _silent={},
-                               _reliable_topics=lambda c: dict.fromkeys([*c.subs, *c.pubs],
-                                                                        "token_ring"))
-
-    sub_a = Child("vm:200", "member", subs={1: "member", 2: "member"})
-    sub_b = Child("vm:300", "member", subs={1: "member"})
-    publisher = Child("vm:100", "member", pubs={1, 2})
-    before = ScopeManager._group_domains(scope(sub_a, sub_b))["token_ring"]
-    during = ScopeManager._group_domains(scope(sub_a, publisher, sub_b))["token_ring"]
-    assert during[0] == before[0]
-    assert [name for name, _ in during] == ["vm:300", "vm:200", "vm:100"]
-    # regions: alike interests share one, numbered in ring order
-    assert [region for _, region in during] == [0, 1, 2]

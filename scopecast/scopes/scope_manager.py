@@ -1091,8 +1091,7 @@ class ScopeManager:
     def _domain_members(self) -> dict[str, list[tuple[str, int]]]:
         """Per protocol, the children in its domain with their regions, in ring order: children
         that subscribe to the same topics share a region (QSM), numbered in order of their
-        first member, and the ring keeps a region's members together; the first leads (see
-        `_subscribers_first`). Kept until the next
+        first member, and the ring keeps a region's members together. Kept until the next
         change of children or topics (`_kick`): asked every tick, it costs a pass over every
         topic of every child."""
         if self._domains is None:
@@ -1110,7 +1109,7 @@ class ScopeManager:
         for key, entries in grouped.items():
             numbers: dict[tuple, int] = {}
             out[key] = [(name, numbers.setdefault(interest, len(numbers)))
-                        for interest, name in sorted(entries, key=_subscribers_first)]
+                        for interest, name in sorted(entries)]
         return out
 
     def _lead_chain(self, protocol: str) -> tuple:
@@ -1305,17 +1304,6 @@ def _channels(view: dict | None, topics: bool = True) -> dict:
                           **({"filter": r["filter"]} if r["filter"] else {})}
                          for r in view["routes"]],
             "groups": view["groups"], "receivers": view["receivers"]}
-
-
-def _subscribers_first(entry: tuple[tuple, str]) -> tuple:
-    """Ring order of (interest, name): children that subscribe first, those that only publish
-    last. The first leads the domain (the parent's agent for this scope sits on its host), so
-    a member that joins only to publish for a moment (a publish_dataframe run, a benchmark's
-    sender) leaves the leader, and the agents placed along it above, where they are; sorted
-    first, as it was (no interest sorts lowest), each such join and leave moved the agents of
-    every scope above twice."""
-    interest, name = entry
-    return (not interest, interest, name)
 
 
 def _route(ob: dict) -> dict:
