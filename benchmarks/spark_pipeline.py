@@ -66,8 +66,8 @@ def _into_consumer(cluster, df, rows: int, topic: str, parallelism: int, timeout
                                    cluster=cluster, flush_timeout=timeout)
         got = ray.get(pending, timeout=timeout)
         seconds = time.monotonic() - start
-    finally:
         ray.get(consumer.close.remote(), timeout=timeout)
+    finally:  # (a failed run only kills it: close would wait behind its consume, for `timeout`)
         ray.kill(consumer)
     complete = got["count"] == expect and got["gaps"] == 0 and got["out_of_order"] == 0
     return report, got["count"] - parallelism, complete, seconds
