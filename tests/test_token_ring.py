@@ -143,3 +143,21 @@ def test_a_group_whose_own_members_send_nothing_goes_at_the_active_period_while_
     agents[0].on_down({"down": {}, "period": 1.0})
     run(agents, periods=40)
     assert [a.period for a in agents] == [1.0] * 9
+
+
+def test_an_idle_group_starts_a_round_at_once_when_a_partition_it_does_not_lead_turns_active():
+    """Agent 1 leads a partition of its own (its region differs) and is a member of the regional
+    ring agent 0 leads. Its bottom turning active woke agent 0 once; that round carried agent
+    1's partition aggregate from before, so the group went idle again and the sender's messages
+    waited out the idle period (a flush took 0.6-0.8 s, 45 ms with the sender leading)."""
+    agents = _group(2, regions=(0, 1), active_period=0.01, idle_period=100.0)
+    for a in agents:
+        a.on_summary(summary({9: 1000}, recs={9: [1000, []]}), 0.0)
+    run(agents, periods=3)
+    assert [a.period for a in agents] == [100.0, 100.0]  # idle
+    unstable = [2000, [[7, 1, 1001, 1001, 2000, 2000]]]
+    agents[1].on_summary(summary({9: 2000}, recs={9: unstable}), 0.0)
+    agents[0].on_summary(summary({9: 2000}), 0.0)
+    run(agents, periods=4)
+    assert agents[0].down[9] == [2000, unstable]  # the top has the record, and both hold it
+    assert agents[0].period == 0.01
