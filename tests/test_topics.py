@@ -69,6 +69,8 @@ def test_topics_lists_those_named_or_matched_only(cluster, topic_name):
     assert len(cluster.topics()) >= 4
     with pytest.raises(scopecast.InvalidConfig):
         cluster.topics(["bad pattern*"])
+    with pytest.raises(scopecast.InvalidConfig):
+        cluster.topics([f"{topic_name}/a/x", 7])
 
 
 def test_status_without_topics_leaves_out_what_is_per_topic(cluster, topic_name):

@@ -24,7 +24,7 @@ from scopecast.ray_cluster.local_hosts import namespace_node_ip
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
 from scopecast.scopes.paths import scope_actor
-from scopecast.scopes.topics import TopicInfo
+from scopecast.scopes.topics import TopicInfo, name_filter
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,10 @@ class Cluster:
         "flights/*")."""
         if isinstance(names, str):
             names = [names]
-        return call(self._manager.topics_list, None if names is None else list(names))
+        if names is not None:
+            names = list(names)
+            name_filter(names)  # InvalidConfig here, not inside a Ray error
+        return call(self._manager.topics_list, names)
 
     def delete_topic(self, name: str) -> None:
         call(self._manager.delete_topic, name)

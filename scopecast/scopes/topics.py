@@ -32,6 +32,9 @@ def topic_matcher(pattern: str) -> re.Pattern:
 
 def name_filter(names) -> Callable[[str], bool]:
     """A test of topic names: one of `names`, or matched by one of its patterns."""
+    for name in names:
+        if not isinstance(name, str):
+            raise InvalidConfig(f"topic names and patterns are strings, not {name!r}")
     exact = {n for n in names if not is_pattern(n)}
     patterns = [topic_matcher(n) for n in names if is_pattern(n)]
     if not patterns:
