@@ -34,6 +34,7 @@ import bisect
 import struct
 import time
 from collections import deque
+from collections.abc import Set
 from dataclasses import dataclass
 from itertools import islice, repeat
 from operator import itemgetter
@@ -169,7 +170,7 @@ class RecoveryPath:
     """Caches, MaxContiguous, NAKs and repairs (see module docstring)."""
 
     def _init_recovery(self) -> None:
-        self._reliable: frozenset[int] = frozenset()
+        self._reliable: Set[int] = frozenset()
         self._protocols: dict[int, str] = {}     # reliable topic -> its protocol's domain key
         self._own_domains: frozenset[str] = frozenset()  # the keys of _protocols' values
         self._agents: dict[str, tuple[str, int]] = {}   # protocol -> this member's agent
@@ -224,7 +225,7 @@ class RecoveryPath:
         self._protocols = protocols
         self._own_domains = frozenset(protocols.values())
         self.forget_keys(self._reliable - protocols.keys())
-        self._reliable = frozenset(protocols)
+        self._reliable = protocols.keys()  # a view: no second table of thousands of topics
         self._tables_changed()
         self._cached_history = frozenset(cached)
         self._replies = {k: r for k, r in self._replies.items() if k in agents}

@@ -385,10 +385,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
 
     def install_topics(self, names: dict[int, str], sessions: dict[int, int] | None = None) -> None:
         """Topic names, and the current session of each: a run of a later session is refused
-        until the scope announces it (publishers wait for every member to know it)."""
-        self._topic_names = dict(names)
+        until the scope announces it (publishers wait for every member to know it). The dicts
+        are the runtime's from now on (not copied: thousands of topics, one member)."""
+        self._topic_names = names
         if sessions is not None:
-            self._sessions = dict(sessions)
+            self._sessions = sessions
         self._tables_changed()
         for sub in self._subscriptions:
             self._match_patterns(sub)
@@ -451,8 +452,14 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
 
     def _index(self, sub: Subscription, topics) -> None:
         self._tables_changed()
+        grown: dict[tuple, tuple] = {}  # topics alike share one tuple of subscriptions
+        subs = self._subs
         for t in topics:
-            self._subs[t] = self._subs.get(t, ()) + (sub,)
+            old = subs.get(t, ())
+            new = grown.get(old)
+            if new is None:
+                new = grown[old] = old + (sub,)
+            subs[t] = new
 
     def remove_subscription(self, sub: Subscription) -> None:
         if sub in self._subscriptions:

@@ -212,9 +212,9 @@ class ControlledElement:
         rt = self.runtime
         self._siblings = [MemberInfo(*m) for m in view["members"]]
         rt.install_members(self._siblings + list(self._peers.values()))
-        entries = self._table.entries
-        sessions = {int(k): session for k, (_name, session) in entries.items()}
-        self._topic_names = {int(k): name for k, (name, _session) in entries.items()}
+        entries = self._table.entries  # by topic id: the dicts below share its keys
+        sessions = {tid: session for tid, (_name, session) in entries.items()}
+        self._topic_names = {tid: name for tid, (name, _session) in entries.items()}
         rt.install_topics(self._topic_names, sessions)
         for tid, session in sessions.items():  # topics this process publishes move on later
             if rt.publish_sessions.get(tid, session) < session:

@@ -21,10 +21,10 @@ class TopicTable:
     """Topic entries by id (str) -> TopicInfo fields; `ref` is what is sent down:
     (base ObjectRef, {id: fields, or None for a deleted topic}, members' base ObjectRef).
 
-    A `member`'s table keeps `member_entry` of each entry, and takes its base from the members'
-    base, which has only that: at thousands of topics the whole entries cost a member more
-    memory than anything else it keeps per topic, and so did fetching them once (Python keeps
-    the memory it freed)."""
+    A `member`'s table keeps `member_entry` of each entry by topic id (int), and takes its base
+    from the members' base, which has only that: at thousands of topics the whole entries cost a
+    member more memory than anything else it keeps per topic, and so did fetching them once
+    (Python keeps the memory it freed); int keys are the ids the member's own tables use."""
 
     def __init__(self, member: bool = False) -> None:
         self._member = member
@@ -54,7 +54,7 @@ class TopicTable:
 
     def _rebase(self) -> None:
         self._base = dict(self.entries)
-        members = {k: member_entry(v) for k, v in self._base.items()}
+        members = {int(k): member_entry(v) for k, v in self._base.items()}
         self.ref = (ray.put(self._base), {}, ray.put(members))
 
     # ----------------------------------------------------------------------- everyone else
@@ -79,7 +79,7 @@ class TopicTable:
                 if key in new:
                     self._put(self.entries, key, new[key])
                 else:  # (back to the base's entry, kept already)
-                    self._put(self.entries, key, self._base.get(key), kept=True)
+                    self._put(self.entries, key, self._base.get(self._key(key)), kept=True)
             self.ref = ref
             return True
         if base is not None:
@@ -90,7 +90,11 @@ class TopicTable:
         self.entries, self.ref, self.changed = entries, ref, None
         return True
 
+    def _key(self, key: str) -> str | int:
+        return int(key) if self._member else key
+
     def _put(self, entries: dict, key: str, body: dict | None, kept: bool = False) -> None:
+        key = self._key(key)
         if body is None:
             entries.pop(key, None)
         else:
