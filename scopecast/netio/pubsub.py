@@ -52,10 +52,13 @@ END_WAIT = 5.0  # seconds close() waits for its end marker to be stable, beyond 
 class Publisher:
     """Publishes to one topic; messages are numbered 1, 2, ... per (topic, source, session)."""
 
+    __slots__ = ("_element", "_runtime", "_publish", "topic", "_topic_id", "_sessions", "_session",
+                 "_max", "reliable", "_seq", "_last_sseq", "_closed")  # thousands per process
+
     def __init__(self, element, info: TopicInfo) -> None:
         self._element = element
         self._runtime = element.runtime
-        self._publish = element.runtime.publish
+        self._publish = element.publish
         self.topic = info.name
         self._topic_id = info.id
         self._sessions = element.runtime.publish_sessions  # moved on by the controlled element

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from scopecast.actors.errors import InvalidConfig, WindowFull
@@ -159,10 +160,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         # (topic, session) -> seq of this member's last end marker: a later publisher of it in
         # this process numbers on from there (receivers drop a restart at 1 as duplicates)
         self.stream_ends: dict[tuple[int, int], int] = {}
-        self._routes: dict[int, list[Route]] = {}
+        self._routes: dict[int, Sequence[Route]] = {}
         self._plans: dict[tuple, list] = {}
         self._own_plans: dict[int, tuple] = {}  # see SendPath._own_plan
-        self._own_records: dict[tuple, tuple] = {}  # see SendPath._own_plan
+        self._own_alike: dict[tuple, tuple] = {}  # see SendPath._own_plan
+        self._route_tables: dict[tuple, tuple] = {}  # record -> (it, encoded); SendPath._plan
         self._subs: dict[int, tuple[Subscription, ...]] = {}
         self._plain: dict[int, tuple] | None = None  # see ReceivePath._plain_topics
         self._subscriptions: list[Subscription] = []
@@ -399,6 +401,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         receive and send paths (`_plain`, `_own_plans`) are made again on first use."""
         self._plain = None
         self._own_plans.clear()
+        self._own_alike.clear()
 
     def _match_patterns(self, sub: Subscription) -> None:
         """A pattern subscription takes in the known topics it matches."""
@@ -409,13 +412,14 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 sub.topics.update(new)
                 self._index(sub, new)
 
-    def install_routes(self, routes: dict[int, list[Route]],
+    def install_routes(self, routes: dict[int, Sequence[Route]],
                        receivers: dict[tuple[str, int], set[int]] | None = None) -> None:
-        """Replace the forwarding table; feeds of unchanged destinations keep their queues."""
-        self._routes = {t: list(rs) for t, rs in routes.items()}
+        """Replace the forwarding table (`routes` is the runtime's from now on); feeds of
+        unchanged destinations keep their queues."""
+        self._routes = routes
         self._tables_changed()
         self._plans.clear()
-        self._own_records.clear()
+        self._route_tables.clear()
         now = time.monotonic()
         receivers = receivers or {}
         for address in receivers:

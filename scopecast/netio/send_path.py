@@ -134,28 +134,28 @@ class SendPath:
         plan = self._plan(topic, self._origin)
         single = record = table = None
         if len(plan) == 1 and plan[0][0].__class__ is Feed:
-            # one object per distinct record: consecutive messages of topics that carry equal
-            # records join one chunk (and one mixed run) on an identity check
+            # one object per distinct record (`_plan` shares them): consecutive messages of topics
+            # that carry equal records join one chunk (and one mixed run) on an identity check
             single, record, table = plan[0]
-            record = self._own_records.setdefault(record, record)
-            plan = [(single, record, table)]
-        own = self._own_plans[topic] = (plan, single, record, table, self._subs.get(topic, ()),
-                                        topic in self._reliable)
+        own = (plan, single, record, table, self._subs.get(topic, ()), topic in self._reliable)
+        if single is not None:  # topics alike share one (thousands of topics, one publisher)
+            own = self._own_alike.setdefault(own[1:], own)
+        self._own_plans[topic] = own
         return own
 
     def _plan(self, topic: int, record: tuple) -> list:
         """For messages of `topic` carrying `record`: (feed or filtered channel, record after the
-        hop, its encoded routing table)."""
+        hop, its encoded routing table); equal records and tables are one object each."""
         plan = []
         for route in self._routes.get(topic, ()):
             if matches(record, route.label):
                 after = forward(record, route.label)
-                table = wire.encode_route_table([after])
+                after, table = self._route_tables.get(after) or self._route_tables.setdefault(
+                    after, (after, wire.encode_route_table([after])))
                 if isinstance(route.channel, FilteredChannel):
                     plan.append((route.channel, after, table))
                 else:
                     plan.append((self._feed(route.channel.address), after, table))
-        self._plans[(topic, record)] = plan
         return plan
 
     def _push(self, target, record: tuple, table: bytes, own: bool, topic: int, source: int,
@@ -178,7 +178,7 @@ class SendPath:
                      payloads: list) -> None:
         plan = self._plans.get((topic, record))
         if plan is None:
-            plan = self._plan(topic, record)
+            plan = self._plans[(topic, record)] = self._plan(topic, record)
         if not plan:
             return
         self.stats["forwarded"] += len(payloads)

@@ -94,6 +94,7 @@ class ControlledElement:
         self.unused_since: float | None = time.monotonic()  # no publisher nor subscriber since
         # the runtime's socket is the member's address, so it exists before the registration
         self.runtime = MemberRuntime(0, self.name, hello["key"], config)
+        self.publish = self.runtime.publish  # one bound method for all of its publishers
         self._register()
         self._fetch()
         self._thread = threading.Thread(target=self._loop, name="scopecast-control", daemon=True)
@@ -220,10 +221,15 @@ class ControlledElement:
             if rt.publish_sessions.get(tid, session) < session:
                 self._session_moves[tid] = session
         rt.install_groups({(g, p) for g, p in view["groups"]})
-        routes: dict[int, list[Route]] = {}
+        routes: dict[int, tuple[Route, ...]] = {}
+        same: dict = {}  # the scopes, channels and origins thousands of topics' routes share
         for r in view["routes"]:
-            label = RoutingLabel(tuple(r["src"]), tuple(r["dst"]), r["topic"], r["origin"])
-            routes.setdefault(r["topic"], []).append(Route(label, _channel(r)))
+            src, dst, origin = tuple(r["src"]), tuple(r["dst"]), r["origin"]
+            channel = _channel(r)
+            label = RoutingLabel(same.setdefault(src, src), same.setdefault(dst, dst), r["topic"],
+                                 same.setdefault(origin, origin))
+            route = Route(label, same.setdefault(channel, channel))
+            routes[r["topic"]] = routes.get(r["topic"], ()) + (route,)  # (mostly one)
         receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
         rt.install_routes(routes, receivers)
         if view.get("demoted") and not self.demoted:
