@@ -228,6 +228,27 @@ def test_the_entry_is_a_subscriber_not_a_member_that_only_publishes(cluster):
     ray.get([p.close.remote() for p in pubs] + [sub.close.remote()], timeout=120)
 
 
+def test_a_channel_serving_many_topics_reaches_its_member_as_one_route(cluster):
+    """The scope superimposes topics' channels: a process publishing 40 topics along one group
+    gets one route with the 40 topics in its view (not 40 routes), and installs all 40."""
+    infos = [cluster.create_topic(f"alike/t{i}", policy="lan_multicast") for i in range(40)]
+    with cluster.subscriber("alike/*", scope="alike/R") as sub:  # (another member)
+        pubs = cluster.publishers([i.name for i in infos], scope="alike/S")
+        element = pubs[0]._element
+        view = ray.get(element.manager.watch.remote(element.member_id, 0, 0))
+        assert len(view["routes"]) == 1
+        assert sorted(view["routes"][0]["topics"]) == sorted(i.id for i in infos)
+        for p in pubs:
+            p.publish(b"x")
+        got = {sub.receive(timeout=30).topic for _ in infos}
+        assert got == {i.name for i in infos}
+        status = cluster.status()
+        me = [m for m in members(scope(status, "alike")) if m["id"] == element.member_id]
+        assert len(me[0]["channels"]) == 40
+        for p in pubs:
+            p.close()
+
+
 def test_a_multicast_sender_waits_for_every_member_on_its_group(cluster):
     """With one subscriber next to the publisher, the scope's group still carries the topic and
     the publisher's window waits for that subscriber (else a fast sender overruns it)."""

@@ -222,14 +222,11 @@ class ControlledElement:
                 self._session_moves[tid] = session
         rt.install_groups({(g, p) for g, p in view["groups"]})
         routes: dict[int, tuple[Route, ...]] = {}
-        same: dict = {}  # the scopes, channels and origins thousands of topics' routes share
-        for r in view["routes"]:
-            src, dst, origin = tuple(r["src"]), tuple(r["dst"]), r["origin"]
-            channel = _channel(r)
-            label = RoutingLabel(same.setdefault(src, src), same.setdefault(dst, dst), r["topic"],
-                                 same.setdefault(origin, origin))
-            route = Route(label, same.setdefault(channel, channel))
-            routes[r["topic"]] = routes.get(r["topic"], ()) + (route,)  # (mostly one)
+        for r in view["routes"]:  # one entry per channel, with the topics it serves
+            src, dst, origin, channel = tuple(r["src"]), tuple(r["dst"]), r["origin"], _channel(r)
+            for topic in r["topics"]:
+                route = Route(RoutingLabel(src, dst, topic, origin), channel)
+                routes[topic] = routes.get(topic, ()) + (route,)  # (mostly one)
         receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
         rt.install_routes(routes, receivers)
         if view.get("demoted") and not self.demoted:

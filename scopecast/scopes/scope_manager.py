@@ -959,6 +959,12 @@ class ScopeManager:
             key = "%s:%d" % (ep[1], ep[2])
             receivers[key] = sorted(set(receivers.get(key, [])) | set(r.pop("receivers")))
         reliable = self._reliable_topics(member)
+        # one channel serves many topics: routes alike but for the topic travel as one entry
+        # with their topics (a publisher of thousands of topics gets a few, not thousands)
+        alike: dict[str, dict] = {}
+        for r in routes:
+            topic = r.pop("topic")
+            alike.setdefault(repr(sorted(r.items())), {**r, "topics": []})["topics"].append(topic)
         return {"members": sorted([c.id, c.name, c.host, c.port] for c in self.children.values()
                                   if c.kind == "member"),
                 "agents": self.recovery.addresses(member.name),
@@ -966,7 +972,7 @@ class ScopeManager:
                 "protocols": reliable,
                 "cached": sorted(t for t in reliable if self.topics[t].history == "cached"),
                 "topics": self.table.ref,
-                "groups": sorted(list(g) for g in groups), "routes": routes,
+                "groups": sorted(list(g) for g in groups), "routes": list(alike.values()),
                 "receivers": receivers}
 
     # ------------------------------------------------------------------------- sending up
@@ -1296,13 +1302,13 @@ def _channels(view: dict | None, topics: bool = True) -> dict:
     if not view:
         return {"channels": [] if topics else 0, "groups": [], "receivers": {}}
     if not topics:
-        return {"channels": len(view["routes"]), "groups": view["groups"],
-                "receivers": view["receivers"]}
+        return {"channels": sum(len(r["topics"]) for r in view["routes"]),
+                "groups": view["groups"], "receivers": view["receivers"]}
     return {"channels": [{"label": f"{':'.join(r['src'])}-{':'.join(r['dst'])}, "
-                                   f"{r['topic']}:{r['origin']}",
+                                   f"{topic}:{r['origin']}",
                           "endpoint": r["endpoint"], "laid_in": r["scope"],
                           **({"filter": r["filter"]} if r["filter"] else {})}
-                         for r in view["routes"]],
+                         for r in view["routes"] for topic in r["topics"]],
             "groups": view["groups"], "receivers": view["receivers"]}
 
 
