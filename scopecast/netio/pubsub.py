@@ -17,7 +17,7 @@ from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClos
 from scopecast.netio.message import Message
 from scopecast.netio.runtime import Subscription
 from scopecast.netio.wire import ContentType
-from scopecast.scopes.topics import TopicInfo, is_pattern, topic_matcher
+from scopecast.scopes.topics import Advertised, is_pattern, topic_matcher
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +55,17 @@ class Publisher:
     __slots__ = ("_element", "_runtime", "_publish", "topic", "_topic_id", "_sessions", "_session",
                  "_max", "reliable", "_seq", "_last_sseq", "_closed")  # thousands per process
 
-    def __init__(self, element, info: TopicInfo) -> None:
+    def __init__(self, element, name: str, grant: Advertised) -> None:
         self._element = element
         self._runtime = element.runtime
         self._publish = element.publish
-        self.topic = info.name
-        self._topic_id = info.id
+        self.topic = name
+        self._topic_id = topic_id = grant.id
         self._sessions = element.runtime.publish_sessions  # moved on by the controlled element
-        self._session = self._sessions.setdefault(info.id, info.session)
+        self._session = self._sessions.setdefault(topic_id, grant.session)
         self._max = self._runtime.config.max_message_bytes
-        self.reliable = info.recovery != "none"
-        self._seq = self._runtime.stream_ends.get((info.id, self._session), 0)
+        self.reliable = grant.reliable
+        self._seq = self._runtime.stream_ends.get((topic_id, self._session), 0)
         self._last_sseq = 0
         self._closed = False
 

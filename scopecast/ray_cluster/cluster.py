@@ -301,7 +301,9 @@ class Cluster:
         if isinstance(topics, str) or not topics:
             raise TypeError("publishers() takes a non-empty list of topic names")
         element = self._member(scope)
-        pubs = [Publisher(element, info) for info in element.advertise(list(topics))]
+        names = list(topics)
+        pubs = [Publisher(element, name, grant)
+                for name, grant in zip(names, element.advertise(names), strict=True)]
         with self._lock:
             self._handles.extend(pubs)
         return pubs

@@ -145,14 +145,15 @@ class ControlledElement:
         return ids
 
     def advertise(self, names: list[str]) -> list:
-        """Make this member a publisher of `names`; returns their TopicInfos once every scope has
-        in place the channels laid for them (so subscribers known now miss nothing)."""
-        infos = call(self.manager.advertise, self.member_id, names)
+        """Make this member a publisher of `names`; returns what its publishers need of each
+        (`Advertised`) once every scope has in place the channels laid for them (so subscribers
+        known now miss nothing)."""
+        grants = call(self.manager.advertise, self.member_id, names)
         for name in names:
             self._published[name] = self._published.get(name, 0) + 1
         self.unused_since = None
         self.wait_ready(names[0] if len(names) == 1 else f"{len(names)} topics")
-        return infos
+        return grants
 
     def wait_ready(self, name: str) -> bool:
         self._fetch()

@@ -42,7 +42,7 @@ from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.recovery_domain import GONE, AgentRecord, RecoveryDomains, agent_name
 from scopecast.scopes.topic_table import TopicTable
-from scopecast.scopes.topics import TopicInfo, is_pattern, name_filter, topic_matcher
+from scopecast.scopes.topics import Advertised, TopicInfo, is_pattern, name_filter, topic_matcher
 
 log = logging.getLogger(__name__)
 
@@ -476,9 +476,9 @@ class ScopeManager:
             self._resolve(member)
             self._kick()
 
-    async def advertise(self, member_id: int, names: list[str]) -> list[TopicInfo]:
-        """Make the member a publisher of `names` (one re-layout for all of them); their
-        TopicInfos."""
+    async def advertise(self, member_id: int, names: list[str]) -> list[Advertised]:
+        """Make the member a publisher of `names` (one re-layout for all of them); what its
+        publishers need of each."""
         infos = [await self._topic(n) for n in names]
         for info in infos:
             self._check_inside(info)
@@ -487,7 +487,7 @@ class ScopeManager:
         member.regular = True
         self._kick()
         await self._settle()
-        return infos
+        return [Advertised(i.id, i.session, i.recovery != "none") for i in infos]
 
     async def unadvertise(self, member_id: int, names: list[str]) -> None:
         member = self._member(member_id, missing_ok=True)

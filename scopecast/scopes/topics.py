@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 from scopecast.actors.errors import InvalidConfig
 
@@ -47,6 +48,15 @@ def check_topic_name(name: str) -> str:
         raise InvalidConfig(f"bad topic name {name!r}: use letters, digits, '_', '-', '.' in "
                             f"'/'-separated parts, at most {MAX_TOPIC_NAME} characters")
     return name
+
+
+class Advertised(NamedTuple):
+    """What a publisher needs of its topic, as `advertise` returns it: a few fields, not the
+    TopicInfo (a process publishing thousands of topics holds one per topic)."""
+
+    id: int
+    session: int
+    reliable: bool
 
 
 @dataclass(slots=True, frozen=True)
