@@ -177,7 +177,10 @@ class RecoveryPath:
         self._replies: dict[str, _Reply] = {}           # protocol -> its agent's latest reply
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
-        self._tails: dict[tuple[int, int], list[int]] = {}  # (topic, session) -> fs, fss, ls, lss
+        # (topic, session) -> [fs, fss, ls, lss] while any of its messages is unstable, else
+        # its last seq (one table: a publisher going round thousands of topics moves each between
+        # the two states every few messages, and keeps the entry)
+        self._tails: dict[tuple[int, int], list[int] | int] = {}
         self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
                                                  # summary
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
@@ -211,7 +214,6 @@ class RecoveryPath:
         self._last_summary = 0.0
         self._cached_history: frozenset[int] = frozenset()  # topics whose joiners replay first
         self._join_points: dict[int, dict] = {}  # receiver -> {(topic, session): first owed seq}
-        self._stable_tops: dict[tuple[int, int], int] = {}  # (topic, session) -> last seq, stable
         self._starts: dict[tuple, int] = {}      # key -> join point, until caught up with it
         self._asks: dict[tuple, list] = {}       # key -> [asks sent, last sent]
         self._repair_used: dict[tuple, int] = {}  # requester -> repair budget used this period
@@ -246,10 +248,9 @@ class RecoveryPath:
         for key, (sseq, _t, _s, seq, _c, _p) in dict(zip(map(_TOPIC_SESSION, released),
                                                           released, strict=True)).items():
             tail = tails.get(key)
-            if tail is not None:
+            if tail.__class__ is list:
                 if seq >= tail[2]:
-                    del tails[key]
-                    self._stable_tops[key] = tail[2]
+                    tails[key] = seq
                 else:
                     tail[0], tail[1] = seq + 1, sseq + 1
         if head > 4096 and head * 2 > len(cache):
@@ -271,7 +272,7 @@ class RecoveryPath:
         self._beat += 1
         tails = self._tails
         if len(tails) <= MAX_RECORD_TOPICS:
-            named, horizon = tails.items(), self.handed
+            named, horizon = [(k, t) for k, t in tails.items() if t.__class__ is list], self.handed
         else:
             named, horizon = self._oldest_named()
         keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)
@@ -311,8 +312,7 @@ class RecoveryPath:
         keeps its join point while it is a member (a view may leave it out for a moment)."""
         new = receivers - self._join_points.keys()
         if new:
-            points = {k: last + 1 for k, last in self._stable_tops.items()}
-            points.update((k, tail[2] + 1) for k, tail in self._tails.items())
+            points = {k: (t[2] if t.__class__ is list else t) + 1 for k, t in self._tails.items()}
             for member in new:
                 self._join_points[member] = points  # shared: never changed after
         for member in [m for m in self._join_points if m not in receivers and m not in self._members]:
@@ -328,8 +328,8 @@ class RecoveryPath:
             self.stats["where_unanswered"] += 1
             self._look_up(receiver)
             return
-        tail = self._tails.get((topic, session))
-        cached = tail[0] if tail else self._stable_tops.get((topic, session), 0) + 1
+        tail = self._tails.get((topic, session), 0)
+        cached = tail[0] if tail.__class__ is list else tail + 1
         points = self._join_points.get(receiver)
         start = points.get((topic, session), 1) if points is not None else cached
         self._send_control(wire.PacketType.CONTROL, ["from", topic, session, start, cached],
@@ -640,7 +640,7 @@ class RecoveryPath:
         missing = {(n[1], n[0], n[2], n[3]) for n in naks}
         for key in [k for k in self._nak_at if k not in missing]:
             del self._nak_at[key]
-        record = {self.member_id: self._own_record()} if self._tails or self._taken_sseq else None
+        record = {self.member_id: self._own_record()} if self._taken_sseq else None
         protocols = self._protocols
         for key, agent in self._agents.items():
             summary = {"acks": acks, "seen": self._max_seen,
@@ -678,7 +678,7 @@ class RecoveryPath:
         record it has only just learned), and a flush of one message would take that long."""
         if self._period <= IDLE_FROM or now - self._moved_at > SETTLE_FOR:
             return False
-        if self._tails:  # own messages not stable yet
+        if len(self._cache) > self._cache_head:  # own messages not stable yet
             return True
         for source, seen in self._max_seen.items():
             stable = self._peer_stable(source)

@@ -63,11 +63,12 @@ class SendPath:
                 keep(item)
                 if tail is None or tail_session != session:
                     tail_session = session
-                    tail = tails.get((topic, session))
-                    if tail is None:
-                        tail = tails[(topic, session)] = [seq, sseq, seq, sseq]
-                        if (topic, session) not in self._stable_tops:  # its first message
+                    key = (topic, session)
+                    tail = tails.get(key)
+                    if tail.__class__ is not list:  # all its messages stable (or none sent)
+                        if tail is None:  # its first message
                             self._published.add(topic, session)
+                        tail = tails[key] = [seq, sseq, seq, sseq]
                 tail[2] = seq
                 tail[3] = sseq
             else:
