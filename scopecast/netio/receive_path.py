@@ -126,7 +126,7 @@ class ReceivePath:
                 # runs are validated as they are read: the runs before a malformed one in an
                 # authenticated datagram are kept
                 names, me = self._names, self.member_id
-                next_seq, sessions = self._next_seq, self._sessions
+                by_source, sessions = self._next_seq.by_source, self._sessions
                 in_order = not self._early  # else every run goes by _take_run (held runs)
                 for run in wire.iter_runs(body, off, header.count, len(routes)):
                     topic, source, session, first = run[0], run[1], run[2], run[3]
@@ -140,15 +140,15 @@ class ReceivePath:
                         self._take_mixed(data, routes, run)
                         in_order = not self._early
                         continue
-                    key = (topic, source, session)
-                    if in_order and next_seq.get(key) == first \
+                    topics = by_source.get((source, session))
+                    if in_order and topics is not None and topics.get(topic) == first \
                             and session <= sessions.get(topic, session):
                         # the common case, checked here rather than in a call per run: next in
                         # order, of an announced session
                         lengths = run[8]
-                        next_seq[key] = first + len(lengths)
-                        self._accept(data, routes, key, first, run[4], run[5], run[6], run[7],
-                                     lengths, run[9])
+                        topics[topic] = first + len(lengths)
+                        self._accept(data, routes, (topic, source, session), first, run[4],
+                                     run[5], run[6], run[7], lengths, run[9])
                     else:
                         self._take_run(data, routes, *run)
         finally:
@@ -203,17 +203,24 @@ class ReceivePath:
             self._release_early(key)
 
     def _plain_topics(self) -> dict[int, tuple]:
-        """topic -> (subscriptions, reliable, latest announced session) of the topics this member
-        takes and does not forward: what `_take_mixed` needs of a message in one lookup. The
-        values are shared (topics alike have the same object, no memory per topic), so a run's
-        messages are alike when their values are one object. Rebuilt after any table install."""
+        """topic -> (subscriptions, reliable, latest announced session, names) of the topics this
+        member takes and does not forward: what `_take_mixed` needs of a message in one lookup.
+        Topics alike share the value (no memory per topic but in `names`, topic -> name of the
+        topics alike): a run's messages are alike when each has a name there. Rebuilt after any
+        table install."""
         plain: dict[int, tuple] = {}
         same: dict[tuple, tuple] = {}
         sessions, reliable, forwards = self._sessions, self._reliable, self._routes
+        topic_names = self._topic_names
         for topic, subs in self._subs.items():
             if topic not in forwards:
                 info = (subs, topic in reliable, sessions.get(topic, 1 << 62))
-                plain[topic] = same.setdefault(info, info)
+                group = same.get(info)
+                if group is None:
+                    group = same[info] = (*info, {})
+                plain[topic] = group
+                if (name := topic_names.get(topic)) is not None:
+                    group[3][topic] = name
         self._plain = plain
         return plain
 
@@ -227,7 +234,9 @@ class ReceivePath:
         if self._take_mixed_at_once(data, routes, run, plain):
             return
         _, source, session, _, stream, sseq, ctype, ridx, entries, off = run
-        next_seq, last_sseq, topic_names = self._next_seq, self._last_sseq, self._topic_names
+        next_seq = self._next_seq.topics(source, session)  # of this run's source session, by topic
+        last_sseq = self._last_sseq.topics(source, session)
+        topic_names = self._topic_names
         route = routes[ridx]
         source_name = self._names.get(source) or str(source)
         self.stats["mixed_runs"] += 1
@@ -239,9 +248,8 @@ class ReceivePath:
         nbytes = 0
         for topic, seq, n in zip(entries[0::3], entries[1::3], entries[2::3], strict=True):
             p = plain.get(topic)
-            key = (topic, source, session)
-            if p is not None and in_order and next_seq.get(key) == seq and session <= p[2]:
-                next_seq[key] = seq + 1
+            if p is not None and in_order and next_seq.get(topic) == seq and session <= p[2]:
+                next_seq[topic] = seq + 1
                 payload = data[off:off + n]
                 if p[0] is not group:
                     if batch:
@@ -253,7 +261,7 @@ class ReceivePath:
                 if p[1]:  # reliable
                     if not low:
                         low = sseq
-                    last_sseq[key] = top = sseq
+                    last_sseq[topic] = top = sseq
                     if cacher:  # kept until stable, to repair peers (see recovery_path)
                         self._keep(source, CachedRun(sseq, sseq, data, topic, session, seq, ctype,
                                                      (n,), off))
@@ -283,22 +291,22 @@ class ReceivePath:
         if self._early or ctype == END:
             return False
         topics = entries[0::3]
-        infos = list(map(plain.get, topics))
-        info = infos[0]  # every message alike (the same object), of a reliable topic
-        if info is None or not info[1] or session > info[2] or infos.count(info) != len(infos):
+        info = plain.get(topics[0])  # of a reliable topic, and every message alike
+        if info is None or not info[1] or session > info[2]:
             return False
-        names = list(map(self._topic_names.get, topics))
+        names = list(map(info[3].get, topics))
         if None in names:
             return False
         seqs = list(entries[1::3])
-        keys = list(zip(topics, repeat(source), repeat(session)))
-        next_seq = self._next_seq
-        if list(map(next_seq.get, keys)) != seqs or len(set(topics)) != len(topics):
+        next_seq = self._next_seq.by_source.get((source, session))  # topic -> next seq
+        if next_seq is None or list(map(next_seq.get, topics)) != seqs \
+                or len(set(topics)) != len(topics):
             return False
         n = len(seqs)
-        next_seq.update(zip(keys, map((1).__add__, seqs), strict=True))
+        next_seq.update(zip(topics, map((1).__add__, seqs), strict=True))
         top = sseq + n - 1
-        self._last_sseq.update(zip(keys, range(sseq, top + 1), strict=True))
+        self._last_sseq.topics(source, session).update(zip(topics, range(sseq, top + 1),
+                                                            strict=True))
         lengths = entries[2::3]
         bounds = list(accumulate(lengths, initial=off))
         payloads = list(map(data.__getitem__, map(slice, bounds, bounds[1:])))

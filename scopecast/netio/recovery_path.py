@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
+from scopecast.netio.key_table import KeyTable
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 
 REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
@@ -186,11 +187,11 @@ class RecoveryPath:
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
-        self._last_sseq: dict[tuple, int] = {}   # (topic, source, session) -> last delivered sseq
+        self._last_sseq = KeyTable()  # (topic, source, session) -> last delivered sseq
         self._records: dict[int, _Record] = {}   # source -> its record
         self._positions = StreamPositions()      # sseqs taken per source (for dense streams)
         self._taken_keys: dict[int, KeyDigest] = {}  # source -> keys delivered from it
-        self._digested = 0                       # keys of _last_sseq in _taken_keys so far
+        self._digested: dict[tuple, int] = {}  # (source, session) -> its keys in _taken_keys
         self._forgotten: set[tuple] = set()      # keys taken out of them again (see forget_keys)
         self._published = KeyDigest()            # own (topic, session) keys sent, all reliable
         self._sent_unreliable = False            # (if not: no stream is dense)
@@ -563,14 +564,11 @@ class RecoveryPath:
 
     def _digest_keys(self) -> None:
         """Add the keys first delivered since the last summary to their sources' digests."""
-        last = self._last_sseq
-        if len(last) > self._digested:  # (keys are never removed: the new ones are the last)
-            for topic, source, session in islice(reversed(last), len(last) - self._digested):
-                digest = self._taken_keys.get(source)
-                if digest is None:
-                    digest = self._taken_keys[source] = KeyDigest()
-                digest.add(topic, session)
-            self._digested = len(last)
+        for topic, source, session in self._last_sseq.added_since(self._digested):
+            digest = self._taken_keys.get(source)
+            if digest is None:
+                digest = self._taken_keys[source] = KeyDigest()
+            digest.add(topic, session)
 
     def _nak_holes(self, key: tuple, nxt: int, last: int, naks: list,
                    tail: tuple | None = None) -> bool:

@@ -30,6 +30,7 @@ from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
+from scopecast.netio.key_table import KeyTable
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ReceivePath
 from scopecast.netio.recovery_path import IDLE_FROM, INF, RecoveryPath
@@ -174,7 +175,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._feeds_by_channel: dict[int, Feed] = {}
         self._stalled: tuple[Feed, bytes] | None = None
         self._active: deque[Feed] = deque()
-        self._next_seq: dict[tuple[int, int, int], int] = {}
+        self._next_seq = KeyTable()  # (topic, source, session) -> next seq to deliver
         # (sender, channel) -> [dseq, dseq acked, when acked, when new data was last acked]
         self._recv_pos: dict[tuple[int, int], list] = {}
         self._held: deque[tuple[float, int, bytes]] = deque()
