@@ -9,7 +9,15 @@ import time
 import pytest
 
 from scopecast.netio.delivery import Subscription
-from scopecast.netio.recovery_path import INF, RETRY_MIN, SETTLE_FOR, SETTLE_REPORT, TAIL_SEQ
+from scopecast.netio.recovery_path import (
+    INF,
+    RECORD_ENTRY,
+    RETRY_MIN,
+    SETTLE_FOR,
+    SETTLE_REPORT,
+    TAIL_SEQ,
+    _named_topics,
+)
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
 T, SOURCE = 3, 9
@@ -425,8 +433,6 @@ def test_a_stream_is_no_longer_dense_once_the_member_drops_one_of_its_topics(mem
 def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
     """The sender's record carries its named topics packed (agents pass it on every period);
     the receiver reads them back, and drops instructions whose record is cut short."""
-    from scopecast.netio.recovery_path import RECORD_ENTRY, _named_topics
-
     def own():
         member._tails.update({(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]})
         return member._own_record()
@@ -455,6 +461,16 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
     assert member._tails == {(T, 1): 3, (U, 1): 2}
     assert member.released_bytes - base == member.app_bytes
     assert [e for e in member._cache if e is not None] == []
+    # a receiver appearing now joins each topic after its last message
+    member.call_wait(member._note_receivers, {99})
+    assert member._join_points[99] == {(T, 1): 4, (U, 1): 3}
+    # a topic wholly stable that publishes again has a tail from its new message on, and only
+    # the unstable topics are named in the record
+    member.publish(U, 1, 3, 0, b"x" * 10)
+    member.call_wait(member._take_publishes)
+    assert member._tails == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
+    record = member.call_wait(member._own_record)
+    assert _named_topics(record[1]) == {(U, 1): [3, 6, 3, 6]}
 
 
 def _delivered(rt: MemberRuntime) -> list[int]:
