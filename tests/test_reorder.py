@@ -53,10 +53,12 @@ def received(sub: Subscription, n: int, timeout: float = 10.0, topic: bool = Fal
     return seqs
 
 
-def mixed(rt: MemberRuntime, first_sseq: int, entries: list[tuple[int, int]]) -> None:
+def mixed(rt: MemberRuntime, first_sseq: int, entries: list[tuple[int, int]],
+          session: int = 1) -> None:
     """Hand the member one datagram of a mixed run: (topic, seq) per message, consecutive stream
     seqs from `first_sseq`, through the decoder as it comes off the socket."""
-    msgs = [wire.WireMessage(t, SOURCE, 1, q, 1, first_sseq + i, 0, (("a", "b"),), b"%d" % q)
+    msgs = [wire.WireMessage(t, SOURCE, session, q, 1, first_sseq + i, 0, (("a", "b"),),
+                             b"%d" % q)
             for i, (t, q) in enumerate(entries)]
     data = wire.encode_datagram(wire.PacketType.DATA, SOURCE, 1, first_sseq, msgs)
     rt.call_wait(lambda: rt._on_data(wire.unpack_header(data), memoryview(data), data))
@@ -154,3 +156,18 @@ def test_mixed_runs_of_reliable_topics_at_once_or_one_by_one_agree(member):
     assert [e[0] for e in kept(rt)] == list(range(1, 14))
     assert rt._positions.contiguous[SOURCE] == 13
     assert rt._last_sseq[(T, SOURCE, 1)] == 13 and rt._last_sseq[(U, SOURCE, 1)] == 12
+
+
+def test_mixed_runs_of_a_session_never_announced_are_dropped_and_leave_no_state(member):
+    """Authenticated but wrong (a buggy member): runs of a session the scope never announced are
+    counted and dropped, and no per-session table is made for them (else each bogus session
+    would hold memory for good)."""
+    rt, sub = member
+    rt.call_wait(rt.install_topics, {T: "T", U: "U"}, {T: 1, U: 1})
+    for session in (5, 6, 7):
+        mixed(rt, 1, [(T, 1), (U, 1)], session=session)
+    mixed(rt, 1, [(T, 1), (U, 1)])
+    assert received(sub, 2) == [1, 1]
+    assert rt.stats["unannounced_session"] == 6
+    assert rt.call_wait(lambda: (set(rt._next_seq.by_source), set(rt._last_sseq.by_source))) \
+        == ({(SOURCE, 1)}, set())

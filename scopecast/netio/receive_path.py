@@ -234,8 +234,10 @@ class ReceivePath:
         if self._take_mixed_at_once(data, routes, run, plain):
             return
         _, source, session, _, stream, sseq, ctype, ridx, entries, off = run
-        next_seq = self._next_seq.topics(source, session)  # of this run's source session, by topic
-        last_sseq = self._last_sseq.topics(source, session)
+        # this run's source session, by topic (none yet: `_take_run` makes it for what it
+        # accepts; a run of a session never announced leaves no table behind)
+        next_seq = self._next_seq.by_source.get((source, session), {})
+        last_sseq = None
         topic_names = self._topic_names
         route = routes[ridx]
         source_name = self._names.get(source) or str(source)
@@ -261,6 +263,8 @@ class ReceivePath:
                 if p[1]:  # reliable
                     if not low:
                         low = sseq
+                    if last_sseq is None:
+                        last_sseq = self._last_sseq.topics(source, session)
                     last_sseq[topic] = top = sseq
                     if cacher:  # kept until stable, to repair peers (see recovery_path)
                         self._keep(source, CachedRun(sseq, sseq, data, topic, session, seq, ctype,
