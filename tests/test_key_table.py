@@ -17,7 +17,7 @@ def test_it_reads_as_a_mapping_of_keys_and_stores_each_source_session_by_topic()
     assert sorted(table) == sorted(dict(table.items()))
     # a run of one source session is looked up and updated by topic ids alone
     topics = table.topics(100, 1)
-    topics.update({7: 6, 8: 10})
+    topics[7], topics[8] = 6, 10
     assert table[(7, 100, 1)] == 6 and table[(8, 100, 1)] == 10
 
 
@@ -29,7 +29,7 @@ def test_it_lists_the_keys_put_in_since_the_last_look_once_each():
     assert sorted(table.added_since(seen)) == [(1, 100, 1), (2, 100, 1)]
     assert table.added_since(seen) == []
     table[(1, 100, 1)] = 2  # a new value, not a new key
-    table.topics(200, 1).update({3: 1})  # (as a mixed run puts keys in)
+    table.topics(200, 1)[3] = 1  # (as a mixed run puts keys in)
     table[(4, 100, 1)] = 1
     assert sorted(table.added_since(seen)) == [(3, 200, 1), (4, 100, 1)]
     assert table.added_since(seen) == []

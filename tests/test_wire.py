@@ -39,6 +39,7 @@ def split(msg: WireMessage, chunk: int) -> list:
 u16 = st.integers(0, 2**16 - 1)
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
+seqs = st.integers(0, wire.SEQ_LIMIT - wire.MAX_RUN - 1)  # of messages: with room for a run
 topics = st.integers(1, 2**32 - 1)  # 0 marks a mixed run
 data_types = st.sampled_from([PacketType.DATA, PacketType.REPAIR])
 control_types = st.sampled_from([t for t in PacketType if t not in wire.DATA_TYPES])
@@ -51,7 +52,7 @@ payloads = st.binary(max_size=2000)
 @st.composite
 def wire_messages(draw, route_pool=None, payload=payloads):
     route = draw(st.sampled_from(route_pool)) if route_pool else draw(routes)
-    return WireMessage(draw(topics), draw(u32), draw(u32), draw(u64), draw(u32), draw(u64),
+    return WireMessage(draw(topics), draw(u32), draw(u32), draw(seqs), draw(u32), draw(seqs),
                        draw(st.integers(0, 2)), route, draw(payload))
 
 
@@ -62,10 +63,10 @@ def round_robin(draw):
     head = draw(wire_messages())
     n = draw(st.integers(2, 80))
     picks = draw(st.lists(topics, min_size=n, max_size=n))
-    seqs = draw(st.lists(u64, min_size=n, max_size=n))
-    return [dataclasses.replace(head, topic_id=t, seq=q, stream_seq=head.stream_seq % 2**63 + i,
+    numbers = draw(st.lists(seqs, min_size=n, max_size=n))
+    return [dataclasses.replace(head, topic_id=t, seq=q, stream_seq=head.stream_seq + i,
                                 payload=draw(st.binary(max_size=300)))
-            for i, (t, q) in enumerate(zip(picks, seqs, strict=True))]
+            for i, (t, q) in enumerate(zip(picks, numbers, strict=True))]
 
 
 @st.composite
@@ -110,6 +111,24 @@ def test_a_publisher_going_round_topics_travels_in_one_mixed_run(messages):
     assert len(data) == (HEADER.size + len(wire.encode_route_table([messages[0].route]))
                          + wire.RUN.size + sum(wire.MIXED_ENTRY.size + len(m.payload)
                                                for m in messages))
+
+
+@pytest.mark.parametrize("topics, seq, sseq", [
+    ((5, 5), wire.SEQ_LIMIT - 1, 100),      # a run's seqs run past the limit
+    ((5, 6), wire.SEQ_LIMIT, 100),          # a mixed run's seq at the limit
+    ((5, 5), 1, wire.SEQ_LIMIT - 1),        # stream seqs past it
+    ((5, 6), 1, wire.SEQ_LIMIT - 1),
+])
+def test_a_run_of_seqs_beyond_64_bits_of_room_is_refused(topics, seq, sseq):
+    """Receivers keep seqs in 64-bit slots (TopicTable): a run numbered at or past
+    SEQ_LIMIT is a counted drop, not an overflow in the I/O loop."""
+    route = (("A", "A"),)
+    msgs = [WireMessage(t, 9, 1, seq + (t == topics[0]) * i, 9, sseq + i, 0, route, b"p")
+            for i, t in enumerate(topics)]
+    data = wire.encode_datagram(PacketType.DATA, 9, 1, 1, msgs)
+    with pytest.raises(DecodeError) as err:
+        wire.decode_data(data)
+    assert err.value.reason == "bad_seq"
 
 
 def test_a_mixed_run_naming_topic_0_is_refused():

@@ -13,6 +13,7 @@ from collections import deque
 from itertools import accumulate, repeat
 
 from scopecast.netio import wire
+from scopecast.netio._seq_table import take_in_order
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
@@ -287,10 +288,10 @@ class ReceivePath:
             self._stream_taken(source, low, top)
 
     def _take_mixed_at_once(self, data: bytes, routes: list, run: tuple, plain: dict) -> bool:
-        """The common mixed run, taken with the per-message work in C (map, zip): every message
-        the next in order of its own topic (no topic twice), all of topics this member takes
-        and does not forward, reliable, for the same subscribers. False, having done nothing,
-        for any other run."""
+        """The common mixed run, taken with the per-message work in C (map, take_in_order): every
+        message the next in order of its own topic, all of topics this member takes and does not
+        forward, reliable, for the same subscribers. False, having done nothing, for any other
+        run."""
         _, source, session, _, _, sseq, ctype, ridx, entries, off = run
         if self._early or ctype == END:
             return False
@@ -301,16 +302,13 @@ class ReceivePath:
         names = list(map(info[3].get, topics))
         if None in names:
             return False
-        seqs = list(entries[1::3])
         next_seq = self._next_seq.by_source.get((source, session))  # topic -> next seq
-        if next_seq is None or list(map(next_seq.get, topics)) != seqs \
-                or len(set(topics)) != len(topics):
+        if next_seq is None or not take_in_order(next_seq, self._last_sseq.topics(source, session),
+                                                 entries, sseq):
             return False
+        seqs = entries[1::3]
         n = len(seqs)
-        next_seq.update(zip(topics, map((1).__add__, seqs), strict=True))
         top = sseq + n - 1
-        self._last_sseq.topics(source, session).update(zip(topics, range(sseq, top + 1),
-                                                            strict=True))
         lengths = entries[2::3]
         bounds = list(accumulate(lengths, initial=off))
         payloads = list(map(data.__getitem__, map(slice, bounds, bounds[1:])))
@@ -536,7 +534,8 @@ class ReceivePath:
                     and all(isinstance(v, int) for v in msg[1:]):
                 self._on_where(header.sender, msg[1], msg[2])
             elif isinstance(msg, list) and msg[:1] == ["from"] and len(msg) == 5 \
-                    and all(isinstance(v, int) for v in msg[1:]):
+                    and all(isinstance(v, int) and 0 <= v < wire.SEQ_LIMIT for v in msg[1:]) \
+                    and msg[1] <= wire.MAX_TOPIC:
                 self._on_join_point(header.sender, *msg[1:])
             else:
                 self._drop("bad_control")

@@ -126,17 +126,21 @@ def _pack_named(named) -> bytes:
 
 def _named_topics(runs) -> dict[tuple[int, int], list[int]]:
     """A record's named topics (packed, or lists as protocol tests write them), at most
-    MAX_RECORD_TOPICS; ValueError or TypeError when malformed."""
+    MAX_RECORD_TOPICS; ValueError or TypeError when malformed (seqs from wire.SEQ_LIMIT on
+    included: the receiver keeps them in 64 bits)."""
     if isinstance(runs, bytes):
         if len(runs) % RECORD_ENTRY.size:
             raise ValueError("record entries cut short")
         entries = RECORD_ENTRY.iter_unpack(runs[:MAX_RECORD_TOPICS * RECORD_ENTRY.size])
-        return {(t, s): [fs, fss, ls, lss] for t, s, fs, fss, ls, lss in entries}
-    named = {}
-    for t, s, *rest in runs[:MAX_RECORD_TOPICS]:
-        if len(rest) != 4:
-            raise ValueError("a record entry is six numbers")
-        named[(int(t), int(s))] = [int(v) for v in rest]
+        named = {(t, s): [fs, fss, ls, lss] for t, s, fs, fss, ls, lss in entries}
+    else:
+        named = {}
+        for t, s, *rest in runs[:MAX_RECORD_TOPICS]:
+            if len(rest) != 4:
+                raise ValueError("a record entry is six numbers")
+            named[(int(t), int(s))] = [int(v) for v in rest]
+    if named and max(map(max, named.values())) >= wire.SEQ_LIMIT:
+        raise ValueError("a record's seq out of range")
     return named
 
 

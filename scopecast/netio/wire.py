@@ -53,6 +53,8 @@ FLAG_FRAGMENT = 0x01
 
 MAX_ROUTES = 255
 MAX_RUN = 0xFFFF
+SEQ_LIMIT = 1 << 62  # seqs and stream seqs of runs stay below (receivers keep them in 64 bits)
+MAX_TOPIC = 0xFFFFFFFF
 MAX_ROUTE_NAME = 256  # bytes of one scope or member name in a routing record
 MAX_CONTROL_BODY = 60_000
 
@@ -321,16 +323,22 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
             raise DecodeError("bad_run", "empty run")
         if fields[7] >= nroutes:
             raise DecodeError("bad_routes", "route index")
+        if fields[5] + n > SEQ_LIMIT:
+            raise DecodeError("bad_seq", "stream seq")
         if fields[0] == MIXED:
             if offset + MIXED_ENTRY.size * n > end:
                 raise DecodeError("truncated", "mixed run entries")
             lengths = _entries(n).unpack_from(view, offset)
             if not all(lengths[0::3]):
                 raise DecodeError("bad_run", "topic 0 in a mixed run")
+            if max(lengths[1::3]) >= SEQ_LIMIT:
+                raise DecodeError("bad_seq", "seq")
             offset += MIXED_ENTRY.size * n
             start = offset
             offset += sum(lengths[2::3])
         else:
+            if fields[3] + n > SEQ_LIMIT:
+                raise DecodeError("bad_seq", "seq")
             if offset + LENGTH.size * n > end:
                 raise DecodeError("truncated", "run lengths")
             lengths = _lengths(n).unpack_from(view, offset)
