@@ -304,13 +304,17 @@ def test_a_scope_manager_ended_for_good_is_made_again_by_its_members(cluster):
     info = cluster.create_topic("gone/T")
     actor = Consumer.remote(info.name, scope="gone/a")
     ray.get(actor.ready.remote())
-    before = scope(cluster.status(), "gone/a")
+
+    def gone_a() -> dict:
+        """gone/a as the tree shows it now ({} until its report is in, e.g. on a loaded machine)."""
+        return next((s for s in walk(cluster.status()) if s["path"] == "gone/a"), {})
+    before = wait_for(lambda: (a := gone_a()).get("pid") and a, "gone/a in the status tree")
     ray.kill(ray.get_actor(scope_actor_name("gone/a"), namespace=declare.NAMESPACE),
              no_restart=True)
     wait_for(lambda: not _alive(before["pid"]), "the process of gone/a ended")
 
     def rejoined():
-        a = next((s for s in walk(cluster.status()) if s["path"] == "gone/a"), {})
+        a = gone_a()
         return a.get("pid") not in (None, before["pid"]) and len(a.get("members", ())) == 1
     wait_for(rejoined, "gone/a made again with its member", timeout=90)
     with cluster.publisher(info.name, scope="gone/b") as pub:
