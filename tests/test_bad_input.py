@@ -322,6 +322,31 @@ def test_unknown_sender(make_env):
     env.assert_valid_stream_intact()  # and none of the stranger's messages was delivered
 
 
+BAD_JOIN_POINTS = [
+    ["from", TOPIC, SESSION, wire.SEQ_LIMIT, 1],       # a seq the per-topic tables cannot hold
+    ["from", TOPIC, SESSION, 1, -1],                    # negative
+    ["from", wire.MAX_TOPIC + 1, SESSION, 1, 1],        # no topic id
+    ["from", TOPIC, SESSION, 1.5, 1],                   # not an int
+    ["from", TOPIC, SESSION, 1],                        # one short
+]
+
+
+def test_join_points_out_of_range(make_env):
+    """Signed join points ("from": topic, session, first seq, cached) from a known member with
+    values out of range are each counted as bad_control, and change nothing."""
+    env = make_env()
+    sent = 0
+
+    def junk(r: int) -> None:
+        nonlocal sent
+        body = BAD_JOIN_POINTS[r % len(BAD_JOIN_POINTS)]
+        sent += env.send(env.signed(wire.encode_control(wire.PacketType.CONTROL, JUNK_ID, body)))
+
+    env.interleave(junk)
+    env.wait(counter_at_least(env, "bad_control", sent), "bad_control count")
+    env.assert_valid_stream_intact()
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_malformed_routing_record_at_a_forwarder(make_env):
     import msgpack

@@ -140,12 +140,22 @@ table_len(SeqTable *t)
     return t->len;
 }
 
+/* The slot holding Python object `k` as a key; NULL (no exception) if there is none. */
+static Slot *
+lookup(SeqTable *t, PyObject *k)
+{
+    uint32_t key;
+    if (as_key(k, &key) < 0)
+        return NULL;
+    Slot *s = find(t, key);
+    return s->used ? s : NULL;
+}
+
 static PyObject *
 table_getitem(SeqTable *t, PyObject *k)
 {
-    uint32_t key;
-    Slot *s;
-    if (as_key(k, &key) < 0 || !(s = find(t, key))->used) {
+    Slot *s = lookup(t, k);
+    if (s == NULL) {
         PyErr_SetObject(PyExc_KeyError, k);
         return NULL;
     }
@@ -177,8 +187,7 @@ table_setitem(SeqTable *t, PyObject *k, PyObject *v)
 static int
 table_contains(SeqTable *t, PyObject *k)
 {
-    uint32_t key;
-    return as_key(k, &key) == 0 && find(t, key)->used;
+    return lookup(t, k) != NULL;
 }
 
 static PyObject *
@@ -188,12 +197,9 @@ table_get(SeqTable *t, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "get(topic, default=None)");
         return NULL;
     }
-    uint32_t key;
-    Slot *s;
-    if (as_key(args[0], &key) < 0 || !(s = find(t, key))->used) {
-        PyObject *dflt = nargs > 1 ? args[1] : Py_None;
-        return Py_NewRef(dflt);
-    }
+    Slot *s = lookup(t, args[0]);
+    if (s == NULL)
+        return Py_NewRef(nargs > 1 ? args[1] : Py_None);
     return PyLong_FromLongLong(s->value);
 }
 

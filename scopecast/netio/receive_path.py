@@ -13,7 +13,7 @@ from collections import deque
 from itertools import accumulate, repeat
 
 from scopecast.netio import wire
-from scopecast.netio._seq_table import take_in_order
+from scopecast.netio._seq_table import SeqTable, take_in_order
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
@@ -302,10 +302,18 @@ class ReceivePath:
         names = list(map(info[3].get, topics))
         if None in names:
             return False
-        next_seq = self._next_seq.by_source.get((source, session))  # topic -> next seq
-        if next_seq is None or not take_in_order(next_seq, self._last_sseq.topics(source, session),
-                                                 entries, sseq):
+        key = (source, session)
+        next_seq = self._next_seq.by_source.get(key)  # topic -> next seq
+        if next_seq is None:
             return False
+        last = self._last_sseq.by_source.get(key)
+        made = last is None  # (a new table is kept only if the run is taken)
+        if made:
+            last = SeqTable()
+        if not take_in_order(next_seq, last, entries, sseq):
+            return False
+        if made:
+            self._last_sseq.by_source[key] = last
         seqs = entries[1::3]
         n = len(seqs)
         top = sseq + n - 1
