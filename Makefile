@@ -6,7 +6,7 @@ PYTEST_TIMEOUT ?= 300
 
 .PHONY: demo test bench install clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt scopecast/netio/_seq_table.c
+$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard scopecast/netio/*.c scopecast/netio/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'

@@ -2,8 +2,10 @@
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("scopecast.netio._seq_table", ["scopecast/netio/_seq_table.c"],
-                             extra_compile_args=["-O2", "-Wall", "-Wextra",
-                                                 "-Wno-unused-parameter",
-                                                 "-Wno-missing-field-initializers",
-                                                 "-Wno-cast-function-type"])])
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+         "-Wno-cast-function-type"]
+HEADERS = ["scopecast/netio/_open_table.h"]
+
+setup(ext_modules=[Extension(f"scopecast.netio.{name}", [f"scopecast/netio/{name}.c"],
+                             depends=HEADERS, extra_compile_args=FLAGS)
+                   for name in ("_seq_table", "_tail_table")])

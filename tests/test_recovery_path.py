@@ -434,7 +434,8 @@ def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
     """The sender's record carries its named topics packed (agents pass it on every period);
     the receiver reads them back, and drops instructions whose record is cut short."""
     def own():
-        member._tails.update({(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]})
+        member._tails[(T, 1)] = [1, 1, 5, 9]
+        member._tails[(T + 1, 2)] = [3, 4, 3, 4]
         return member._own_record()
     record = member.call_wait(own)
     assert isinstance(record[1], bytes) and len(record[1]) == 2 * RECORD_ENTRY.size
@@ -456,9 +457,9 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
     member.call_wait(member._take_publishes)
     base = member.released_bytes
     member.call_wait(member._release_own, 3)
-    assert member._tails == {(T, 1): [3, 4, 3, 5], (U, 1): [2, 3, 2, 4]}
+    assert dict(member._tails.items()) == {(T, 1): [3, 4, 3, 5], (U, 1): [2, 3, 2, 4]}
     member.call_wait(member._release_own, 5)
-    assert member._tails == {(T, 1): 3, (U, 1): 2}
+    assert dict(member._tails.items()) == {(T, 1): 3, (U, 1): 2}
     assert member.released_bytes - base == member.app_bytes
     assert [e for e in member._cache if e is not None] == []
     # a receiver appearing now joins each topic after its last message
@@ -468,7 +469,7 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
     # the unstable topics are named in the record
     member.publish(U, 1, 3, 0, b"x" * 10)
     member.call_wait(member._take_publishes)
-    assert member._tails == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
+    assert dict(member._tails.items()) == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
     record = member.call_wait(member._own_record)
     assert _named_topics(record[1]) == {(U, 1): [3, 6, 3, 6]}
 

@@ -9,72 +9,40 @@
  * Keys are never taken out; iteration follows insertion order. Values are 64-bit: a larger one
  * is an OverflowError (the wire bounds seqs below that, see wire.SEQ_LIMIT). */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "_open_table.h"
 
 typedef struct {
+    uint64_t stored;    /* topic id + 1 */
     int64_t value;
-    uint32_t key;
-    uint32_t used;
 } Slot;
 
 typedef struct {
     PyObject_HEAD
-    Slot *slots;
-    size_t mask;        /* capacity - 1; capacity a power of two, at least twice len */
+    OpenTable tab;      /* (a TableObject) */
     uint32_t *order;    /* keys in insertion order */
-    Py_ssize_t len;
     Py_ssize_t order_cap;
 } SeqTable;
 
 static PyTypeObject SeqTableType;
 
+static size_t
+topic_hash(uint64_t stored)
+{
+    return (size_t)stored;
+}
+
+/* The slot of topic `key`, or NULL. */
 static inline Slot *
 find(const SeqTable *t, uint32_t key)
 {
-    size_t i = key & t->mask;
-    for (;;) {
-        Slot *s = &t->slots[i];
-        if (!s->used || s->key == key)
-            return s;
-        i = (i + 1) & t->mask;
-    }
-}
-
-static int
-grow(SeqTable *t)
-{
-    size_t cap = (t->mask + 1) * 2;
-    Slot *slots = PyMem_Calloc(cap, sizeof(Slot));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Slot *old = t->slots;
-    size_t old_cap = t->mask + 1;
-    t->slots = slots;
-    t->mask = cap - 1;
-    for (size_t i = 0; i < old_cap; i++)
-        if (old[i].used)
-            *find(t, old[i].key) = old[i];
-    PyMem_Free(old);
-    return 0;
+    return (Slot *)ot_lookup(&t->tab, (uint64_t)key + 1);
 }
 
 /* The slot of `key`, made (value 0) if there is none; NULL on memory error. */
 static Slot *
 insert(SeqTable *t, uint32_t key)
 {
-    Slot *s = find(t, key);
-    if (s->used)
-        return s;
-    if ((size_t)(t->len + 1) * 2 > t->mask + 1) {
-        if (grow(t) < 0)
-            return NULL;
-        s = find(t, key);
-    }
-    if (t->len == t->order_cap) {
+    if (t->tab.len == t->order_cap) {  /* (room for a new key first: nothing to undo) */
         Py_ssize_t cap = t->order_cap ? t->order_cap * 2 : 8;
         uint32_t *order = PyMem_Realloc(t->order, cap * sizeof(uint32_t));
         if (order == NULL) {
@@ -84,10 +52,10 @@ insert(SeqTable *t, uint32_t key)
         t->order = order;
         t->order_cap = cap;
     }
-    t->order[t->len++] = key;
-    s->key = key;
-    s->used = 1;
-    s->value = 0;
+    int made;
+    Slot *s = (Slot *)ot_insert(&t->tab, (uint64_t)key + 1, &made);
+    if (s != NULL && made)
+        t->order[t->tab.len - 1] = key;
     return s;
 }
 
@@ -110,56 +78,37 @@ as_key(PyObject *o, uint32_t *key)
 static PyObject *
 table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "SeqTable() takes no arguments");
-        return NULL;
-    }
-    SeqTable *t = (SeqTable *)type->tp_alloc(type, 0);
-    if (t == NULL)
-        return NULL;
-    t->slots = PyMem_Calloc(8, sizeof(Slot));
-    if (t->slots == NULL) {
-        Py_DECREF(t);
-        return PyErr_NoMemory();
-    }
-    t->mask = 7;
-    return (PyObject *)t;
+    return ot_object_new(type, args, kwds, sizeof(Slot), topic_hash);
 }
 
 static void
 table_dealloc(SeqTable *t)
 {
-    PyMem_Free(t->slots);
+    PyMem_Free(t->tab.slots);
     PyMem_Free(t->order);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
-static Py_ssize_t
-table_len(SeqTable *t)
-{
-    return t->len;
-}
-
 /* The slot holding Python object `k` as a key; NULL (no exception) if there is none. */
-static Slot *
-lookup(SeqTable *t, PyObject *k)
+static char *
+lookup(TableObject *t, PyObject *k)
 {
     uint32_t key;
     if (as_key(k, &key) < 0)
         return NULL;
-    Slot *s = find(t, key);
-    return s->used ? s : NULL;
+    return (char *)find((SeqTable *)t, key);
 }
 
 static PyObject *
-table_getitem(SeqTable *t, PyObject *k)
+value_of(const char *slot)
 {
-    Slot *s = lookup(t, k);
-    if (s == NULL) {
-        PyErr_SetObject(PyExc_KeyError, k);
-        return NULL;
-    }
-    return PyLong_FromLongLong(s->value);
+    return PyLong_FromLongLong(((const Slot *)slot)->value);
+}
+
+static PyObject *
+table_getitem(TableObject *t, PyObject *k)
+{
+    return ot_object_getitem(t, k, lookup, value_of);
 }
 
 static int
@@ -185,31 +134,24 @@ table_setitem(SeqTable *t, PyObject *k, PyObject *v)
 }
 
 static int
-table_contains(SeqTable *t, PyObject *k)
+table_contains(TableObject *t, PyObject *k)
 {
     return lookup(t, k) != NULL;
 }
 
 static PyObject *
-table_get(SeqTable *t, PyObject *const *args, Py_ssize_t nargs)
+table_get(TableObject *t, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get(topic, default=None)");
-        return NULL;
-    }
-    Slot *s = lookup(t, args[0]);
-    if (s == NULL)
-        return Py_NewRef(nargs > 1 ? args[1] : Py_None);
-    return PyLong_FromLongLong(s->value);
+    return ot_object_get(t, args, nargs, lookup, value_of);
 }
 
 static PyObject *
 keys_list(SeqTable *t, Py_ssize_t start)
 {
-    PyObject *out = PyList_New(t->len - start);
+    PyObject *out = PyList_New(t->tab.len - start);
     if (out == NULL)
         return NULL;
-    for (Py_ssize_t i = start; i < t->len; i++) {
+    for (Py_ssize_t i = start; i < t->tab.len; i++) {
         PyObject *k = PyLong_FromUnsignedLong(t->order[i]);
         if (k == NULL) {
             Py_DECREF(out);
@@ -239,16 +181,16 @@ table_keys_after(SeqTable *t, PyObject *arg)
         return NULL;
     if (n < 0)
         n = 0;
-    return keys_list(t, n < t->len ? n : t->len);
+    return keys_list(t, n < t->tab.len ? n : t->tab.len);
 }
 
 static PyObject *
 table_items(SeqTable *t, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *out = PyList_New(t->len);
+    PyObject *out = PyList_New(t->tab.len);
     if (out == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < t->len; i++) {
+    for (Py_ssize_t i = 0; i < t->tab.len; i++) {
         uint32_t key = t->order[i];
         PyObject *item = Py_BuildValue("(kL)", (unsigned long)key, find(t, key)->value);
         if (item == NULL) {
@@ -289,7 +231,7 @@ take_in_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         long long seq = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entries, 3 * i + 1),
                                                      &overflow);
         Slot *s = find(next, key);
-        if (overflow || seq == -1 || !s->used || s->value != seq || seq == INT64_MAX)
+        if (overflow || seq == -1 || s == NULL || s->value != seq || seq == INT64_MAX)
             break;
         s->value = seq + 1;
     }
@@ -316,7 +258,7 @@ take_in_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 table_repr(SeqTable *t)
 {
-    return PyUnicode_FromFormat("SeqTable(%zd topics)", t->len);
+    return PyUnicode_FromFormat("SeqTable(%zd topics)", t->tab.len);
 }
 
 static PyMethodDef table_methods[] = {
@@ -329,30 +271,8 @@ static PyMethodDef table_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyMappingMethods table_as_mapping = {
-    .mp_length = (lenfunc)table_len,
-    .mp_subscript = (binaryfunc)table_getitem,
-    .mp_ass_subscript = (objobjargproc)table_setitem,
-};
-
-static PySequenceMethods table_as_sequence = {
-    .sq_contains = (objobjproc)table_contains,
-};
-
-static PyTypeObject SeqTableType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "scopecast.netio._seq_table.SeqTable",
-    .tp_doc = PyDoc_STR("topic id (u32) -> 64-bit int, compact; keys never taken out"),
-    .tp_repr = (reprfunc)table_repr,
-    .tp_basicsize = sizeof(SeqTable),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = table_new,
-    .tp_dealloc = (destructor)table_dealloc,
-    .tp_as_mapping = &table_as_mapping,
-    .tp_as_sequence = &table_as_sequence,
-    .tp_iter = (getiterfunc)table_iter,
-    .tp_methods = table_methods,
-};
+OT_TABLE_TYPE(SeqTableType, "scopecast.netio._seq_table.SeqTable", sizeof(SeqTable),
+              "topic id (u32) -> 64-bit int, compact; keys never taken out", table_iter);
 
 static PyMethodDef module_methods[] = {
     {"take_in_order", (PyCFunction)(void (*)(void))take_in_order, METH_FASTCALL,
@@ -368,14 +288,5 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__seq_table(void)
 {
-    if (PyType_Ready(&SeqTableType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    if (PyModule_AddObjectRef(m, "SeqTable", (PyObject *)&SeqTableType) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return ot_module(&module, &SeqTableType, "SeqTable");
 }

@@ -41,6 +41,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from scopecast.netio import wire
+from scopecast.netio._tail_table import TailTable
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
@@ -80,9 +81,6 @@ JOIN_TRIES = 20                      # asks for a join point before starting at 
 
 def _sseq(entry: tuple) -> int:
     return entry[0]
-
-
-_TOPIC_SESSION, _PAYLOAD = itemgetter(1, 2), itemgetter(5)  # of a cache entry
 
 
 class CachedRun(NamedTuple):
@@ -183,9 +181,9 @@ class RecoveryPath:
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
         # (topic, session) -> [fs, fss, ls, lss] while any of its messages is unstable, else
-        # its last seq (one table: a publisher going round thousands of topics moves each between
-        # the two states every few messages, and keeps the entry)
-        self._tails: dict[tuple[int, int], list[int] | int] = {}
+        # its last seq (compact, in C: a publisher going round thousands of topics moves each
+        # between the two states every few messages)
+        self._tails = TailTable()
         self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
                                                  # summary
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
@@ -245,19 +243,9 @@ class RecoveryPath:
             return
         cache, head, tails = self._cache, self._cache_head, self._tails
         stop = bisect.bisect_right(cache, stable, lo=head, key=_sseq)
-        released = cache[head:stop]
+        freed = tails.release(cache, head, stop) + MESSAGE_COST * (stop - head)
         cache[head:stop] = [None] * (stop - head)
         head = stop
-        freed = sum(map(len, map(_PAYLOAD, released))) + MESSAGE_COST * len(released)
-        # each (topic, session)'s last released message (the per-message work in C)
-        for key, (sseq, _t, _s, seq, _c, _p) in dict(zip(map(_TOPIC_SESSION, released),
-                                                          released, strict=True)).items():
-            tail = tails.get(key)
-            if tail.__class__ is list:
-                if seq >= tail[2]:
-                    tails[key] = seq
-                else:
-                    tail[0], tail[1] = seq + 1, sseq + 1
         if head > 4096 and head * 2 > len(cache):
             del cache[:head]
             head = 0
@@ -277,7 +265,7 @@ class RecoveryPath:
         self._beat += 1
         tails = self._tails
         if len(tails) <= MAX_RECORD_TOPICS:
-            named, horizon = [(k, t) for k, t in tails.items() if t.__class__ is list], self.handed
+            named, horizon = tails.unstable(), self.handed
         else:
             named, horizon = self._oldest_named()
         keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)

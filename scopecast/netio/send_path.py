@@ -39,12 +39,11 @@ class SendPath:
         feed = record = table = run = None
         subs: tuple = ()
         own_plans = self._own_plans
-        keep = self._cache.append
-        tails = self._tails
+        cache = self._cache
+        keep = cache.append
+        kept = len(cache)
         released = 0
         rel = False
-        tail = None
-        tail_session = 0
         while q:
             item = q.popleft()  # as the cache keeps it: (sseq, topic, session, seq, ctype, payload)
             if item[1] != topic:
@@ -55,22 +54,11 @@ class SendPath:
                     feed, run = single, None
                 if run.__class__ is not MixedRun:  # (a mixed run goes on across topics)
                     run = None
-                tail = None
             sseq, _, session, seq, ctype, payload = item
             n = len(payload) + MESSAGE_COST
             taken += n
             if rel:  # kept until stable (see recovery_path)
                 keep(item)
-                if tail is None or tail_session != session:
-                    tail_session = session
-                    key = (topic, session)
-                    tail = tails.get(key)
-                    if tail.__class__ is not list:  # all its messages stable (or none sent)
-                        if tail is None:  # its first message
-                            self._published.add(topic, session)
-                        tail = tails[key] = [seq, sseq, seq, sseq]
-                tail[2] = seq
-                tail[3] = sseq
             else:
                 released += n
                 self._sent_unreliable = True
@@ -111,6 +99,9 @@ class SendPath:
                     self._offer(subs, [Message(self._topic_names.get(topic, str(topic)),
                                                self.name, session, seq, payload, ctype,
                                                self._origin)], n)
+        if len(cache) > kept:  # each stream's tail moves on (in C)
+            for topic, session in self._tails.note(cache, kept):
+                self._published.add(topic, session)
         if sseq:
             self._taken_sseq = sseq
             self.progressed = True

@@ -1,0 +1,76 @@
+"""CPU of a sender's I/O thread per message, going round N topics (no Ray, no receivers).
+
+A real MemberRuntime takes reliable messages from this thread, sends them as datagrams to a local
+socket nobody reads, and releases what an agent would call stable (driven here by hand, a few
+thousand messages behind); the I/O thread's CPU comes from /proc. What it isolates is the
+per-topic bookkeeping of the send path (plans, mixed runs, stream tails), which the end-to-end
+topic-scale case shows only through much noise.
+
+    .venv/bin/python -m benchmarks.sender_io --topics 1,10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
+from scopecast.scopes.channel import UnicastEndpoint
+from scopecast.scopes.routing import RoutingLabel
+
+HZ = os.sysconf("SC_CLK_TCK")
+WARMUP = 20_000
+ROUND = 2_000       # messages between releases
+LAG = 4_000         # stream seqs the stable point stays behind
+
+
+def thread_cpu(tid: int) -> float:
+    stat = open(f"/proc/self/task/{tid}/stat").read()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / HZ
+
+
+def us_per_message(topics: int, messages: int, size: int) -> float:
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    rt = MemberRuntime(1, "p", os.urandom(32), RuntimeConfig())
+    try:
+        ids = range(1, topics + 1)
+        rt.call_wait(rt.install_members, [MemberInfo(1, "p", *rt.address)])
+        rt.call_wait(rt.install_topics, {t: f"bench/t{t}" for t in ids})
+        rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
+                     dict.fromkeys(ids, "token_ring"))
+        to = UnicastEndpoint(*sink.getsockname())
+        rt.call_wait(rt.install_routes,
+                     {t: [Route(RoutingLabel(("p",), ("*",), t, "p"), to)] for t in ids})
+        payload, seqs, sseq, start = b"x" * size, [0] * (topics + 1), 0, 0.0
+        for i in range(WARMUP + messages):
+            if i == WARMUP:
+                rt.call_wait(lambda: None)
+                start = thread_cpu(rt._thread.native_id)
+            topic = 1 + i % topics
+            seqs[topic] += 1
+            sseq = rt.publish(topic, 1, seqs[topic], 0, payload)
+            if i % ROUND == ROUND - 1:
+                rt.call_wait(rt._release_own, max(0, sseq - LAG))
+        rt.call_wait(rt._release_own, sseq)
+        return (thread_cpu(rt._thread.native_id) - start) / messages * 1e6
+    finally:
+        rt.close()
+        sink.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topics", default="1,10000", help="topic counts, comma-separated")
+    parser.add_argument("--messages", type=int, default=300_000, help="measured per count")
+    parser.add_argument("--size", type=int, default=1000, help="payload bytes")
+    args = parser.parse_args()
+    for topics in map(int, args.topics.split(",")):
+        print(f"{topics} topics: {us_per_message(topics, args.messages, args.size):.2f} us "
+              "of the I/O thread per message", flush=True)
+
+
+if __name__ == "__main__":
+    main()

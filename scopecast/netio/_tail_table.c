@@ -1,0 +1,341 @@
+/* A sender's tail of each of its own streams: (topic, session) -> where its unstable messages
+ * start and where it ends (see recovery_path: records, join points, where-answers).
+ *
+ * The I/O thread notes every reliable message it takes and releases every one that turns
+ * stable; as a dict of lists keyed by tuples, a publisher going round thousands of topics paid
+ * for a key tuple, a hash lookup and a list per message, twice, and missed the CPU cache at
+ * each. Here a stream is one 40-byte slot, and `note` and `release` walk the sender's cache in
+ * one C loop each. Reads give what the dict held: [first unstable seq, its stream seq, last
+ * seq, last stream seq] while any message is unstable, else the last seq (an int). */
+
+#include "_open_table.h"
+
+typedef struct {
+    uint64_t stored;    /* (topic << 32 | session) + 1 */
+    int64_t fs, fss;    /* first unstable seq and stream seq; fs > ls: all stable */
+    int64_t ls, lss;    /* last seq and stream seq */
+} Tail;
+
+typedef TableObject TailTable;
+
+static size_t
+stream_hash(uint64_t stored)
+{
+    uint64_t key = stored - 1;  /* sequential topics of one session: sequential slots */
+    return (size_t)((key >> 32) + (key & 0xFFFFFFFFu) * 0x9E3779B1u);
+}
+
+static inline uint64_t
+stored_key(uint32_t topic, uint32_t session)
+{
+    return ((uint64_t)topic << 32 | session) + 1;
+}
+
+/* A Python int in [0, 2**32) into *out; -1 (an exception set) if it is not one. */
+static int
+as_u32(PyObject *o, uint32_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (v > UINT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R is not a 32-bit id", o);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* A (topic, session) tuple as a stored key; 0 (an exception set) if it is not one. */
+static uint64_t
+as_key(PyObject *k)
+{
+    uint32_t topic, session;
+    if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a TailTable's keys are (topic, session) tuples");
+        return 0;
+    }
+    if (as_u32(PyTuple_GET_ITEM(k, 0), &topic) < 0
+            || as_u32(PyTuple_GET_ITEM(k, 1), &session) < 0)
+        return 0;
+    return stored_key(topic, session);
+}
+
+static PyObject *
+key_of(const Tail *t)
+{
+    uint64_t key = t->stored - 1;
+    return Py_BuildValue("(kk)", (unsigned long)(key >> 32), (unsigned long)(key & 0xFFFFFFFFu));
+}
+
+static PyObject *
+value_of(const char *slot)
+{
+    const Tail *t = (const Tail *)slot;
+    if (t->fs > t->ls)
+        return PyLong_FromLongLong(t->ls);
+    return Py_BuildValue("[LLLL]", t->fs, t->fss, t->ls, t->lss);
+}
+
+/* A cache entry's (sseq, topic, session, seq, ...) into its fields; -1 (an exception set) if
+ * it is not one. */
+static int
+entry_fields(PyObject *e, uint64_t *stored, int64_t *sseq, int64_t *seq)
+{
+    uint32_t topic, session;
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4) {
+        PyErr_SetString(PyExc_TypeError, "a cache entry is (sseq, topic, session, seq, ...)");
+        return -1;
+    }
+    if (as_u32(PyTuple_GET_ITEM(e, 1), &topic) < 0 || as_u32(PyTuple_GET_ITEM(e, 2), &session) < 0)
+        return -1;
+    *sseq = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 0));
+    *seq = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 3));
+    if ((*sseq == -1 || *seq == -1) && PyErr_Occurred())
+        return -1;
+    *stored = stored_key(topic, session);
+    return 0;
+}
+
+/* cache[start:stop] of a list, bounds checked; -1 (an exception set) if they do not fit. */
+static int
+span(PyObject *cache, Py_ssize_t start, Py_ssize_t stop)
+{
+    if (!PyList_Check(cache)) {
+        PyErr_SetString(PyExc_TypeError, "the cache is a list");
+        return -1;
+    }
+    if (start < 0 || start > stop || stop > PyList_GET_SIZE(cache)) {
+        PyErr_SetString(PyExc_IndexError, "cache span out of range");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    return ot_object_new(type, args, kwds, sizeof(Tail), stream_hash);
+}
+
+static void
+table_dealloc(TailTable *t)
+{
+    PyMem_Free(t->tab.slots);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* The tail of Python key `k`, or NULL (no exception) if there is none. */
+static char *
+lookup(TailTable *t, PyObject *k)
+{
+    uint64_t stored = as_key(k);
+    if (stored == 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return ot_lookup(&t->tab, stored);
+}
+
+static PyObject *
+table_getitem(TailTable *t, PyObject *k)
+{
+    return ot_object_getitem(t, k, lookup, value_of);
+}
+
+static PyObject *
+table_get(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    return ot_object_get(t, args, nargs, lookup, value_of);
+}
+
+static int
+table_contains(TailTable *t, PyObject *k)
+{
+    return lookup(t, k) != NULL;
+}
+
+/* t[key] = [fs, fss, ls, lss] (unstable from fs on), or = ls (all stable). */
+static int
+table_setitem(TailTable *t, PyObject *k, PyObject *v)
+{
+    if (v == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a TailTable's keys are never taken out");
+        return -1;
+    }
+    uint64_t stored = as_key(k);
+    if (stored == 0)
+        return -1;
+    long long f[4];
+    if (PyLong_Check(v)) {
+        f[2] = PyLong_AsLongLong(v);
+        f[0] = f[2] + 1;
+        f[1] = f[3] = 0;
+        if (f[2] == -1 && PyErr_Occurred())
+            return -1;
+    } else {
+        PyObject *tuple = PySequence_Tuple(v);
+        int ok = tuple != NULL && PyArg_ParseTuple(tuple, "LLLL", &f[0], &f[1], &f[2], &f[3]);
+        Py_XDECREF(tuple);
+        if (!ok)
+            return -1;
+    }
+    int made;
+    Tail *s = (Tail *)ot_insert(&t->tab, stored, &made);
+    if (s == NULL)
+        return -1;
+    s->fs = f[0], s->fss = f[1], s->ls = f[2], s->lss = f[3];
+    return 0;
+}
+
+/* (key, value) pairs, of every stream or (`unstable_only`) of those with unstable messages. */
+static PyObject *
+pairs(TailTable *t, int unstable_only)
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i <= t->tab.mask; i++) {
+        Tail *s = (Tail *)(t->tab.slots + i * sizeof(Tail));
+        if (!s->stored || (unstable_only && s->fs > s->ls))
+            continue;
+        PyObject *key = key_of(s), *value = key ? value_of((char *)s) : NULL;
+        PyObject *pair = value ? PyTuple_Pack(2, key, value) : NULL;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (pair == NULL || PyList_Append(out, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    return out;
+}
+
+static PyObject *
+table_items(TailTable *t, PyObject *Py_UNUSED(ignored))
+{
+    return pairs(t, 0);
+}
+
+static PyObject *
+table_unstable(TailTable *t, PyObject *Py_UNUSED(ignored))
+{
+    return pairs(t, 1);
+}
+
+/* note(cache, start): the cache entries from `start` on were just sent; each one's stream ends
+ * there, and starts its unstable part there if it had none. Returns the keys met for the
+ * first time. */
+static PyObject *
+table_note(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t start;
+    if (nargs != 2 || (start = PyLong_AsSsize_t(args[1])) == -1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "note(cache, start)");
+        return NULL;
+    }
+    PyObject *cache = args[0];
+    if (span(cache, start, PyList_Check(cache) ? PyList_GET_SIZE(cache) : 0) < 0)
+        return NULL;
+    PyObject *made_keys = PyList_New(0);
+    if (made_keys == NULL)
+        return NULL;
+    for (Py_ssize_t i = start; i < PyList_GET_SIZE(cache); i++) {
+        uint64_t stored;
+        int64_t sseq, seq;
+        int made;
+        Tail *s;
+        if (entry_fields(PyList_GET_ITEM(cache, i), &stored, &sseq, &seq) < 0
+                || (s = (Tail *)ot_insert(&t->tab, stored, &made)) == NULL)
+            goto fail;
+        if (made) {
+            PyObject *key = key_of(s);
+            if (key == NULL || PyList_Append(made_keys, key) < 0) {
+                Py_XDECREF(key);
+                goto fail;
+            }
+            Py_DECREF(key);
+        }
+        if (made || s->fs > s->ls)
+            s->fs = seq, s->fss = sseq;
+        s->ls = seq, s->lss = sseq;
+    }
+    return made_keys;
+fail:
+    Py_DECREF(made_keys);
+    return NULL;
+}
+
+/* release(cache, start, stop): the cache entries in [start, stop) are stable; each stream's
+ * unstable part starts after its last one among them (all stable when that was its last).
+ * Returns the bytes of their payloads (entry[5]). */
+static PyObject *
+table_release(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t start, stop;
+    if (nargs != 3 || (start = PyLong_AsSsize_t(args[1])) == -1
+            || (stop = PyLong_AsSsize_t(args[2])) == -1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "release(cache, start, stop)");
+        return NULL;
+    }
+    PyObject *cache = args[0];
+    if (span(cache, start, stop) < 0)
+        return NULL;
+    long long freed = 0;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        PyObject *e = PyList_GET_ITEM(cache, i);
+        uint64_t stored;
+        int64_t sseq, seq;
+        if (entry_fields(e, &stored, &sseq, &seq) < 0)
+            return NULL;
+        Py_ssize_t n = PyTuple_GET_SIZE(e) > 5 ? PyObject_Length(PyTuple_GET_ITEM(e, 5)) : 0;
+        if (n < 0)
+            return NULL;
+        freed += n;
+        Tail *s = (Tail *)ot_lookup(&t->tab, stored);
+        if (s == NULL || s->fs > s->ls)
+            continue;
+        if (seq >= s->ls)
+            s->fs = s->ls + 1;
+        else
+            s->fs = seq + 1, s->fss = sseq + 1;
+    }
+    return PyLong_FromLongLong(freed);
+}
+
+static PyObject *
+table_repr(TailTable *t)
+{
+    return PyUnicode_FromFormat("TailTable(%zd streams)", t->tab.len);
+}
+
+static PyMethodDef table_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))table_get, METH_FASTCALL,
+     "get((topic, session), default=None): the stream's tail, or default."},
+    {"items", (PyCFunction)table_items, METH_NOARGS,
+     "items(): ((topic, session), tail) pairs (a snapshot)."},
+    {"unstable", (PyCFunction)table_unstable, METH_NOARGS,
+     "unstable(): the pairs of the streams with unstable messages."},
+    {"note", (PyCFunction)(void (*)(void))table_note, METH_FASTCALL,
+     "note(cache, start) -> the keys met for the first time (see the module source)."},
+    {"release", (PyCFunction)(void (*)(void))table_release, METH_FASTCALL,
+     "release(cache, start, stop) -> payload bytes released (see the module source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+OT_TABLE_TYPE(TailTableType, "scopecast.netio._tail_table.TailTable", sizeof(TailTable),
+              "(topic, session) -> a sender's stream tail, compact; keys never taken out", NULL);
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_tail_table", "A sender's compact per-stream tails.", -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__tail_table(void)
+{
+    return ot_module(&module, &TailTableType, "TailTable");
+}
