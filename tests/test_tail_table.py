@@ -34,8 +34,8 @@ def model_release(tails: dict, entries: list) -> int:
     return sum(len(e[5]) for e in entries)
 
 
-streams = st.tuples(st.integers(1, 6), st.integers(1, 3)) | st.tuples(
-    st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+streams = st.tuples(st.integers(1, 6), st.integers(1, 3)) | st.tuples(  # (topic 0: wire.MIXED)
+    st.integers(1, 2**32 - 1), st.integers(0, 2**32 - 1)) | st.just((2**32 - 1, 2**32 - 1))
 
 
 @settings(max_examples=200, deadline=None)
@@ -66,13 +66,17 @@ def test_set_read_and_refused():
     table = TailTable()
     table[(7, 2)] = [1, 2, 3, 4]
     table[(8, 1)] = 9
-    assert table[(7, 2)] == [1, 2, 3, 4] and table[(8, 1)] == 9 and len(table) == 2
+    table[(2**32 - 1, 2**32 - 1)] = 5  # the largest key
+    assert table[(7, 2)] == [1, 2, 3, 4] and table[(8, 1)] == 9 and len(table) == 3
+    assert table[(2**32 - 1, 2**32 - 1)] == 5
     assert table.get((9, 1)) is None and table.get((9, 1), 0) == 0 and table.get("x") is None
     assert (7, 3) not in table and 7 not in table
     with pytest.raises(KeyError):
         table[(9, 1)]
     with pytest.raises(OverflowError):
         table[(2**32, 1)] = 1
+    with pytest.raises(ValueError):  # wire.MIXED, no stream's topic
+        table[(0, 1)] = 1
     with pytest.raises(TypeError):
         table[(1, 1)] = [1, 2, 3]
     with pytest.raises(TypeError):
@@ -81,7 +85,7 @@ def test_set_read_and_refused():
         table.release([(1, 7, 2, 1, 0, b"")], 0, 2)
     with pytest.raises(TypeError):
         table.note([("not", "an", "entry", 1)], 0)
-    assert table[(7, 2)] == [1, 2, 3, 4] and len(table) == 2
+    assert table[(7, 2)] == [1, 2, 3, 4] and len(table) == 3
 
 
 def test_ten_thousand_streams_grow_the_table_and_stay_found():

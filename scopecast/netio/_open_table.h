@@ -1,6 +1,8 @@
 /* The hash table under the compiled per-topic tables (_seq_table.c, _tail_table.c): slots of a
- * fixed size, each starting with its key plus one (0: an empty slot), found by a hash the table
- * chooses (& mask, linear probing), at most half full; keys are never taken out. A hash that
+ * fixed size, each starting with its key as the table stores it, never 0 (0 marks an empty
+ * slot: SeqTable stores a topic id plus one, TailTable a topic, never 0, and a session), found
+ * by a hash the table chooses (& mask, linear probing), at most half full; keys are never taken
+ * out. A hash that
  * keeps sequential topic ids sequential puts topics made together side by side, so a publisher
  * going round them walks the slots in order. */
 
@@ -17,7 +19,7 @@ typedef size_t (*ot_hash)(uint64_t stored);
 typedef struct {
     char *slots;
     size_t mask;       /* capacity - 1; capacity a power of two, at least twice len */
-    size_t size;       /* bytes per slot, the stored key (key + 1) first */
+    size_t size;       /* bytes per slot, the stored key first */
     ot_hash hash;
     Py_ssize_t len;
 } OpenTable;
@@ -39,7 +41,7 @@ ot_init(OpenTable *t, size_t size, ot_hash hash)
     return 0;
 }
 
-/* The slot of `stored` (a key plus one), or the empty slot where it would go. */
+/* The slot of `stored` (a stored key, never 0), or the empty slot where it would go. */
 static inline char *
 ot_find(const OpenTable *t, uint64_t stored)
 {

@@ -11,7 +11,7 @@
 #include "_open_table.h"
 
 typedef struct {
-    uint64_t stored;    /* (topic << 32 | session) + 1 */
+    uint64_t stored;    /* topic << 32 | session (a topic is never 0: wire.MIXED) */
     int64_t fs, fss;    /* first unstable seq and stream seq; fs > ls: all stable */
     int64_t ls, lss;    /* last seq and stream seq */
 } Tail;
@@ -21,14 +21,14 @@ typedef TableObject TailTable;
 static size_t
 stream_hash(uint64_t stored)
 {
-    uint64_t key = stored - 1;  /* sequential topics of one session: sequential slots */
-    return (size_t)((key >> 32) + (key & 0xFFFFFFFFu) * 0x9E3779B1u);
+    /* sequential topics of one session: sequential slots */
+    return (size_t)((stored >> 32) + (stored & 0xFFFFFFFFu) * 0x9E3779B1u);
 }
 
 static inline uint64_t
 stored_key(uint32_t topic, uint32_t session)
 {
-    return ((uint64_t)topic << 32 | session) + 1;
+    return (uint64_t)topic << 32 | session;
 }
 
 /* A Python int in [0, 2**32) into *out; -1 (an exception set) if it is not one. */
@@ -46,25 +46,35 @@ as_u32(PyObject *o, uint32_t *out)
     return 0;
 }
 
+/* A topic and session as a stored key; 0 (an exception set) if they are not a stream's. */
+static uint64_t
+as_stream(PyObject *topic_obj, PyObject *session_obj)
+{
+    uint32_t topic, session;
+    if (as_u32(topic_obj, &topic) < 0 || as_u32(session_obj, &session) < 0)
+        return 0;
+    if (topic == 0) {
+        PyErr_SetString(PyExc_ValueError, "topic 0 is no stream's (wire.MIXED)");
+        return 0;
+    }
+    return stored_key(topic, session);
+}
+
 /* A (topic, session) tuple as a stored key; 0 (an exception set) if it is not one. */
 static uint64_t
 as_key(PyObject *k)
 {
-    uint32_t topic, session;
     if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2) {
         PyErr_SetString(PyExc_TypeError, "a TailTable's keys are (topic, session) tuples");
         return 0;
     }
-    if (as_u32(PyTuple_GET_ITEM(k, 0), &topic) < 0
-            || as_u32(PyTuple_GET_ITEM(k, 1), &session) < 0)
-        return 0;
-    return stored_key(topic, session);
+    return as_stream(PyTuple_GET_ITEM(k, 0), PyTuple_GET_ITEM(k, 1));
 }
 
 static PyObject *
 key_of(const Tail *t)
 {
-    uint64_t key = t->stored - 1;
+    uint64_t key = t->stored;
     return Py_BuildValue("(kk)", (unsigned long)(key >> 32), (unsigned long)(key & 0xFFFFFFFFu));
 }
 
@@ -82,18 +92,16 @@ value_of(const char *slot)
 static int
 entry_fields(PyObject *e, uint64_t *stored, int64_t *sseq, int64_t *seq)
 {
-    uint32_t topic, session;
     if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4) {
         PyErr_SetString(PyExc_TypeError, "a cache entry is (sseq, topic, session, seq, ...)");
         return -1;
     }
-    if (as_u32(PyTuple_GET_ITEM(e, 1), &topic) < 0 || as_u32(PyTuple_GET_ITEM(e, 2), &session) < 0)
+    if ((*stored = as_stream(PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2))) == 0)
         return -1;
     *sseq = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 0));
     *seq = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 3));
     if ((*sseq == -1 || *seq == -1) && PyErr_Occurred())
         return -1;
-    *stored = stored_key(topic, session);
     return 0;
 }
 
