@@ -81,8 +81,15 @@ def test_set_read_and_refused():
         table[(1, 1)] = [1, 2, 3]
     with pytest.raises(TypeError):
         del table[(7, 2)]
+    for seqs in (2**62, [1, 2, 2**63 - 1, 4], [-1, 2, 3, 4]):  # outside wire.SEQ_LIMIT
+        with pytest.raises(ValueError):
+            table[(7, 2)] = seqs
     with pytest.raises(IndexError):
         table.release([(1, 7, 2, 1, 0, b"")], 0, 2)
+    with pytest.raises(IndexError):
+        table.release([(1, 7, 2, 1, 0, b"")], -1, 1)
+    with pytest.raises(IndexError):
+        table.note([(1, 7, 2, 1, 0, b"")], -1)
     with pytest.raises(TypeError):
         table.note([("not", "an", "entry", 1)], 0)
     assert table[(7, 2)] == [1, 2, 3, 4] and len(table) == 3

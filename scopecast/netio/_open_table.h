@@ -104,6 +104,21 @@ ot_insert(OpenTable *t, uint64_t stored, int *made)
     return s;
 }
 
+/* A Python int in [0, 2**32) into *out; -1 (an exception set) if it is not one. */
+static int
+ot_u32(PyObject *o, uint32_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (v > UINT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R is not a 32-bit id", o);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 /* ---- the Python side shared by the table types: each type's object starts with this */
 
 typedef struct {
@@ -130,6 +145,13 @@ ot_object_new(PyTypeObject *type, PyObject *args, PyObject *kwds, size_t size, o
         return NULL;
     }
     return (PyObject *)t;
+}
+
+static void
+ot_object_dealloc(TableObject *t)
+{
+    PyMem_Free(t->tab.slots);
+    Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
 static Py_ssize_t

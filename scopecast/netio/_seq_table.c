@@ -63,15 +63,10 @@ insert(SeqTable *t, uint32_t key)
 static int
 as_key(PyObject *o, uint32_t *key)
 {
-    if (!PyLong_Check(o))
-        return -1;
-    int overflow;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || v < 0 || v > UINT32_MAX) {
+    if (ot_u32(o, key) < 0) {
         PyErr_Clear();
         return -1;
     }
-    *key = (uint32_t)v;
     return 0;
 }
 
@@ -84,9 +79,8 @@ table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static void
 table_dealloc(SeqTable *t)
 {
-    PyMem_Free(t->tab.slots);
     PyMem_Free(t->order);
-    Py_TYPE(t)->tp_free((PyObject *)t);
+    ot_object_dealloc((TableObject *)t);
 }
 
 /* The slot holding Python object `k` as a key; NULL (no exception) if there is none. */

@@ -18,6 +18,8 @@ typedef struct {
 
 typedef TableObject TailTable;
 
+#define SEQ_LIMIT ((int64_t)1 << 62)  /* wire.SEQ_LIMIT: seqs stay below */
+
 static size_t
 stream_hash(uint64_t stored)
 {
@@ -31,27 +33,12 @@ stored_key(uint32_t topic, uint32_t session)
     return (uint64_t)topic << 32 | session;
 }
 
-/* A Python int in [0, 2**32) into *out; -1 (an exception set) if it is not one. */
-static int
-as_u32(PyObject *o, uint32_t *out)
-{
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    if (v > UINT32_MAX) {
-        PyErr_Format(PyExc_OverflowError, "%R is not a 32-bit id", o);
-        return -1;
-    }
-    *out = (uint32_t)v;
-    return 0;
-}
-
 /* A topic and session as a stored key; 0 (an exception set) if they are not a stream's. */
 static uint64_t
 as_stream(PyObject *topic_obj, PyObject *session_obj)
 {
     uint32_t topic, session;
-    if (as_u32(topic_obj, &topic) < 0 || as_u32(session_obj, &session) < 0)
+    if (ot_u32(topic_obj, &topic) < 0 || ot_u32(session_obj, &session) < 0)
         return 0;
     if (topic == 0) {
         PyErr_SetString(PyExc_ValueError, "topic 0 is no stream's (wire.MIXED)");
@@ -129,8 +116,7 @@ table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static void
 table_dealloc(TailTable *t)
 {
-    PyMem_Free(t->tab.slots);
-    Py_TYPE(t)->tp_free((PyObject *)t);
+    ot_object_dealloc(t);
 }
 
 /* The tail of Python key `k`, or NULL (no exception) if there is none. */
@@ -174,11 +160,10 @@ table_setitem(TailTable *t, PyObject *k, PyObject *v)
     uint64_t stored = as_key(k);
     if (stored == 0)
         return -1;
-    long long f[4];
-    if (PyLong_Check(v)) {
+    long long f[4] = {0, 0, 0, 0};
+    int all_stable = PyLong_Check(v);
+    if (all_stable) {
         f[2] = PyLong_AsLongLong(v);
-        f[0] = f[2] + 1;
-        f[1] = f[3] = 0;
         if (f[2] == -1 && PyErr_Occurred())
             return -1;
     } else {
@@ -188,6 +173,13 @@ table_setitem(TailTable *t, PyObject *k, PyObject *v)
         if (!ok)
             return -1;
     }
+    for (int i = 0; i < 4; i++)
+        if (f[i] < 0 || f[i] >= SEQ_LIMIT) {
+            PyErr_Format(PyExc_ValueError, "a tail's seqs are in [0, 2**62): %R", v);
+            return -1;
+        }
+    if (all_stable)
+        f[0] = f[2] + 1;
     int made;
     Tail *s = (Tail *)ot_insert(&t->tab, stored, &made);
     if (s == NULL)
@@ -239,12 +231,13 @@ table_unstable(TailTable *t, PyObject *Py_UNUSED(ignored))
 static PyObject *
 table_note(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t start;
-    if (nargs != 2 || (start = PyLong_AsSsize_t(args[1])) == -1) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "note(cache, start)");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "note(cache, start)");
         return NULL;
     }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
     PyObject *cache = args[0];
     if (span(cache, start, PyList_Check(cache) ? PyList_GET_SIZE(cache) : 0) < 0)
         return NULL;
@@ -283,13 +276,14 @@ fail:
 static PyObject *
 table_release(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t start, stop;
-    if (nargs != 3 || (start = PyLong_AsSsize_t(args[1])) == -1
-            || (stop = PyLong_AsSsize_t(args[2])) == -1) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "release(cache, start, stop)");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "release(cache, start, stop)");
         return NULL;
     }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop;
+    if ((start == -1 && PyErr_Occurred())
+            || ((stop = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()))
+        return NULL;
     PyObject *cache = args[0];
     if (span(cache, start, stop) < 0)
         return NULL;

@@ -100,8 +100,8 @@ class SendPath:
                                                self.name, session, seq, payload, ctype,
                                                self._origin)], n)
         if len(cache) > kept:  # each stream's tail moves on (in C)
-            for topic, session in self._tails.note(cache, kept):
-                self._published.add(topic, session)
+            for key in self._tails.note(cache, kept):
+                self._published.add(*key)
         if sseq:
             self._taken_sseq = sseq
             self.progressed = True
