@@ -97,6 +97,24 @@ def test_an_agent_follows_a_new_leader_of_its_child_but_not_within_replace_after
     assert tree.hosts["host-a"].dropped == ["agent|lan2"]
 
 
+def test_an_agent_whose_child_is_led_elsewhere_on_the_same_host_keeps_answering():
+    """Delegated along the new chain to the host it runs on already (one per node), it is the
+    same agent: it stays in the views at its address, with no new version, even while its host
+    is too loaded to answer a ping."""
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    _update(domain, tree)
+    _update(domain, tree)
+    version, rec = domain.version, domain.agents["lan2"]
+    tree.leads["lan2"] = ("host-a", "m2")  # another member leads the child, on the same node
+    tree.hosts["host-a"].slow = True
+    _age(domain, recovery_domain.REPLACE_AFTER)
+    _update(domain, tree)
+    assert tree.placed == 2 and domain.agents["lan2"] is rec
+    assert rec.chain == ["/", "lan2", "host-a", "m2"] and _ip(domain) == "10.0.0.1"
+    assert domain.version == version and rec.sent[3] == 0  # not missing
+    assert tree.hosts["host-a"].dropped == []
+
+
 def _age(domain: RecoveryDomain, seconds: float) -> None:
     domain.agents["lan2"].placed_at -= seconds
 

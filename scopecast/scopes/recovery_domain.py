@@ -167,7 +167,13 @@ class RecoveryDomain:
             log.warning("scope %r: %s agent for %s %s; delegated again along %s", self.path,
                         self.protocol, name, "unanswering" if silent else "led elsewhere now",
                         " > ".join(new.chain))
-            if new.host._actor_id != rec.host._actor_id:  # (same host: the same agent)
+            if new.host._actor_id == rec.host._actor_id and not silent:
+                # the same agent (one host per node): only its chain is new. Taken as a new
+                # one, it counted as missing until a ping answered, and on a loaded node pings
+                # time out: its group held everything back meanwhile (a flush waited 240 s)
+                rec.chain, rec.placed_at = new.chain, new.placed_at
+                continue
+            if new.host._actor_id != rec.host._actor_id:
                 rec.host.drop.remote(rec.spec["name"])
             self.agents[name] = new
             changed = True
