@@ -48,18 +48,34 @@ def _release_a_failed_tests_actors(request):
         gc.collect()
 
 
-def _status_digest(cluster, limit: int = 20_000) -> str:
+def _status_digest(cluster, limit: int = 60_000) -> str:
     from scopecast.scopes.status import members, walk
 
     try:
         status = cluster.status(topics=False)
     except Exception as exc:  # the failure may be the cluster's
         return f"status failed: {exc!r}"
-    digest = {"members": [{k: m.get(k) for k in ("scope", "name", "pid", "role", "counters")}
-                          for m in members(status)],
-              "recovery": {s["path"]: s.get("recovery", s.get("error")) for s in walk(status)}}
+    # the agents first (the cut takes the members' counters, not them), each in brief
+    digest = {"recovery": {s["path"]: _domains_in_brief(s.get("recovery", s.get("error")))
+                           for s in walk(status)},
+              "members": [{k: m.get(k) for k in ("scope", "name", "pid", "role", "counters")}
+                          for m in members(status)]}
     text = json.dumps(digest, default=str)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+_AGENT_BRIEF = ("view", "index", "missing", "upper", "period", "bottom_age", "protocol_stats",
+                "state", "drops", "error")
+
+
+def _domains_in_brief(domains):
+    """A scope's recovery domains with what says whether each agent's rounds go on."""
+    if not isinstance(domains, dict):
+        return domains
+    return {p: {"version": d.get("version"), "members": d.get("members"),
+                "agents": {n: {k: a[k] for k in _AGENT_BRIEF if k in a}
+                           for n, a in d.get("agents", {}).items()}}
+            for p, d in domains.items() if isinstance(d, dict)}
 
 
 @pytest.fixture(scope="session")

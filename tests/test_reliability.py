@@ -221,7 +221,9 @@ def test_flush_returns_only_when_every_member_holds_the_messages(cluster, topic_
     try:
         for i in range(100):
             pub.publish(b"%d" % i)
-        with pytest.raises(FlushTimeout):
+        # it says how far its stream is stable and what its agent last said of it
+        with pytest.raises(FlushTimeout, match=r"stable up to stream seq \d+ of \d+ sent; "
+                           r"token_ring agent at [\d.]+:\d+ answered [\d.]+s ago"):
             pub.flush(timeout=2.0)
     finally:
         ray.get(actor.release_io.remote())
@@ -332,6 +334,9 @@ def test_a_killed_leader_agent_is_restarted_the_ring_rebuilt_and_nothing_lost(cl
                 assert time.monotonic() < deadline, "no ring with a leader"
                 time.sleep(0.2)
             killed.update(found[1])
+            # (its status shows its protocol's state: it leads its partition's ring)
+            assert found[1]["state"]["rings"]["p"]["members"][0] == found[1]["index"] == 0
+            assert isinstance(found[1]["missing"], int)
             os.kill(found[1]["pid"], signal.SIGKILL)
 
     expected = _stream(cluster, topic_name, N, kill_leader)

@@ -66,6 +66,14 @@ def test_the_group_leader_hands_the_aggregate_up_and_takes_stability_from_above(
     agents[0].on_down({"down": {9: [650, REC]}})
     run(agents)
     assert all(a.down == {9: [650, REC]} for a in agents)
+    # what status shows of each: its rings (the leader leads both, partitions of 5), how far
+    # its word from above and its bottom take the stream
+    lead, last = agents[0].describe(), agents[4].describe()
+    assert lead["rings"]["p"]["members"] == [0, 1, 2, 3, 4]
+    assert lead["rings"]["g"]["members"] == [0, 5] and "g" not in last["rings"]
+    assert lead["rings"]["p"]["round"] > 0 and lead["rings"]["p"]["lost_in_a_row"] == 0
+    assert lead["down"] == last["down"] == {"9": 650} and last["acks"] == {"9": 700}
+    assert (lead["down_streams"], lead["ack_streams"]) == (1, 1)
 
 
 def test_a_lost_token_is_released_again_within_a_few_periods():

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 TICK = 0.005
 IDLE_WAIT = 0.1  # a host without agents only waits for the next one
+MAX_STATE_CHARS = 8192  # of a protocol's describe() in status
 BUILTIN: dict[str, type[RecoveryProtocol]] = {"token_ring": TokenRing, "ack_tree": AckTree}
 
 
@@ -87,10 +88,12 @@ class RecoveryAgent:
                 "pid": os.getpid(),
                 "address": "%s:%d" % self.address, "view": v.version if v else 0,
                 "peers": list(v.peers) if v else [], "index": v.index if v else -1,
+                "missing": v.missing if v else 0,
                 "leader": bool(v and v.index == 0), "upper": "%s:%d" % self._upper if self._upper
                 else None, "period": getattr(self.protocol, "period", None),
                 "bottom_age": round(time.monotonic() - self._last_bottom, 3),
                 "protocol_stats": dict(getattr(self.protocol, "stats", {})),
+                "state": _protocol_state(self.protocol),
                 "drops": dict(self.drops), "stats": dict(self.stats)}
 
     def tick(self, now: float) -> None:
@@ -247,6 +250,19 @@ def _guarded(agent: RecoveryAgent, step, *args) -> None:
         agent.drops["internal_error"] += 1
         if agent.drops["internal_error"] == 1:
             log.exception("recovery agent %s: error (counted from now on)", agent.domain)
+
+
+def _protocol_state(protocol: RecoveryProtocol) -> dict:
+    """The protocol's `describe()`, read from a Ray thread while the agents' thread runs it: a
+    table changing size meanwhile, or a faulty plug-in (no dict, or a large one), gives an
+    error instead."""
+    try:
+        state = protocol.describe()
+        if not isinstance(state, dict) or len(repr(state)) > MAX_STATE_CHARS:
+            return {"error": f"describe() gave no dict of at most {MAX_STATE_CHARS} characters"}
+        return state
+    except Exception as exc:
+        return {"error": repr(exc)[:200]}
 
 
 def host_name(node_id: str, protocol: str) -> str:

@@ -106,3 +106,8 @@ class RecoveryProtocol:
 
     def on_down(self, instructions: dict) -> None:
         """The agent above answered `upward()` (its instructions for this group)."""
+
+    def describe(self) -> dict:
+        """What the agent's status shows of this instance's state (small, JSON-able): enough to
+        tell a group whose rounds go on from one that is stuck."""
+        return {}

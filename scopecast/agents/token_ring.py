@@ -31,6 +31,7 @@ from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 MAX_TOKEN_NAKS = 64
 LOST_PERIODS = 4   # a token not back within this many periods (or rounds as long as the last one)
 LOST_MAX = 5.0     # is lost; twice as long after each loss in a row, up to this many seconds
+STATE_STREAMS = 16  # streams status shows the state of (describe)
 
 
 def _empty_token(kind: str, round_: int, version: int, down: dict, hi: dict) -> dict:
@@ -269,6 +270,17 @@ class TokenRing(RecoveryProtocol):
             self.down = {s: [max(agg["acks"].get(s, 0), old.get(s, (0,))[0]), rec]
                          for s, rec in agg["recs"].items()}
             self.hi = agg["seen"]
+
+    def describe(self) -> dict:
+        """Each ring's members, round and whether its token is out (and how many were lost in a
+        row); how far this agent's latest word from above (`down`) and its bottom's summary
+        (`acks`) take each stream (the first STATE_STREAMS of them)."""
+        down, acks = list(self.down.items()), list(self.bottom.get("acks", {}).items())
+        return {"active": self.active,
+                "rings": {k: {"members": r.members, "round": r.round, "out": r.outstanding,
+                              "lost_in_a_row": r.losses} for k, r in list(self.rings.items())},
+                "down": {str(s): v[0] for s, v in down[:STATE_STREAMS]}, "down_streams": len(down),
+                "acks": {str(s): a for s, a in acks[:STATE_STREAMS]}, "ack_streams": len(acks)}
 
     # ------------------------------------------------------------------- upper interface
 

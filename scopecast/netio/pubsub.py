@@ -137,8 +137,10 @@ class Publisher:
         of the topic's recovery domains (a topic with recovery="none": handed to the socket)."""
         if not self._wait(self._last_sseq, timeout):
             what = "stable" if self.reliable else "sent"
+            why = f" ({self._runtime.stability_digest()})" if self.reliable else ""
             raise FlushTimeout(f"{self.topic!r}: messages up to seq {self._seq} not {what} within "
-                               f"{timeout}s; receivers may be slow or gone (see cluster.status())")
+                               f"{timeout}s{why}; receivers may be slow or gone (see "
+                               "cluster.status())")
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush, mark the end of this publisher's stream, leave the topic.

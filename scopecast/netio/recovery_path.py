@@ -167,6 +167,7 @@ class _Reply:
     hi: dict[int, int]      # stream -> highest any member delivered
     period: float
     cacher: bool
+    at: float               # when it came (time.monotonic())
 
 
 class RecoveryPath:
@@ -270,6 +271,21 @@ class RecoveryPath:
             named, horizon = self._oldest_named()
         keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)
         return [self.handed, _pack_named(named), self._beat, horizon, *keys]
+
+    def stability_digest(self) -> str:
+        """What holds this member's own messages back, for a flush that timed out: how far
+        they are stable and each agent's latest word on them (from an application thread:
+        copies, each taken at once)."""
+        now = time.monotonic()
+        replies = dict(self._replies)
+        words = []
+        for key, (host, port) in dict(self._agents).items():
+            r = replies.get(key)
+            said = "never answered" if r is None else \
+                f"answered {now - r.at:.1f}s ago, stable up to {r.down.get(self.member_id)}"
+            words.append(f"{key} agent at {host}:{port} {said}")
+        return f"stable up to stream seq {self.stable_sseq} of {self.handed} sent; " \
+            + ("; ".join(words) or "no recovery agent yet")
 
     def _oldest_named(self) -> tuple[list, int]:
         """The topics of the oldest unstable messages (up to MAX_RECORD_TOPICS of them), and the
@@ -694,7 +710,7 @@ class RecoveryPath:
         now = time.monotonic()
         reply = self._replies[key] = _Reply(
             {}, {int(s): int(v) for s, v in ins.get("hi", {}).items()},
-            float(ins.get("period", self._period)), bool(ins.get("cacher")))
+            float(ins.get("period", self._period)), bool(ins.get("cacher")), now)
         replies = self._replies.values()
         for source, (stable, record) in ins.get("down", {}).items():
             source = int(source)
