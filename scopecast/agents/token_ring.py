@@ -32,6 +32,7 @@ MAX_TOKEN_NAKS = 64
 LOST_PERIODS = 4   # a token not back within this many periods (or rounds as long as the last one)
 LOST_MAX = 5.0     # is lost; twice as long after each loss in a row, up to this many seconds
 STATE_STREAMS = 16  # streams status shows the state of (describe)
+MAX_OPEN_ROUNDS = 16  # rounds a leader waits for at once (taken as lost, a token may come back)
 
 
 def _empty_token(kind: str, round_: int, version: int, down: dict, hi: dict) -> dict:
@@ -73,6 +74,8 @@ class _Ring:
         self.round = 0
         self.outstanding = False
         self.started = 0.0
+        self.starts: dict[int, float] = {}  # rounds not completed yet -> when each started
+        self.done = 0           # the latest round completed
         self.carry: list = []   # NAKs the last round left unserved: offered again to the peers
         self.last_round = 0.0   # how long the last completed round took
         self.losses = 0         # tokens lost in a row
@@ -174,7 +177,9 @@ class TokenRing(RecoveryProtocol):
             elif now - ring.started < period:
                 continue
             ring.round += 1
-            ring.started = now
+            ring.started = ring.starts[ring.round] = now
+            if len(ring.starts) > MAX_OPEN_ROUNDS:  # (lost for good)
+                del ring.starts[min(ring.starts)]
             ring.outstanding = True
             token = _empty_token(ring.kind, ring.round, self.view.version, self.down, self.hi)
             token["naks"], ring.carry = ring.carry, []
@@ -197,8 +202,14 @@ class TokenRing(RecoveryProtocol):
         if ring is None:
             return []
         if ring.leads:
-            if ring.outstanding and body.get("r") == ring.round:
+            r = body.get("r")
+            if ring.outstanding and r == ring.round:
                 self._complete(ring, body, now)
+            elif r in ring.starts and r > ring.done:
+                # a round taken as lost, back after all: its aggregate was true when folded
+                # (stability only moves up). Dropped as overtaken, a ring whose round trip
+                # outgrew LOST_MAX (an agents' host seconds behind) never completed again
+                self._complete(ring, body, now, late=True)
             return []
         if body.get("r", 0) <= ring.round:
             return []  # a duplicate, or a round overtaken by a newer one
@@ -245,9 +256,15 @@ class TokenRing(RecoveryProtocol):
         if token["naks"] or any(r[1] for r in token["recs"].values()):
             token["act"] = True
 
-    def _complete(self, ring: _Ring, token: dict, now: float) -> None:
-        ring.outstanding = False
-        ring.last_round, ring.losses = now - ring.started, 0
+    def _complete(self, ring: _Ring, token: dict, now: float, late: bool = False) -> None:
+        """Round `token["r"]` is back: its aggregate goes up (or, at the top, decides). A late
+        one leaves the newer round that is out waiting; the loss timeout learns its trip."""
+        started = ring.starts.pop(token["r"], ring.started)
+        for r in [r for r in ring.starts if r < token["r"]]:
+            del ring.starts[r]  # overtaken by this one
+        ring.done = token["r"]
+        ring.outstanding = ring.outstanding and late
+        ring.last_round, ring.losses = now - started, 0
         ring.carry = token["naks"]
         if token.get("act"):
             self._activate()
@@ -262,7 +279,7 @@ class TokenRing(RecoveryProtocol):
         if ring.kind == "g":
             self.group_active = bool(token.get("act"))
         self.stats["rounds"] += 1
-        self.stats["round_time"] = now - ring.started
+        self.stats["round_time"] = now - started
         self.up = {**agg, "naks": []}
         if not self.view.has_upper:
             # the top decides: stable is what every regular member holds; it never goes back
