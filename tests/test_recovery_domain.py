@@ -28,19 +28,29 @@ class _Host:
         self.ip, self.down, self.slow, self.dropped = ip, False, False, []
         self.version = 0  # the latest view version this host's agent was sent
         self._actor_id = next(_ids)
-        self.ensure = _Call(self._ensure)
+        self.ensure_all = _Call(self._ensure_all)
+        self.statuses = _Call(self._statuses)
+        self.calls = 0
+        self.hold: asyncio.Event | None = None  # set: its calls wait until it is set (busy)
         self.view = _Call(self._view)
         self.drop = _Call(self.dropped.append)
 
     def _view(self, name: str, version: int, *view) -> None:
         self.version = version
 
-    async def _ensure(self, spec: dict):
+    async def _statuses(self, names: list[str]):
+        self.calls += 1
+        return [{"view": self.version, "name": n} for n in names]
+
+    async def _ensure_all(self, specs: list[dict]):
+        self.calls += 1
+        if self.hold is not None:
+            await self.hold.wait()
         if self.down:
             raise ActorUnschedulableError(f"the node of {self.ip} is dead")
         if self.slow:
             raise TimeoutError
-        return self.ip, 7000, 1, 100, self.version
+        return [(self.ip, 7000, 1, 100, self.version) for _ in specs]
 
 
 class _Tree:
@@ -134,6 +144,36 @@ def test_an_agent_whose_host_is_gone_is_delegated_again_and_held_missing_meanwhi
     assert _ip(domain) == "10.0.0.2"
 
 
+def test_a_host_is_asked_once_per_tick_for_all_its_agents_and_not_again_until_it_answers(
+        monkeypatch):
+    """A call a host has not answered yet stays queued there: asked again each tick, a loaded
+    host fell further behind until no call answered in time (every agent's status timed out,
+    and a group's stability with them)."""
+    monkeypatch.setattr(recovery_domain, "PING_TIMEOUT", 0.01)
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    tree.leads["lan3"] = ("host-a", "m3")  # both agents on one host
+    host, members = tree.hosts["host-a"], [("lan2", 0), ("lan3", 0)]
+
+    async def ticks() -> None:
+        await domain.update(members, tree.place, tree.belongs)
+        assert host.calls == 1 and domain.address("lan3")[0] == "10.0.0.1"  # one for both
+        host.hold = asyncio.Event()  # busy from now on
+        for _ in range(5):
+            await domain.update(members, tree.place, tree.belongs)
+        assert host.calls == 2  # the one it has not answered: no more meanwhile
+        assert domain.address("lan2") is not None and not domain.agents["lan2"].gone
+        host.hold.set()
+        await domain.update(members, tree.place, tree.belongs)  # its answer comes in
+        assert host.calls == 2 and not domain._pings
+        await domain.update(members, tree.place, tree.belongs)
+        assert host.calls == 3
+        status = await domain.agent_status(1.0)
+        assert host.calls == 4 and status["lan3"]["name"] == "agent|lan3"
+        assert status["lan2"]["chain"] == ["/", "lan2", "host-a", "m1"]
+
+    asyncio.run(ticks())
+
+
 def test_an_agent_on_a_slow_host_stays_where_it_is():
     tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
     _update(domain, tree)
@@ -153,6 +193,7 @@ def test_a_child_that_cannot_place_its_agent_holds_back_no_other_and_counts_miss
             raise TimeoutError  # its scope manager is slow to answer
         return await tree.place(name)
 
+    assert not asyncio.run(domain.update([("lan3", 0)], place, tree.belongs))  # no agent yet
     for _ in range(2):
         asyncio.run(domain.update(members, place, tree.belongs))
     assert "lan3" not in domain.agents and _ip(domain) == "10.0.0.1"

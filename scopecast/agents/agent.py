@@ -181,7 +181,13 @@ class AgentHost:
 
     # ----------------------------------------------------------------------- Ray methods
 
-    def ensure(self, spec: dict) -> list:
+    def ensure_all(self, specs: list[dict]) -> list[list]:
+        """`_ensure` each of `specs`: a scope asks for all its agents here in one call, since
+        one call per agent each tick (dozens a second) queued up behind each other on a loaded
+        node."""
+        return [self._ensure(spec) for spec in specs]
+
+    def _ensure(self, spec: dict) -> list:
         """Create agent `spec["name"]` unless it runs here; where it listens, which incarnation
         it is (a host restarted by Ray recreates its agents with new ones), and the latest view
         version it was sent (a scope restarted by Ray goes on from there)."""
@@ -202,9 +208,10 @@ class AgentHost:
             self._ops.append(("view", self._agents[name],
                               (version, peers, index, upper, top, missing)))
 
-    def status(self, name: str) -> dict:
-        agent = self._agents.get(name)
-        return agent.status() if agent is not None else {"error": "no such agent here"}
+    def statuses(self, names: list[str]) -> list[dict]:
+        """The status of each named agent (one call for a scope's agents here)."""
+        return [a.status() if (a := self._agents.get(n)) is not None
+                else {"error": "no such agent here"} for n in names]
 
     def drop(self, name: str) -> None:
         agent = self._agents.pop(name, None)

@@ -57,6 +57,14 @@ class AgentRecord:
                 "incarnation": f"{self.incarnation:012x}", "pid": self.pid}
 
 
+def _by_host(agents: dict[str, AgentRecord]) -> dict:
+    """Agent names grouped by the host that runs them: actor id -> (host, names)."""
+    hosts: dict = {}
+    for name, rec in agents.items():
+        hosts.setdefault(rec.host._actor_id, (rec.host, []))[1].append(name)
+    return hosts
+
+
 def agent_name(path: str, member: str, protocol: str) -> str:
     return f"{AGENT_PREFIX}{path}|{member}|{protocol}"
 
@@ -75,6 +83,7 @@ class RecoveryDomain:
         self.version = 0
         self.upper: list | None = None  # [host, port] of this domain's agent in the parent's group
         self._installed: tuple | None = None  # what the views of `version` say
+        self._pings: dict = {}  # host's actor id -> (its unanswered ensure_all, agent names)
 
     def address(self, member: str) -> list | None:
         rec = self.agents.get(member)
@@ -116,27 +125,44 @@ class RecoveryDomain:
         return changed
 
     async def _ping(self) -> bool:
-        names = list(self.agents)
-        refs = [self.agents[n].host.ensure.remote(self.agents[n].spec) for n in names]
-        done = await asyncio.gather(*(asyncio.wait_for(r, PING_TIMEOUT) for r in refs),
-                                    return_exceptions=True)
+        """Ask each host whether this domain's agents there run (it makes those that do not):
+        one call per host, and none while the last one is unanswered. An unanswered call stays
+        queued at its host; asked again each tick, a host slower than PING_TIMEOUT (a loaded
+        node) only fell further behind, until no call to it answered in time."""
+        for key, (host, names) in _by_host(self.agents).items():
+            if key not in self._pings:
+                call = host.ensure_all.remote([self.agents[n].spec for n in names])
+                self._pings[key] = (asyncio.ensure_future(call), names)
+        if self._pings:
+            await asyncio.wait([f for f, _ in self._pings.values()], timeout=PING_TIMEOUT)
         changed = False
-        for name, res in zip(names, done, strict=True):
-            rec = self.agents[name]
-            rec.gone = isinstance(res, GONE)
-            if isinstance(res, BaseException):  # starting, restarting after a crash, or gone
+        for key, (fut, names) in list(self._pings.items()):
+            if not fut.done():
                 continue
-            address, incarnation = (res[0], int(res[1])), int(res[2])
-            if int(res[4]) > self.version:  # sent by this scope before Ray restarted it: go on
-                self.version, self._installed = int(res[4]), None  # past it (module docstring)
-            if (address, incarnation) != (rec.address, rec.incarnation):
-                if rec.address is not None:
-                    log.warning("scope %r: agent of %s restarted at %s:%d; laying the ring again",
-                                self.path, name, *address)
-                rec.address, rec.incarnation, rec.pid = address, incarnation, int(res[3])
-                rec.sent = None
-                changed = True
+            del self._pings[key]
+            exc = None if fut.cancelled() else fut.exception()
+            for i, name in enumerate(names):
+                rec = self.agents.get(name)
+                if rec is None or rec.host._actor_id != key:
+                    continue  # left, or delegated elsewhere meanwhile
+                rec.gone = isinstance(exc, GONE)
+                if exc is None and not fut.cancelled():  # else starting, restarting, or gone
+                    changed |= self._answered(name, rec, fut.result()[i])
         return changed
+
+    def _answered(self, name: str, rec: AgentRecord, res: list) -> bool:
+        """Take a host's answer for agent `name`; True when it is new (restarted, or first)."""
+        address, incarnation = (res[0], int(res[1])), int(res[2])
+        if int(res[4]) > self.version:  # sent by this scope before Ray restarted it: go on
+            self.version, self._installed = int(res[4]), None  # past it (module docstring)
+        if (address, incarnation) == (rec.address, rec.incarnation):
+            return False
+        if rec.address is not None:
+            log.warning("scope %r: agent of %s restarted at %s:%d; laying the ring again",
+                        self.path, name, *address)
+        rec.address, rec.incarnation, rec.pid = address, incarnation, int(res[3])
+        rec.sent = None
+        return True
 
     async def _replace_misplaced(self, place, belongs) -> bool:
         """Delegate again the agents whose host Ray has given up, and those of child scopes whose
@@ -189,14 +215,18 @@ class RecoveryDomain:
                                      self.top, missing)
 
     async def agent_status(self, timeout: float) -> dict:
-        recs = list(self.agents.values())
-        names = list(self.agents)
-        got = await asyncio.gather(*(asyncio.wait_for(r.host.status.remote(r.spec["name"]),
-                                                      timeout) for r in recs),
-                                   return_exceptions=True)
         # (from the records taken before the wait: a member may have left meanwhile)
-        return {n: {**r.describe(), **(g if isinstance(g, dict) else {"error": repr(g)})}
-                for n, r, g in zip(names, recs, got, strict=True)}
+        recs = dict(self.agents)
+        hosts = list(_by_host(recs).values())
+        got = await asyncio.gather(*(asyncio.wait_for(
+            host.statuses.remote([recs[n].spec["name"] for n in names]), timeout)
+            for host, names in hosts), return_exceptions=True)
+        out = {}
+        for (_host, names), g in zip(hosts, got, strict=True):
+            for i, name in enumerate(names):
+                status = g[i] if isinstance(g, list) else {"error": repr(g)}
+                out[name] = {**recs[name].describe(), **status}
+        return out
 
     def describe(self) -> dict:
         return {"version": self.version, "members": self.members, "upper": self.upper,
