@@ -196,7 +196,7 @@ class RecoveryDomain:
             if new.host._actor_id == rec.host._actor_id and not silent:
                 # the same agent (one host per node): only its chain is new. Taken as a new
                 # one, it counted as missing until a ping answered, and on a loaded node pings
-                # time out: its group held everything back meanwhile (a flush waited 240 s)
+                # time out: its group held everything back meanwhile
                 rec.chain, rec.placed_at = new.chain, new.placed_at
                 continue
             if new.host._actor_id != rec.host._actor_id:
