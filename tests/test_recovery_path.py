@@ -512,3 +512,14 @@ def test_messages_before_what_the_sender_still_holds_are_given_up(member):
     assert member.stats["unrecoverable"] == 39
     assert member._next_seq[(T, SOURCE, 1)] == 50
     assert all(nak[3] >= 50 for nak in naks)
+
+
+def test_the_stability_digest_tells_an_agent_that_has_not_named_the_stream_yet(member):
+    """What a flush that timed out says of each agent: never answered, answered without this
+    member's stream, or how far it is stable there."""
+    assert "token_ring agent at 127.0.0.1:9 never answered" in member.stability_digest()
+    member.call_wait(member._on_instructions, {"down": {}, "period": 0.02}, PROTOCOL)
+    assert "not naming this stream yet" in member.stability_digest()
+    member.call_wait(member._on_instructions, {"down": {"1": [0, None]}, "period": 0.02},
+                     PROTOCOL)
+    assert member.stability_digest().endswith("s ago, stable up to 0")
