@@ -31,19 +31,25 @@ def thread_cpu(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
+def sender(key: bytes, topics: int, sink: socket.socket) -> MemberRuntime:
+    """Member 1 "p", publishing reliable topics 1..`topics` ("bench/t<id>") to `sink`."""
+    rt = MemberRuntime(1, "p", key, RuntimeConfig())
+    ids = range(1, topics + 1)
+    rt.call_wait(rt.install_members, [MemberInfo(1, "p", *rt.address)])
+    rt.call_wait(rt.install_topics, {t: f"bench/t{t}" for t in ids})
+    rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
+                 dict.fromkeys(ids, "token_ring"))
+    to = UnicastEndpoint(*sink.getsockname())
+    rt.call_wait(rt.install_routes,
+                 {t: [Route(RoutingLabel(("p",), ("*",), t, "p"), to)] for t in ids})
+    return rt
+
+
 def us_per_message(topics: int, messages: int, size: int) -> float:
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
-    rt = MemberRuntime(1, "p", os.urandom(32), RuntimeConfig())
+    rt = sender(os.urandom(32), topics, sink)
     try:
-        ids = range(1, topics + 1)
-        rt.call_wait(rt.install_members, [MemberInfo(1, "p", *rt.address)])
-        rt.call_wait(rt.install_topics, {t: f"bench/t{t}" for t in ids})
-        rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
-                     dict.fromkeys(ids, "token_ring"))
-        to = UnicastEndpoint(*sink.getsockname())
-        rt.call_wait(rt.install_routes,
-                     {t: [Route(RoutingLabel(("p",), ("*",), t, "p"), to)] for t in ids})
         payload, seqs, sseq, start = b"x" * size, [0] * (topics + 1), 0, 0.0
         for i in range(WARMUP + messages):
             if i == WARMUP:
@@ -61,14 +67,17 @@ def us_per_message(topics: int, messages: int, size: int) -> float:
         sink.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(measure=None, doc: str = __doc__) -> None:
+    """The command line of this benchmark, and of `receiver_io` (`measure` its
+    us_per_message)."""
+    measure = measure or us_per_message
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--topics", default="1,10000", help="topic counts, comma-separated")
     parser.add_argument("--messages", type=int, default=300_000, help="measured per count")
     parser.add_argument("--size", type=int, default=1000, help="payload bytes")
     args = parser.parse_args()
     for topics in map(int, args.topics.split(",")):
-        print(f"{topics} topics: {us_per_message(topics, args.messages, args.size):.2f} us "
+        print(f"{topics} topics: {measure(topics, args.messages, args.size):.2f} us "
               "of the I/O thread per message", flush=True)
 
 

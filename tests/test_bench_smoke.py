@@ -168,3 +168,13 @@ def test_several_hosts_run_only_the_throughput_and_loss_suites():
     args = parse_args(["--hosts", "3"])
     assert (args.peers, args.members, args.spark_rows) == ([], [], 0)
     assert args.loss == [0.01, 0.05] and args.subscribers == [1, 2, 4]
+
+
+@pytest.mark.parametrize("topics", [1, 300])
+def test_the_io_thread_benchmarks_run_and_the_receiver_takes_every_message(topics):
+    """The isolated I/O-thread benchmarks (no Ray): the sender's, and the receiver's, which
+    raises unless it took every message the sender's datagrams carry."""
+    from benchmarks import receiver_io, sender_io
+
+    assert receiver_io.us_per_message(topics, 20_000, 100) > 0
+    assert sender_io.us_per_message(topics, 20_000, 100) > 0
