@@ -17,7 +17,8 @@ import os
 import socket
 
 from benchmarks import sender_io
-from benchmarks.sender_io import LAG, ROUND, sender, thread_cpu
+from benchmarks.sender_io import LAG, ROUND, reliable_topics, sender, thread_cpu
+from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
@@ -53,7 +54,7 @@ def _collect(rt: MemberRuntime, sink: socket.socket, sent: int, out: list[bytes]
     while sent < total:
         data = sink.recv(1 << 16)
         sent += 1
-        if data[3] == 1:  # DATA (not the sender's window probes or control)
+        if wire.unpack_header(data).ptype == wire.PacketType.DATA:  # (not control)
             out.append(data)
     return sent
 
@@ -63,12 +64,9 @@ def us_per_message(topics: int, messages: int, size: int) -> float:
     sent = datagrams(key, topics, messages, size)
     rt = MemberRuntime(2, "s", key, RuntimeConfig())
     try:
-        ids = range(1, topics + 1)
         rt.call_wait(rt.install_members, [MemberInfo(1, "p", "127.0.0.1", 9),
                                           MemberInfo(2, "s", *rt.address)])
-        rt.call_wait(rt.install_topics, {t: f"bench/t{t}" for t in ids})
-        rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
-                     dict.fromkeys(ids, "token_ring"))
+        ids = reliable_topics(rt, topics)
         inbox = Subscription(frozenset(ids))
         rt.call_wait(rt.add_subscription, inbox)
         warm = len(sent) // 10 // SLICE * SLICE  # tables made, caches warm

@@ -281,9 +281,12 @@ class RecoveryPath:
         words = []
         for key, (host, port) in dict(self._agents).items():
             r = replies.get(key)
-            stable = None if r is None else r.down.get(self.member_id)
-            said = "never answered" if r is None else f"answered {now - r.at:.1f}s ago, " + (
-                "not naming this stream yet" if stable is None else f"stable up to {stable}")
+            if r is None:
+                said = "never answered"
+            else:
+                stable = r.down.get(self.member_id)
+                said = f"answered {now - r.at:.1f}s ago, " + (
+                    "not naming this stream yet" if stable is None else f"stable up to {stable}")
             words.append(f"{key} agent at {host}:{port} {said}")
         return f"stable up to stream seq {self.stable_sseq} of {self.handed} sent; " \
             + ("; ".join(words) or "no recovery agent yet")
