@@ -276,6 +276,25 @@ def test_oversized_fragment(make_env):
     env.assert_valid_stream_intact()
 
 
+def test_a_fragment_whose_run_is_mixed(make_env):
+    """A fragment's one run is of one topic: a mixed run there (read lazily, see wire.iter_runs)
+    is a counted drop."""
+    env = make_env()
+    table = wire.encode_route_table([(("J", "J"),)])
+    sent = 0
+
+    def junk(r: int) -> None:
+        nonlocal sent
+        parts = wire.mixed_run_parts(JUNK_ID, SESSION, JUNK_ID, r + 1, 0, 0, [TOPIC], [r + 1],
+                                     [b"f" * 100])
+        sent += env.send(env.signed(wire.encode_data(wire.PacketType.DATA, JUNK_ID, 1, r + 1,
+                                                     table, 1, parts, (200, 0, 2, 100))))
+
+    env.interleave(junk)
+    env.wait(counter_at_least(env, "bad_fragment", sent), "bad_fragment count")
+    env.assert_valid_stream_intact()
+
+
 def test_fragment_flood_never_completing(make_env):
     budget = 64_000
     total, chunk = 8_000, 1_000

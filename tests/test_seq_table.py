@@ -1,19 +1,30 @@
-"""SeqTable and take_in_order: a receiver's per-topic numbers of one source session, in C
-(pure logic, against a dict as the model)."""
+"""SeqTable, NameTable and take_mixed: a receiver's per-topic numbers of one source session and
+its intake of mixed runs, in C (pure logic, against dicts as the model)."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scopecast.netio._seq_table import SeqTable, take_in_order
+from scopecast.netio import wire
+from scopecast.netio._seq_table import NameTable, SeqTable, take_mixed
 
 topic_ids = st.integers(1, 2**32 - 1)
 values = st.integers(-(2**63), 2**63 - 1)
 
 
-def entries(*messages: tuple[int, int]) -> tuple:
-    """A mixed run's entries as wire.iter_runs gives them: (topic, seq, length) flat."""
-    return tuple(v for topic, seq in messages for v in (topic, seq, 10))
+NAMES = NameTable({t: f"t{t}" for t in (5, 6, 7, 9)})
+
+
+def payload(i: int) -> bytes:
+    return b"%c" % (65 + i % 26) * i
+
+
+def mixed(*messages: tuple[int, int]) -> tuple[bytes, int, int]:
+    """A mixed run as it lies in a datagram, between other bytes: (the datagram, the offset of
+    its first payload, its count), as wire.iter_runs gives them. Payload i is i bytes."""
+    entries = b"".join(wire.MIXED_ENTRY.pack(t, q, i) for i, (t, q) in enumerate(messages))
+    payloads = b"".join(payload(i) for i in range(len(messages)))
+    return b"header" + entries + payloads + b"mac", 6 + len(entries), len(messages)
 
 
 @settings(max_examples=200, deadline=None)
@@ -50,7 +61,8 @@ def test_missing_keys_and_values_out_of_range():
 def test_a_run_each_next_of_its_topic_moves_every_topic_and_records_its_stream_seq():
     nxt, last = SeqTable(), SeqTable()
     nxt[5], nxt[6], nxt[7] = 10, 1, 4
-    assert take_in_order(nxt, last, entries((5, 10), (6, 1), (7, 4)), 100)
+    taken = take_mixed(nxt, last, NAMES, *mixed((5, 10), (6, 1), (7, 4)), 100)
+    assert taken == (["t5", "t6", "t7"], [10, 1, 4], [b"", b"B", b"CC"], 3)
     assert nxt.items() == [(5, 11), (6, 2), (7, 5)]
     assert last.items() == [(5, 100), (6, 101), (7, 102)]
 
@@ -58,36 +70,87 @@ def test_a_run_each_next_of_its_topic_moves_every_topic_and_records_its_stream_s
 def test_a_topic_twice_in_a_run_is_in_order_when_its_seqs_follow_on():
     nxt, last = SeqTable(), SeqTable()
     nxt[5], nxt[6] = 3, 8
-    assert take_in_order(nxt, last, entries((5, 3), (6, 8), (5, 4)), 20)
+    names, seqs, _, _ = take_mixed(nxt, last, NAMES, *mixed((5, 3), (6, 8), (5, 4)), 20)
+    assert names == ["t5", "t6", "t5"] and seqs == [3, 8, 4]
     assert nxt[5] == 5 and nxt[6] == 9 and last[5] == 22 and last[6] == 21
 
 
 @pytest.mark.parametrize("run", [
-    entries((5, 3), (6, 9)),           # the second is ahead of its topic
-    entries((5, 3), (6, 8), (5, 3)),   # a duplicate within the run
-    entries((5, 3), (9, 1)),           # a topic never started
-    entries((5, 2), (6, 8)),           # the first one already taken
-    (5, 3, 10, 6),                     # entries cut short
-    (),
+    mixed((5, 3), (6, 9)),             # the second is ahead of its topic
+    mixed((5, 3), (6, 8), (5, 3)),     # a duplicate within the run
+    mixed((5, 3), (9, 1)),             # a topic never started
+    mixed((5, 3), (8, 1)),             # a topic without a name here
+    mixed((5, 2), (6, 8)),             # the first one already taken
+    (mixed((5, 3), (6, 8), (6, 9))[0][:-6], 6 + 48, 3),  # payloads cut short
 ])
-def test_a_run_not_wholly_in_order_changes_nothing(run):
+def test_a_run_not_wholly_taken_changes_nothing(run):
+    nxt, last = SeqTable(), SeqTable()
+    nxt[5], nxt[6], nxt[8] = 3, 8, 1
+    last[5] = 7
+    assert take_mixed(nxt, last, NAMES, *run, 20) is None
+    assert nxt.items() == [(5, 3), (6, 8), (8, 1)] and last.items() == [(5, 7)]
+
+
+@pytest.mark.parametrize("offset, count, sseq", [(6 + 32, 3, 1), (6 + 32, 0, 1), (10**6, 2, 1),
+                                                 (6 + 32, 2, -1), (6 + 32, 2, 2**62 - 1)])
+def test_entries_out_of_the_datagram_or_stream_seqs_out_of_range_are_refused(offset, count, sseq):
     nxt, last = SeqTable(), SeqTable()
     nxt[5], nxt[6] = 3, 8
-    last[5] = 7
-    assert not take_in_order(nxt, last, run, 20)
-    assert nxt.items() == [(5, 3), (6, 8)] and last.items() == [(5, 7)]
+    data, _, _ = mixed((5, 3), (6, 8))
+    with pytest.raises(ValueError):
+        take_mixed(nxt, last, NAMES, data, offset, count, sseq)
+    assert nxt.items() == [(5, 3), (6, 8)] and len(last) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.dictionaries(st.integers(1, 12), st.integers(0, 6)),
+       run=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 8)), min_size=1, max_size=20))
+def test_it_takes_a_run_exactly_when_each_message_is_next_of_a_named_topic(start, run):
+    names = {t: f"t{t}" for t in range(1, 10)}  # 10..12 have none
+    nxt, last = SeqTable(), SeqTable()
+    for topic, seq in start.items():
+        nxt[topic] = seq
+    model, expected = dict(start), []
+    for topic, seq in run:
+        if topic not in names or model.get(topic) != seq:
+            expected = None
+            break
+        model[topic] = seq + 1
+        expected.append(topic)
+    taken = take_mixed(nxt, last, NameTable(names), *mixed(*run), 50)
+    if expected is None:
+        assert taken is None and dict(nxt.items()) == start and len(last) == 0
+    else:
+        assert taken[0] == [names[t] for t in expected] and taken[1] == [q for _, q in run]
+        assert taken[2] == [payload(i) for i in range(len(run))]
+        assert taken[3] == sum(range(len(run)))
+        assert dict(nxt.items()) == model
+        assert dict(last.items()) == {t: 50 + i for i, t in enumerate(expected)}
 
 
 def test_thousands_of_topics_grow_the_table_and_go_round_in_order():
     nxt, last = SeqTable(), SeqTable()
     topics = range(1000, 11_000)
+    names = NameTable({t: str(t) for t in topics})
     for t in topics:
         nxt[t] = 1
     sseq = 1
     for round_ in range(1, 4):
         for at in range(0, len(topics), 60):
-            run = entries(*((t, round_) for t in topics[at:at + 60]))
-            assert take_in_order(nxt, last, run, sseq)
-            sseq += len(run) // 3
+            run = mixed(*((t, round_) for t in topics[at:at + 60]))
+            assert take_mixed(nxt, last, names, *run, sseq)[0] == [str(t) for t in topics[at:at + 60]]
+            sseq += run[2]
     assert all(nxt[t] == 4 for t in topics) and len(last) == len(topics)
     assert last[10_999] == sseq - 1 and last.keys_after(0) == list(topics)
+
+
+def test_a_name_table_is_a_fixed_map_of_topic_ids_to_names():
+    names = NameTable({5: "a", 2**32 - 1: "b"})
+    assert len(names) == 2 and names.get(5) == "a" and names.get(2**32 - 1) == "b"
+    assert names.get(6) is None and names.get(6, "?") == "?" and names.get(-1) is None
+    with pytest.raises(TypeError):
+        NameTable({5: b"a"})  # names are str
+    with pytest.raises(OverflowError):
+        NameTable({2**32: "a"})  # not a topic id
+    with pytest.raises(TypeError):
+        NameTable([(5, "a")])

@@ -1,13 +1,19 @@
-/* A receiver's numbers of one source session by topic: topic id (u32) -> signed 64-bit int.
+/* A receiver's numbers of one source session by topic: topic id (u32) -> signed 64-bit int;
+ * and its intake of mixed runs.
  *
  * A receiver keeps, per source session, each topic's next seq and last stream seq (see
  * key_table.py). As Python dicts of ints, every message of a run across thousands of topics cost
  * several cache misses (hash index, entry, key object, value object, a new value object) besides
  * the interpreter's work; here a topic is one 16-byte slot found by its id (ids are handed out
  * in sequence, so topics made together sit side by side, and a publisher going round them walks
- * the slots in order), and `take_in_order` checks and moves a whole mixed run in one C loop.
- * Keys are never taken out; iteration follows insertion order. Values are 64-bit: a larger one
- * is an OverflowError (the wire bounds seqs below that, see wire.SEQ_LIMIT). */
+ * the slots in order). Keys are never taken out; iteration follows insertion order. Values are
+ * 64-bit: a larger one is an OverflowError (the wire bounds seqs below that, see wire.SEQ_LIMIT).
+ *
+ * A mixed run (see wire.py) of thousands of topics cost in Python 3 ints unpacked per message,
+ * checks over them, a name looked up in a dict of ints and a payload sliced: twice what a run
+ * of one topic costs. `take_mixed` reads the entries where they lie in the datagram, checks
+ * and moves the whole run, and names the messages from a NameTable, in one C loop;
+ * `mixed_extent` is the wire's check of the entries. */
 
 #include "_open_table.h"
 
@@ -196,57 +202,237 @@ table_items(SeqTable *t, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
-/* take_in_order(next, last, entries, first_sseq) -> bool: a mixed run's entries (topic, seq,
- * length, flat) are each the next of its topic in `next`; if so, every topic's next seq moves
- * past its message and its last stream seq (in `last`, made if new) becomes the message's, and
- * True. Else nothing changes and False. A topic may come twice (its seqs then follow on). */
+/* ---- the names of the topics a receiver delivers alike: topic id -> str, made once */
+
+typedef struct {
+    uint64_t stored;    /* topic id + 1 */
+    PyObject *name;
+} NameSlot;
+
+typedef TableObject NameTable;
+
+static PyTypeObject NameTableType;
+
 static PyObject *
-take_in_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+names_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    if (nargs != 4 || !Py_IS_TYPE(args[0], &SeqTableType) || !Py_IS_TYPE(args[1], &SeqTableType)
-            || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "take_in_order(SeqTable, SeqTable, tuple, int)");
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "O!:NameTable", &PyDict_Type, &names))
+        return NULL;
+    NameTable *t = (NameTable *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    if (ot_init(&t->tab, sizeof(NameSlot), topic_hash) < 0) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(names, &pos, &k, &v)) {
+        uint32_t key;
+        int made;
+        if (ot_u32(k, &key) < 0 || !PyUnicode_Check(v)) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "a topic's name is a str, not %R", v);
+            Py_DECREF(t);
+            return NULL;
+        }
+        NameSlot *s = (NameSlot *)ot_insert(&t->tab, (uint64_t)key + 1, &made);
+        if (s == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        Py_XSETREF(s->name, Py_NewRef(v));
+    }
+    return (PyObject *)t;
+}
+
+static void
+names_dealloc(NameTable *t)
+{
+    for (size_t i = 0; t->tab.slots != NULL && i <= t->tab.mask; i++)
+        Py_XDECREF(((NameSlot *)(t->tab.slots + i * t->tab.size))->name);
+    ot_object_dealloc(t);
+}
+static PyObject *
+name_of(const char *slot)
+{
+    return Py_NewRef(((const NameSlot *)slot)->name);
+}
+
+static PyObject *
+names_get(NameTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    return ot_object_get(t, args, nargs, lookup, name_of);  /* (keyed as a SeqTable is) */
+}
+
+static PyMethodDef names_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))names_get, METH_FASTCALL,
+     "get(topic, default=None): the topic's name, or default."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMappingMethods names_as_mapping = {.mp_length = (lenfunc)ot_object_len};
+
+static PyTypeObject NameTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "scopecast.netio._seq_table.NameTable",
+    .tp_doc = PyDoc_STR("NameTable({topic id: name}): topic id (u32) -> str, fixed when made"),
+    .tp_basicsize = sizeof(NameTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = names_new,
+    .tp_dealloc = (destructor)names_dealloc,
+    .tp_as_mapping = &names_as_mapping,
+    .tp_methods = names_methods,
+};
+
+/* ---- a mixed run's entries (wire.MIXED_ENTRY: topic u32, seq u64, length u32, big-endian),
+ * read where they lie in the datagram */
+
+#define ENTRY 16
+#define SEQ_LIMIT ((uint64_t)1 << 62)  /* wire.SEQ_LIMIT: seqs stay below */
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline uint64_t
+be64(const unsigned char *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
+/* mixed_extent(view, offset, n) -> int: the payload bytes of the n entries at `offset` (what
+ * wire.iter_runs checks of a mixed run), or -1 if they run past the end, -2 if one names topic
+ * 0, -3 if a seq is not below SEQ_LIMIT. */
+static PyObject *
+mixed_extent(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "mixed_extent(view, offset, n)");
+        return NULL;
+    }
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]), n = PyLong_AsSsize_t(args[2]);
+    if ((off == -1 || n == -1) && PyErr_Occurred())
+        return NULL;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    long long total = -1;
+    if (off >= 0 && n >= 0 && off <= buf.len && n <= (buf.len - off) / ENTRY) {
+        const unsigned char *e = (const unsigned char *)buf.buf + off;
+        total = 0;
+        for (Py_ssize_t i = 0; i < n; i++, e += ENTRY) {
+            if (be32(e) == 0) {
+                total = -2;
+                break;
+            }
+            if (be64(e + 4) >= SEQ_LIMIT) {
+                total = -3;
+                break;
+            }
+            total += be32(e + 12);
+        }
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromLongLong(total);
+}
+
+/* Put back the next seqs of the first n entries at `e` (each moved one on). */
+static void
+put_back(SeqTable *next, const unsigned char *e, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        find(next, be32(e + i * ENTRY))->value--;
+}
+
+/* take_mixed(next, last, names, data, offset, n, first_sseq) -> (names, seqs, payloads,
+ * payload bytes) or None: a mixed run of n messages whose payloads start at `offset` in `data`
+ * (its entries just before, as wire.iter_runs gives it), taken if every message is the next of
+ * its topic in `next` and every topic has a name in `names`: each topic's next seq moves past
+ * its message and its last stream seq (in `last`, made if new) becomes the message's; the rest
+ * says what to deliver. Else nothing changes and None. A topic may come twice (its seqs then
+ * follow on). */
+static PyObject *
+take_mixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !Py_IS_TYPE(args[0], &SeqTableType) || !Py_IS_TYPE(args[1], &SeqTableType)
+            || !Py_IS_TYPE(args[2], &NameTableType) || !PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take_mixed(SeqTable, SeqTable, NameTable, bytes, int, int, int)");
         return NULL;
     }
     SeqTable *next = (SeqTable *)args[0], *last = (SeqTable *)args[1];
-    PyObject *entries = args[2];
-    long long sseq = PyLong_AsLongLong(args[3]);
-    if (sseq == -1 && PyErr_Occurred())
+    NameTable *names = (NameTable *)args[2];
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[3]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[3]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[4]), n = PyLong_AsSsize_t(args[5]);
+    long long sseq = PyLong_AsLongLong(args[6]);
+    if ((off == -1 || n == -1 || sseq == -1) && PyErr_Occurred())
         return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(entries) / 3;
-    if (n == 0 || PyTuple_GET_SIZE(entries) % 3 || sseq > INT64_MAX - n)
-        Py_RETURN_FALSE;
+    if (n <= 0 || off > size || n > off / ENTRY || sseq < 0 || (uint64_t)sseq + n > SEQ_LIMIT) {
+        PyErr_SetString(PyExc_ValueError, "a mixed run's entries out of its datagram");
+        return NULL;
+    }
+    const unsigned char *e = data + off - n * ENTRY;
+    Py_ssize_t at = off;  /* the next payload */
+    PyObject *out_names = PyList_New(n), *seqs = PyList_New(n), *payloads = PyList_New(n);
+    if (out_names == NULL || seqs == NULL || payloads == NULL)
+        goto fail;
     Py_ssize_t i;
+    Py_ssize_t end = at;
     for (i = 0; i < n; i++) {
-        uint32_t key;
-        int overflow;
-        if (as_key(PyTuple_GET_ITEM(entries, 3 * i), &key) < 0)
+        const unsigned char *x = e + i * ENTRY;
+        uint32_t topic = be32(x);
+        uint64_t seq = be64(x + 4);
+        NameSlot *name = (NameSlot *)ot_lookup(&names->tab, (uint64_t)topic + 1);
+        Slot *s = find(next, topic);
+        uint32_t len = be32(x + 12);
+        if (name == NULL || s == NULL || seq >= SEQ_LIMIT || s->value != (int64_t)seq
+                || len > size - end)
             break;
-        long long seq = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entries, 3 * i + 1),
-                                                     &overflow);
-        Slot *s = find(next, key);
-        if (overflow || seq == -1 || s == NULL || s->value != seq || seq == INT64_MAX)
-            break;
-        s->value = seq + 1;
+        end += len;
+        s->value++;
+        PyList_SET_ITEM(out_names, i, Py_NewRef(name->name));
     }
     if (i < n) {  /* not all in order: those moved are put back (a topic twice, twice) */
-        PyErr_Clear();
-        while (i-- > 0) {
-            uint32_t key = 0;  /* (checked in the first pass) */
-            as_key(PyTuple_GET_ITEM(entries, 3 * i), &key);
-            find(next, key)->value--;
-        }
-        Py_RETURN_FALSE;
+        put_back(next, e, i);
+        Py_DECREF(out_names);
+        Py_DECREF(seqs);
+        Py_DECREF(payloads);
+        Py_RETURN_NONE;
     }
     for (i = 0; i < n; i++) {
-        uint32_t key = 0;
-        as_key(PyTuple_GET_ITEM(entries, 3 * i), &key);
-        Slot *s = insert(last, key);
-        if (s == NULL)
-            return NULL;
+        const unsigned char *x = e + i * ENTRY;
+        uint32_t len = be32(x + 12);
+        PyObject *seq = PyLong_FromUnsignedLongLong(be64(x + 4));
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)data + at, len);
+        if (seq == NULL || payload == NULL) {
+            Py_XDECREF(seq);
+            Py_XDECREF(payload);
+            put_back(next, e, n);
+            goto fail;
+        }
+        PyList_SET_ITEM(seqs, i, seq);
+        PyList_SET_ITEM(payloads, i, payload);
+        at += len;
+    }
+    for (i = 0; i < n; i++) {
+        Slot *s = insert(last, be32(e + i * ENTRY));
+        if (s == NULL) {
+            put_back(next, e, n);
+            goto fail;
+        }
         s->value = sseq + i;
     }
-    Py_RETURN_TRUE;
+    return Py_BuildValue("(NNNn)", out_names, seqs, payloads, end - off);
+fail:
+    Py_XDECREF(out_names);
+    Py_XDECREF(seqs);
+    Py_XDECREF(payloads);
+    return NULL;
 }
 
 static PyObject *
@@ -269,8 +455,11 @@ OT_TABLE_TYPE(SeqTableType, "scopecast.netio._seq_table.SeqTable", sizeof(SeqTab
               "topic id (u32) -> 64-bit int, compact; keys never taken out", table_iter);
 
 static PyMethodDef module_methods[] = {
-    {"take_in_order", (PyCFunction)(void (*)(void))take_in_order, METH_FASTCALL,
-     "take_in_order(next, last, entries, first_sseq) -> bool (see the module source)."},
+    {"mixed_extent", (PyCFunction)(void (*)(void))mixed_extent, METH_FASTCALL,
+     "mixed_extent(view, offset, n) -> payload bytes, or -1, -2, -3 (see the module source)."},
+    {"take_mixed", (PyCFunction)(void (*)(void))take_mixed, METH_FASTCALL,
+     "take_mixed(next, last, names, data, offset, n, first_sseq) -> (names, seqs, payloads, "
+     "payload bytes) or None (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -282,5 +471,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__seq_table(void)
 {
-    return ot_module(&module, &SeqTableType, "SeqTable");
+    PyObject *m = ot_module(&module, &SeqTableType, "SeqTable");
+    if (m != NULL && (PyType_Ready(&NameTableType) < 0
+                      || PyModule_AddObjectRef(m, "NameTable", (PyObject *)&NameTableType) < 0))
+        Py_CLEAR(m);
+    return m;
 }

@@ -13,7 +13,7 @@ from collections import deque
 from itertools import repeat
 
 from scopecast.netio import wire
-from scopecast.netio._seq_table import SeqTable, take_in_order
+from scopecast.netio._seq_table import NameTable, SeqTable, take_mixed
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
@@ -206,23 +206,22 @@ class ReceivePath:
     def _plain_topics(self) -> dict[int, tuple]:
         """topic -> (subscriptions, reliable, latest announced session, names) of the topics this
         member takes and does not forward: what `_take_mixed` needs of a message in one lookup.
-        Topics alike share the value (no memory per topic but in `names`, topic -> name of the
+        Topics alike share the value (no memory per topic but in `names`, a NameTable of the
         topics alike): a run's messages are alike when each has a name there. Rebuilt after any
         table install."""
         plain: dict[int, tuple] = {}
-        same: dict[tuple, tuple] = {}
+        names: dict[tuple, dict[int, str]] = {}
         sessions, reliable, forwards = self._sessions, self._reliable, self._routes
         topic_names = self._topic_names
         for topic, subs in self._subs.items():
             if topic not in forwards:
                 info = (subs, topic in reliable, sessions.get(topic, 1 << 62))
-                group = same.get(info)
-                if group is None:
-                    group = same[info] = (*info, {})
-                plain[topic] = group
+                plain[topic] = info
+                group = names.setdefault(info, {})
                 if (name := topic_names.get(topic)) is not None:
-                    group[3][topic] = name
-        self._plain = plain
+                    group[topic] = name
+        same = {info: (*info, NameTable(group)) for info, group in names.items()}
+        self._plain = plain = {topic: same[info] for topic, info in plain.items()}
         return plain
 
     def _take_mixed(self, data: bytes, routes: list, run: tuple) -> None:
@@ -234,7 +233,7 @@ class ReceivePath:
             plain = self._plain_topics()
         if self._take_mixed_at_once(data, routes, run, plain):
             return
-        _, source, session, _, stream, sseq, ctype, ridx, entries, off = run
+        _, source, session, _, stream, sseq, ctype, ridx, count, off = run
         # this run's source session, by topic (none yet: `_take_run` makes it for what it
         # accepts; a run of a session never announced leaves no table behind)
         next_seq = self._next_seq.by_source.get((source, session), {})
@@ -249,7 +248,7 @@ class ReceivePath:
         group: tuple = ()  # the subscribers of the messages in `batch`
         batch: list = []
         nbytes = 0
-        for topic, seq, n in zip(entries[0::3], entries[1::3], entries[2::3], strict=True):
+        for topic, seq, n in wire.mixed_entries(data, off, count):
             p = plain.get(topic)
             if p is not None and in_order and next_seq.get(topic) == seq and session <= p[2]:
                 next_seq[topic] = seq + 1
@@ -288,19 +287,15 @@ class ReceivePath:
             self._stream_taken(source, low, top)
 
     def _take_mixed_at_once(self, data: bytes, routes: list, run: tuple, plain: dict) -> bool:
-        """The common mixed run, taken with the per-message work in C (map, take_in_order): every
+        """The common mixed run, taken with the per-message work in C (`take_mixed`): every
         message the next in order of its own topic, all of topics this member takes and does not
         forward, reliable, for the same subscribers. False, having done nothing, for any other
         run."""
-        _, source, session, _, _, sseq, ctype, ridx, entries, off = run
+        _, source, session, _, _, sseq, ctype, ridx, count, off = run
         if self._early or ctype == END:
             return False
-        topics = entries[0::3]
-        info = plain.get(topics[0])  # of a reliable topic, and every message alike
+        info = plain.get(wire.mixed_topic(data, off, count))  # the first's: every message alike
         if info is None or not info[1] or session > info[2]:
-            return False
-        names = list(map(info[3].get, topics))
-        if None in names:
             return False
         key = (source, session)
         next_seq = self._next_seq.by_source.get(key)  # topic -> next seq
@@ -310,23 +305,20 @@ class ReceivePath:
         made = last is None  # (a new table is kept only if the run is taken)
         if made:
             last = SeqTable()
-        if not take_in_order(next_seq, last, entries, sseq):
+        taken = take_mixed(next_seq, last, info[3], data, off, count, sseq)
+        if taken is None:
             return False
         if made:
             self._last_sseq.by_source[key] = last
-        seqs = entries[1::3]
-        n = len(seqs)
-        top = sseq + n - 1
-        # (a slice expression per payload: map over slice objects took twice as long)
-        start = stop = off
-        payloads = [data[stop:(stop := stop + m)] for m in entries[2::3]]
+        names, seqs, payloads, nbytes = taken
+        top = sseq + count - 1
         self.stats["mixed_runs"] += 1
         self._offer(info[0],
                     list(map(Message, names, repeat(self._names.get(source) or str(source)),
                              repeat(session), seqs, payloads, repeat(ctype), repeat(routes[ridx]))),
-                    stop - start + MESSAGE_COST * n)
+                    nbytes + MESSAGE_COST * count)
         if self._cacher:  # kept until stable, to repair peers (see recovery_path)
-            self._keep(source, CachedRun(sseq, top, data, MIXED, session, 0, ctype, entries, off))
+            self._keep(source, CachedRun(sseq, top, data, MIXED, session, 0, ctype, count, off))
         self._stream_taken(source, sseq, top)
         return True
 
@@ -492,7 +484,7 @@ class ReceivePath:
         total, index, count, chunk = wire.FRAGMENT.unpack_from(body, off)
         runs = list(wire.iter_runs(body, off + wire.FRAGMENT.size, 1, len(routes)))
         topic, source, session, seq, stream, sseq, ctype, ridx, lengths, start = runs[0]
-        if len(lengths) != 1:
+        if topic == MIXED or len(lengths) != 1:
             raise wire.DecodeError("bad_fragment", "fragment run of several messages")
         if seq < self._next_seq.get((topic, source, session), 0):
             self.stats["duplicates"] += 1  # a piece of a message delivered already (a repair's)

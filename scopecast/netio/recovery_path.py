@@ -90,11 +90,11 @@ class CachedRun(NamedTuple):
     first_sseq: int
     last_sseq: int
     data: bytes
-    topic: int          # wire.MIXED: `lengths` are the mixed run's (topic, seq, length) entries
+    topic: int          # wire.MIXED: `lengths` is the mixed run's count (see wire.iter_runs)
     session: int
     first_seq: int
     ctype: int
-    lengths: tuple
+    lengths: tuple | int
     offset: int         # of the first payload in `data`
 
 
@@ -106,7 +106,7 @@ def cached_messages(runs):
     content type, payload)."""
     for first_sseq, _last, data, topic, session, seq, ctype, lengths, off in runs:
         if topic == wire.MIXED:
-            entries = zip(lengths[0::3], lengths[1::3], lengths[2::3], strict=True)
+            entries = wire.mixed_entries(data, off, lengths)
         else:
             entries = zip(repeat(topic), range(seq, seq + len(lengths)), lengths)
         for sseq, (t, q, n) in enumerate(entries, first_sseq):

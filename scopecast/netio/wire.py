@@ -38,6 +38,8 @@ from enum import IntEnum
 
 import msgpack
 
+from scopecast.netio._seq_table import mixed_extent
+
 MAGIC = b"SC"
 VERSION = 2
 
@@ -309,8 +311,8 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
     """Validate and yield the runs of a data datagram body (without MAC) starting at `offset`:
     (topic, source, session, first seq, stream, first stream seq, content type, routing index,
     payload lengths, offset of the first payload). A mixed run comes as topic MIXED with, in
-    place of the lengths, its entries flat: (topic, seq, length) per message. Raises DecodeError
-    on malformed input."""
+    place of the lengths, its message count: its entries are read where they lie (checked here
+    in C, unpacked by `mixed_entries` when wanted). Raises DecodeError on malformed input."""
     end = len(view)
     unpack = RUN.unpack_from
     for _ in range(runs):
@@ -326,16 +328,13 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
         if fields[5] + n > SEQ_LIMIT:
             raise DecodeError("bad_seq", "stream seq")
         if fields[0] == MIXED:
-            if offset + MIXED_ENTRY.size * n > end:
-                raise DecodeError("truncated", "mixed run entries")
-            lengths = _entries(n).unpack_from(view, offset)
-            if not all(lengths[0::3]):
-                raise DecodeError("bad_run", "topic 0 in a mixed run")
-            if max(lengths[1::3]) >= SEQ_LIMIT:
-                raise DecodeError("bad_seq", "seq")
+            size = mixed_extent(view, offset, n)
+            if size < 0:
+                raise DecodeError(*_MIXED_ERRORS[size])
+            lengths = n
             offset += MIXED_ENTRY.size * n
             start = offset
-            offset += sum(lengths[2::3])
+            offset += size
         else:
             if fields[3] + n > SEQ_LIMIT:
                 raise DecodeError("bad_seq", "seq")
@@ -350,6 +349,21 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
         yield fields[:8] + (lengths, start)
     if offset != end:
         raise DecodeError("trailing_bytes", str(end - offset))
+
+
+_MIXED_ERRORS = {-1: ("truncated", "mixed run entries"), -2: ("bad_run", "topic 0 in a mixed run"),
+                 -3: ("bad_seq", "seq")}
+
+
+def mixed_entries(data, offset: int, n: int):
+    """The entries of a mixed run of `n` messages whose payloads start at `offset` (as
+    `iter_runs` gives it): an iterator of (topic, seq, length)."""
+    return MIXED_ENTRY.iter_unpack(memoryview(data)[offset - MIXED_ENTRY.size * n:offset])
+
+
+def mixed_topic(data, offset: int, n: int) -> int:
+    """The topic of the first message of a mixed run (as `iter_runs` gives it)."""
+    return LENGTH.unpack_from(data, offset - MIXED_ENTRY.size * n)[0]
 
 
 def decode_data(view: memoryview | bytes) -> tuple[Header, list[WireMessage] | Fragment]:
@@ -371,7 +385,7 @@ def decode_data(view: memoryview | bytes) -> tuple[Header, list[WireMessage] | F
     for topic, source, session, seq, stream, sseq, ctype, ridx, lengths, off in iter_runs(
             view, offset, header.count, len(routes)):
         if topic == MIXED:
-            entries = zip(lengths[0::3], lengths[1::3], lengths[2::3], strict=True)
+            entries = mixed_entries(view, off, lengths)
         else:
             entries = ((topic, seq + i, n) for i, n in enumerate(lengths))
         for i, (t, q, n) in enumerate(entries):
