@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scopecast.netio._tail_table import TailTable
+from scopecast.netio.recovery_path import RECORD_ENTRY
 
 
 def model_note(tails: dict, entries: list) -> list:
@@ -34,6 +35,33 @@ def model_release(tails: dict, entries: list) -> int:
     return sum(len(e[5]) for e in entries)
 
 
+def model_record(tails: dict, cache: list, head: int, handed: int, scan: int, limit: int):
+    """The Python version (recovery_path before record() was in C): every unstable stream when
+    there are at most `limit`; else those of the oldest unstable messages, first met first, and
+    the stream seq up to which every message looked at is of one of them."""
+    if len(tails) <= limit:
+        return {k: t for k, t in tails.items() if t.__class__ is list}, handed
+    keys: dict = {}
+    horizon, scanned = handed, 0
+    for e in cache[head:head + scan]:
+        if e[0] > handed:
+            break
+        if (e[1], e[2]) not in keys:
+            if len(keys) == limit:
+                horizon = e[0] - 1
+                break
+            keys[(e[1], e[2])] = None
+        scanned += 1
+        if scanned == scan:
+            horizon = e[0]
+    return [(k, tails[k]) for k in keys if tails[k].__class__ is list], horizon
+
+
+def unpacked(named: bytes) -> list:
+    return [((t, s), [fs, fss, ls, lss]) for t, s, fs, fss, ls, lss in
+            RECORD_ENTRY.iter_unpack(named)]
+
+
 streams = st.tuples(st.integers(1, 6), st.integers(1, 3)) | st.tuples(  # (topic 0: wire.MIXED)
     st.integers(1, 2**32 - 1), st.integers(0, 2**32 - 1)) | st.just((2**32 - 1, 2**32 - 1))
 
@@ -56,7 +84,12 @@ def test_sending_and_releasing_read_as_the_dict_it_replaced(rounds):
         assert table.release(cache, head, stop) == model_release(model, cache[head:stop])
         head = stop
         assert dict(table.items()) == model and len(table) == len(model)
-    assert dict(table.unstable()) == {k: t for k, t in model.items() if t.__class__ is list}
+        for handed, scan, limit in ((len(cache), 4096, 256), (len(cache) - 3, 7, 3),
+                                    (len(cache), 2, 5)):
+            named, horizon = table.record(cache, head, handed, scan, limit)
+            want, want_horizon = model_record(model, cache, head, handed, scan, limit)
+            got = dict(unpacked(named)) if isinstance(want, dict) else unpacked(named)
+            assert (got, horizon) == (want, want_horizon)
     for key, tail in list(model.items())[:20]:
         assert table[key] == tail and table.get(key) == tail and key in table
 
@@ -92,6 +125,12 @@ def test_set_read_and_refused():
         table.note([(1, 7, 2, 1, 0, b"")], -1)
     with pytest.raises(TypeError):
         table.note([("not", "an", "entry", 1)], 0)
+    with pytest.raises(IndexError):
+        table.record([], 1, 5, 10, 2)
+    with pytest.raises(ValueError):
+        table.record([], 0, 5, 10, 0)
+    with pytest.raises(TypeError):  # more streams than the limit: the cache is read
+        table.record([("not", "an", "entry", 1)], 0, 5, 10, 2)
     assert table[(7, 2)] == [1, 2, 3, 4] and len(table) == 3
 
 
@@ -101,4 +140,7 @@ def test_ten_thousand_streams_grow_the_table_and_stay_found():
     assert len(table.note(cache, 0)) == 10_000
     table.release(cache, 0, 25_000)  # topics 1..5,000 wholly stable, the rest from seq 3 on
     assert table[(1, 1)] == 3 and table[(10_000, 1)] == [3, 20_001, 3, 30_000]
-    assert len(table.unstable()) == 5_000
+    named, horizon = table.record(cache, 25_000, 30_000, 4096, 256)  # the oldest 256 streams
+    assert unpacked(named)[:2] == [((5_001, 1), [3, 15_002, 3, 25_001]),
+                                   ((5_002, 1), [3, 15_003, 3, 25_002])]
+    assert len(named) == 256 * RECORD_ENTRY.size and horizon == 25_256

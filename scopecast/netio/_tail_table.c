@@ -6,7 +6,9 @@
  * for a key tuple, a hash lookup and a list per message, twice, and missed the CPU cache at
  * each. Here a stream is one 40-byte slot, and `note` and `release` walk the sender's cache in
  * one C loop each. Reads give what the dict held: [first unstable seq, its stream seq, last
- * seq, last stream seq] while any message is unstable, else the last seq (an int). */
+ * seq, last stream seq] while any message is unstable, else the last seq (an int). `record`
+ * packs what a summary names of them (scanning up to thousands of cache entries for the
+ * oldest unstable streams took ~0.4 ms in Python, 66 summaries a second). */
 
 #include "_open_table.h"
 
@@ -188,16 +190,15 @@ table_setitem(TailTable *t, PyObject *k, PyObject *v)
     return 0;
 }
 
-/* (key, value) pairs, of every stream or (`unstable_only`) of those with unstable messages. */
 static PyObject *
-pairs(TailTable *t, int unstable_only)
+table_items(TailTable *t, PyObject *Py_UNUSED(ignored))
 {
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
     for (size_t i = 0; i <= t->tab.mask; i++) {
         Tail *s = (Tail *)(t->tab.slots + i * sizeof(Tail));
-        if (!s->stored || (unstable_only && s->fs > s->ls))
+        if (!s->stored)
             continue;
         PyObject *key = key_of(s), *value = key ? value_of((char *)s) : NULL;
         PyObject *pair = value ? PyTuple_Pack(2, key, value) : NULL;
@@ -213,16 +214,130 @@ pairs(TailTable *t, int unstable_only)
     return out;
 }
 
-static PyObject *
-table_items(TailTable *t, PyObject *Py_UNUSED(ignored))
+/* ---- records (see recovery_path._own_record): named streams packed as RECORD_ENTRY,
+ * "<IIQQQQ" (topic, session, fs, fss, ls, lss) */
+
+#define RECORD_ENTRY 40
+#define MAX_LIMIT 4096
+
+static void
+put_le(unsigned char *p, uint64_t v, int bytes)
 {
-    return pairs(t, 0);
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static PyObject *
-table_unstable(TailTable *t, PyObject *Py_UNUSED(ignored))
+static void
+pack_entry(unsigned char *p, const Tail *s)
 {
-    return pairs(t, 1);
+    put_le(p, s->stored >> 32, 4);
+    put_le(p + 4, s->stored & 0xFFFFFFFFu, 4);
+    put_le(p + 8, (uint64_t)s->fs, 8);
+    put_le(p + 16, (uint64_t)s->fss, 8);
+    put_le(p + 24, (uint64_t)s->ls, 8);
+    put_le(p + 32, (uint64_t)s->lss, 8);
+}
+
+/* The streams of the oldest unstable messages, cache[head:] up to stream seq `handed` and at
+ * most `scan` of them, at most `limit` streams, in the order met (into keys[], their number
+ * returned; -1 and an exception if an entry is not one); *horizon: the stream seq up to which
+ * every message looked at is of one of them. */
+static Py_ssize_t
+oldest(PyObject *cache, Py_ssize_t head, int64_t handed, Py_ssize_t scan, Py_ssize_t limit,
+       uint64_t *keys, int64_t *horizon)
+{
+    size_t mask = 1;  /* a set of the keys met: open addressing, at most a quarter full */
+    while (mask + 1 < (size_t)limit * 4)
+        mask = mask * 2 + 1;
+    uint64_t *seen = PyMem_Calloc(mask + 1, sizeof(uint64_t));
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t n = 0, stop = PyList_GET_SIZE(cache);
+    if (stop - head > scan)
+        stop = head + scan;
+    *horizon = handed;
+    for (Py_ssize_t i = head; i < stop; i++) {
+        uint64_t stored;
+        int64_t sseq, seq;
+        if (entry_fields(PyList_GET_ITEM(cache, i), &stored, &sseq, &seq) < 0) {
+            n = -1;
+            break;
+        }
+        if (sseq > handed)
+            break;
+        size_t j = stream_hash(stored) & mask;
+        while (seen[j] != 0 && seen[j] != stored)
+            j = (j + 1) & mask;
+        if (seen[j] == 0) {
+            if (n == limit) {
+                *horizon = sseq - 1;
+                break;
+            }
+            seen[j] = keys[n++] = stored;
+        }
+        if (i == head + scan - 1)  /* (more may follow) */
+            *horizon = sseq;
+    }
+    PyMem_Free(seen);
+    return n;
+}
+
+/* record(cache, head, handed, scan, limit) -> (named, horizon): what a sender's record names
+ * of its unstable streams, packed, and its horizon. Every unstable stream, horizon `handed`,
+ * when there are at most `limit` streams; else those of the oldest unstable messages (the
+ * cache from `head`, up to stream seq `handed`, at most `scan` looked at, at most `limit`
+ * streams) and the stream seq up to which every message looked at is of one of them. */
+static PyObject *
+table_record(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "record(cache, head, handed, scan, limit)");
+        return NULL;
+    }
+    PyObject *cache = args[0];
+    Py_ssize_t head = PyLong_AsSsize_t(args[1]);
+    long long handed = PyLong_AsLongLong(args[2]);
+    Py_ssize_t scan = PyLong_AsSsize_t(args[3]), limit = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (scan < 1 || limit < 1 || limit > MAX_LIMIT) {
+        PyErr_Format(PyExc_ValueError, "scan >= 1 and limit in 1..%d", MAX_LIMIT);
+        return NULL;
+    }
+    if (span(cache, head, PyList_Check(cache) ? PyList_GET_SIZE(cache) : 0) < 0)
+        return NULL;
+    uint64_t *keys = PyMem_Malloc(limit * sizeof(uint64_t));
+    if (keys == NULL)
+        return PyErr_NoMemory();
+    int64_t horizon = handed;
+    Py_ssize_t n = 0;
+    if (t->tab.len <= limit) {
+        for (size_t i = 0; i <= t->tab.mask; i++) {
+            Tail *s = (Tail *)(t->tab.slots + i * sizeof(Tail));
+            if (s->stored)
+                keys[n++] = s->stored;
+        }
+    } else {
+        n = oldest(cache, head, handed, scan, limit, keys, &horizon);
+    }
+    PyObject *named = n < 0 ? NULL : PyBytes_FromStringAndSize(NULL, n * RECORD_ENTRY);
+    if (named != NULL) {
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(named);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Tail *s = (Tail *)ot_lookup(&t->tab, keys[i]);
+            if (s != NULL && s->fs <= s->ls) {  /* (all stable: not named) */
+                pack_entry(p, s);
+                p += RECORD_ENTRY;
+            }
+        }
+        _PyBytes_Resize(&named, (char *)p - PyBytes_AS_STRING(named));
+    }
+    PyMem_Free(keys);
+    if (named == NULL)
+        return NULL;
+    return Py_BuildValue("(NL)", named, (long long)horizon);
 }
 
 /* note(cache, start): the cache entries from `start` on were just sent; each one's stream ends
@@ -320,8 +435,8 @@ static PyMethodDef table_methods[] = {
      "get((topic, session), default=None): the stream's tail, or default."},
     {"items", (PyCFunction)table_items, METH_NOARGS,
      "items(): ((topic, session), tail) pairs (a snapshot)."},
-    {"unstable", (PyCFunction)table_unstable, METH_NOARGS,
-     "unstable(): the pairs of the streams with unstable messages."},
+    {"record", (PyCFunction)(void (*)(void))table_record, METH_FASTCALL,
+     "record(cache, head, handed, scan, limit) -> (named, horizon) (see the module source)."},
     {"note", (PyCFunction)(void (*)(void))table_note, METH_FASTCALL,
      "note(cache, start) -> the keys met for the first time (see the module source)."},
     {"release", (PyCFunction)(void (*)(void))table_release, METH_FASTCALL,

@@ -114,14 +114,6 @@ def cached_messages(runs):
             off += n
 
 
-def _pack_named(named) -> bytes:
-    """A record's named topics, ((topic, session), [fs, fss, ls, lss]) pairs, as RECORD_ENTRYs."""
-    out = bytearray(RECORD_ENTRY.size * len(named))
-    for i, ((topic, session), tail) in enumerate(named):
-        RECORD_ENTRY.pack_into(out, i * RECORD_ENTRY.size, topic, session, *tail)
-    return bytes(out)
-
-
 def _named_topics(runs) -> dict[tuple[int, int], list[int]]:
     """A record's named topics (packed, or lists as protocol tests write them), at most
     MAX_RECORD_TOPICS; ValueError or TypeError when malformed (seqs from wire.SEQ_LIMIT on
@@ -264,13 +256,10 @@ class RecoveryPath:
         whose stream is not dense acknowledges no further than the horizon (topics it does not
         name may have lost tails there)."""
         self._beat += 1
-        tails = self._tails
-        if len(tails) <= MAX_RECORD_TOPICS:
-            named, horizon = tails.unstable(), self.handed
-        else:
-            named, horizon = self._oldest_named()
+        named, horizon = self._tails.record(self._cache, self._cache_head, self.handed,
+                                            RECORD_SCAN, MAX_RECORD_TOPICS)
         keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)
-        return [self.handed, _pack_named(named), self._beat, horizon, *keys]
+        return [self.handed, named, self._beat, horizon, *keys]
 
     def stability_digest(self) -> str:
         """What holds this member's own messages back, for a flush that timed out: how far
@@ -290,25 +279,6 @@ class RecoveryPath:
             words.append(f"{key} agent at {host}:{port} {said}")
         return f"stable up to stream seq {self.stable_sseq} of {self.handed} sent; " \
             + ("; ".join(words) or "no recovery agent yet")
-
-    def _oldest_named(self) -> tuple[list, int]:
-        """The topics of the oldest unstable messages (up to MAX_RECORD_TOPICS of them), and the
-        stream position up to which every unstable message is of one of them."""
-        keys: dict[tuple[int, int], None] = {}
-        horizon, scanned = self.handed, 0
-        for e in islice(self._cache, self._cache_head, self._cache_head + RECORD_SCAN):
-            if e[0] > self.handed:
-                break
-            if (e[1], e[2]) not in keys:
-                if len(keys) == MAX_RECORD_TOPICS:
-                    horizon = e[0] - 1
-                    break
-                keys[(e[1], e[2])] = None
-            scanned += 1
-            if scanned == RECORD_SCAN:  # (more may follow)
-                horizon = e[0]
-        tails = self._tails
-        return [(k, tails[k]) for k in keys if k in tails], horizon
 
     def _look_up(self, member_id: int) -> None:
         """A member this one must talk to but does not know (in another scope): the control
