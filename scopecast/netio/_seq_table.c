@@ -254,6 +254,7 @@ names_dealloc(NameTable *t)
         Py_XDECREF(((NameSlot *)(t->tab.slots + i * t->tab.size))->name);
     ot_object_dealloc(t);
 }
+
 static PyObject *
 name_of(const char *slot)
 {
