@@ -26,6 +26,8 @@ typedef struct {
 
 #define OT_STORED(slot) (*(uint64_t *)(slot))
 
+#define SEQ_LIMIT ((int64_t)1 << 62)  /* wire.SEQ_LIMIT: the tables' seqs stay below */
+
 static int
 ot_init(OpenTable *t, size_t size, ot_hash hash)
 {

@@ -291,7 +291,6 @@ static PyTypeObject NameTableType = {
  * read where they lie in the datagram */
 
 #define ENTRY 16
-#define SEQ_LIMIT ((uint64_t)1 << 62)  /* wire.SEQ_LIMIT: seqs stay below */
 
 static inline uint32_t
 be32(const unsigned char *p)

@@ -20,7 +20,6 @@ typedef struct {
 
 typedef TableObject TailTable;
 
-#define SEQ_LIMIT ((int64_t)1 << 62)  /* wire.SEQ_LIMIT: seqs stay below */
 
 static size_t
 stream_hash(uint64_t stored)
@@ -239,21 +238,16 @@ pack_entry(unsigned char *p, const Tail *s)
 }
 
 /* The streams of the oldest unstable messages, cache[head:] up to stream seq `handed` and at
- * most `scan` of them, at most `limit` streams, in the order met (into keys[], their number
- * returned; -1 and an exception if an entry is not one); *horizon: the stream seq up to which
- * every message looked at is of one of them. */
+ * most `scan` of them, at most `limit` streams, in the order met (their tails into tails[],
+ * their number returned; -1 and an exception if an entry is not one); *horizon: the stream seq
+ * up to which every message looked at is of one of them. */
 static Py_ssize_t
-oldest(PyObject *cache, Py_ssize_t head, int64_t handed, Py_ssize_t scan, Py_ssize_t limit,
-       uint64_t *keys, int64_t *horizon)
+oldest(TailTable *t, PyObject *cache, Py_ssize_t head, int64_t handed, Py_ssize_t scan,
+       Py_ssize_t limit, Tail **tails, int64_t *horizon)
 {
-    size_t mask = 1;  /* a set of the keys met: open addressing, at most a quarter full */
-    while (mask + 1 < (size_t)limit * 4)
-        mask = mask * 2 + 1;
-    uint64_t *seen = PyMem_Calloc(mask + 1, sizeof(uint64_t));
-    if (seen == NULL) {
-        PyErr_NoMemory();
+    OpenTable seen;  /* the streams met: stored keys only */
+    if (ot_init(&seen, sizeof(uint64_t), stream_hash) < 0)
         return -1;
-    }
     Py_ssize_t n = 0, stop = PyList_GET_SIZE(cache);
     if (stop - head > scan)
         stop = head + scan;
@@ -261,26 +255,28 @@ oldest(PyObject *cache, Py_ssize_t head, int64_t handed, Py_ssize_t scan, Py_ssi
     for (Py_ssize_t i = head; i < stop; i++) {
         uint64_t stored;
         int64_t sseq, seq;
+        int made;
         if (entry_fields(PyList_GET_ITEM(cache, i), &stored, &sseq, &seq) < 0) {
             n = -1;
             break;
         }
         if (sseq > handed)
             break;
-        size_t j = stream_hash(stored) & mask;
-        while (seen[j] != 0 && seen[j] != stored)
-            j = (j + 1) & mask;
-        if (seen[j] == 0) {
+        if (ot_insert(&seen, stored, &made) == NULL) {
+            n = -1;
+            break;
+        }
+        if (made) {
             if (n == limit) {
                 *horizon = sseq - 1;
                 break;
             }
-            seen[j] = keys[n++] = stored;
+            tails[n++] = (Tail *)ot_lookup(&t->tab, stored);
         }
         if (i == head + scan - 1)  /* (more may follow) */
             *horizon = sseq;
     }
-    PyMem_Free(seen);
+    PyMem_Free(seen.slots);
     return n;
 }
 
@@ -308,8 +304,8 @@ table_record(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
     }
     if (span(cache, head, PyList_Check(cache) ? PyList_GET_SIZE(cache) : 0) < 0)
         return NULL;
-    uint64_t *keys = PyMem_Malloc(limit * sizeof(uint64_t));
-    if (keys == NULL)
+    Tail **tails = PyMem_Malloc(limit * sizeof(Tail *));
+    if (tails == NULL)
         return PyErr_NoMemory();
     int64_t horizon = handed;
     Py_ssize_t n = 0;
@@ -317,24 +313,23 @@ table_record(TailTable *t, PyObject *const *args, Py_ssize_t nargs)
         for (size_t i = 0; i <= t->tab.mask; i++) {
             Tail *s = (Tail *)(t->tab.slots + i * sizeof(Tail));
             if (s->stored)
-                keys[n++] = s->stored;
+                tails[n++] = s;
         }
     } else {
-        n = oldest(cache, head, handed, scan, limit, keys, &horizon);
+        n = oldest(t, cache, head, handed, scan, limit, tails, &horizon);
     }
     PyObject *named = n < 0 ? NULL : PyBytes_FromStringAndSize(NULL, n * RECORD_ENTRY);
     if (named != NULL) {
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(named);
         for (Py_ssize_t i = 0; i < n; i++) {
-            Tail *s = (Tail *)ot_lookup(&t->tab, keys[i]);
-            if (s != NULL && s->fs <= s->ls) {  /* (all stable: not named) */
-                pack_entry(p, s);
+            if (tails[i] != NULL && tails[i]->fs <= tails[i]->ls) {  /* (all stable: not named) */
+                pack_entry(p, tails[i]);
                 p += RECORD_ENTRY;
             }
         }
         _PyBytes_Resize(&named, (char *)p - PyBytes_AS_STRING(named));
     }
-    PyMem_Free(keys);
+    PyMem_Free(tails);
     if (named == NULL)
         return NULL;
     return Py_BuildValue("(NL)", named, (long long)horizon);
