@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "none)")
     p.add_argument("--topic-subscribers", type=int, default=None, metavar="N",
                    help="subscriber processes of the topic cases (default 4)")
+    p.add_argument("--topic-pairs", type=int, default=None, metavar="N",
+                   help="scopecast's drop from the fewest to the most topics is the median "
+                        "over N pairs of cases: the sweep's, then N - 1 more, each pair back to "
+                        f"back (default {peer_suite.TOPIC_PAIRS}, --quick: 1)")
     p.add_argument("--members", type=lambda t: _int_list(t) if t.strip() else [], default=None,
                    metavar="N,N,...",
                    help="scale suite: scopecast from one publisher to this many subscriber "
@@ -220,8 +224,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.loss = [] if args.quick else [0.01, 0.05]
     if args.loss_pairs is None:
         args.loss_pairs = 1 if args.quick else 3
-    if args.loss_pairs < 1:
-        raise SystemExit("--loss-pairs must be at least 1")
+    if args.topic_pairs is None:
+        args.topic_pairs = 1 if args.quick else peer_suite.TOPIC_PAIRS
+    if args.loss_pairs < 1 or args.topic_pairs < 1:
+        raise SystemExit("--loss-pairs and --topic-pairs must be at least 1")
     if args.spark_rows is None:
         args.spark_rows = 0 if args.quick else 100_000
     if args.case_timeout is None:
@@ -359,7 +365,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                                latency_shares=(0.5,) if args.quick else peer_suite.LATENCY_SHARES,
                                topic_counts=tuple(args.topic_counts),
                                topic_subscribers=args.topic_subscribers,
-                               ) if args.peers else {}
+                               topic_pairs=args.topic_pairs) if args.peers else {}
         scale = scale_suite.run(cluster, stamp, log_dir, counts=args.members,
                                 seconds=args.seconds, warmup=args.warmup,
                                 case_timeout=args.case_timeout, policy=args.policy) \
@@ -382,6 +388,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "peers": args.peers, "peer_sizes": args.peer_sizes,
                    "peer_subscribers": args.peer_subscribers,
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
+                   "topic_pairs": args.topic_pairs,
                    "members": args.members, "loss": args.loss, "loss_pairs": args.loss_pairs,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
                    "spark_rows": args.spark_rows, "hosts": args.hosts,

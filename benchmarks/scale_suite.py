@@ -28,7 +28,7 @@ def run(cluster, stamp: str, log_dir: Path, *, counts: list[int], seconds: float
 
 
 def table(member_rows: list[dict], topic_rows: list[dict]) -> str:
-    ours = member_rows + [r for r in topic_rows if r["system"] == "scopecast"]
+    ours = member_rows + [r for r in topic_rows if r["system"] == "scopecast" and not r.get("pair")]
     if not ours:
         return ""
     lines = ["| members | topics | msgs/s (min/sub) | subscriber RSS MB | token round ms "

@@ -50,7 +50,7 @@ def _harness(out: Path, *args: str, latest: str = "latest.json") -> dict:
 
 
 def test_quick_bench_writes_json_and_plot(tmp_path):
-    results = _harness(tmp_path)
+    results = _harness(tmp_path, "--topic-pairs", "2")
     for key in ("timestamp", "config", "machine", "cases", "targets", "table_markdown", "plot"):
         assert key in results, key
     assert results["plot"] and (tmp_path / results["plot"]).stat().st_size > 0
@@ -81,7 +81,9 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
         assert row["error"] is None and row["rate"], row["error"]
     ours = [r for r in topics if r["system"] == "scopecast"]
     assert all(r["loss"] == 0 and r["subscriber_rss_bytes"] for r in ours), ours
+    assert sorted((r["pair"], r["topics"]) for r in ours) == [(0, 1), (0, 20), (1, 1), (1, 20)]
     assert "drop" in peers["topic_targets"]
+    assert len(peers["topic_targets"]["pair_ratios"]) == 2  # the drop is their median
     assert "Scale in topics" in results["table_markdown"]
     scale = results["scale_members"]  # scopecast to 1 and 2 subscribers, control read meanwhile
     assert [r["subscribers"] for r in scale] == [1, 2]
@@ -178,3 +180,15 @@ def test_the_io_thread_benchmarks_run_and_the_receiver_takes_every_message(topic
 
     assert receiver_io.us_per_message(topics, 20_000, 100) > 0
     assert sender_io.us_per_message(topics, 20_000, 100) > 0
+
+
+def test_topic_drop_is_the_median_over_pairs():
+    def row(pair, topics, rate, rss=100e6):
+        return {"system": "scopecast", "pair": pair, "topics": topics, "rate": rate,
+                "subscriber_rss_bytes": rss, "publisher_rss_bytes": rss}
+    rows = [row(0, 1, 100.0), row(0, 10, 90.0), row(0, 100, 50.0, 100e6 + 99 * 1000),
+            row(1, 1, 100.0), row(1, 100, 95.0), row(2, 1, 80.0), row(2, 100, 96.0),
+            {"system": "nats", "topics": 1, "rate": 1.0}]
+    t = peer_suite.topic_targets(rows)
+    assert t["pair_ratios"] == [0.5, 0.95, 1.2] and t["drop"] == pytest.approx(0.05)
+    assert t["drop_status"] == "met" and t["bytes_per_topic"] == pytest.approx(1000)
