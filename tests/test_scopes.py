@@ -301,6 +301,28 @@ def test_an_unused_member_leaves_and_its_empty_scope_retires_until_named_again(c
     ray.get(actor.close.remote())
 
 
+def test_a_member_stays_while_its_first_subscribe_is_under_way(cluster, monkeypatch):
+    """A subscribe that takes longer than LINGER (one over thousands of topics on a loaded
+    machine did) does not find its member gone: a member is not unused while it subscribes."""
+    monkeypatch.setattr(controlled_element, "LINGER", 0.2)
+    real = controlled_element.call
+
+    def slow(method, *args, **kwargs):
+        if getattr(method, "_method_name", "") == "subscribe":
+            time.sleep(3.0)  # the control thread looks at each heartbeat, about once a second
+        return real(method, *args, **kwargs)
+    monkeypatch.setattr(controlled_element, "call", slow)
+    info = cluster.create_topic("slowsub/T")
+    sub = cluster.subscriber(info.name, scope="slowsub/a")
+    with cluster.publisher(info.name, scope="slowsub/b") as pub:
+        for i in range(100):
+            pub.publish(b"%d" % i)
+    got: list = []
+    wait_for(lambda: got.extend(sub.receive_batch(0.1)) or len(got) >= 100, "100 messages")
+    assert [m.payload for m in got] == [b"%d" % i for i in range(100)]
+    sub.close()
+
+
 def test_a_scope_manager_ended_for_good_is_made_again_by_its_members(cluster):
     """Ray gives the scope manager of gone/a up (killed, no restart): its member finds it gone,
     has it made again and joins it; the stream goes on."""

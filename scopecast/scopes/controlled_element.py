@@ -9,6 +9,7 @@ the runtime's I/O thread, so the data plane never waits for the control plane.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -137,10 +138,10 @@ class ControlledElement:
     def subscribe(self, names: list[str], role: str = "member"):
         """Subscribe this member to `names` (topics or patterns) as a member or a client; returns
         the ids of the topics covered now."""
-        ids = call(self.manager.subscribe, self.member_id, names, role)
-        for name in names:
-            self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
-        self.unused_since = None
+        with self._in_use():
+            ids = call(self.manager.subscribe, self.member_id, names, role)
+            for name in names:
+                self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
         self._fetch()
         return ids
 
@@ -148,10 +149,10 @@ class ControlledElement:
         """Make this member a publisher of `names`; returns what its publishers need of each
         (`Advertised`) once every scope has in place the channels laid for them (so subscribers
         known now miss nothing)."""
-        grants = call(self.manager.advertise, self.member_id, names)
-        for name in names:
-            self._published[name] = self._published.get(name, 0) + 1
-        self.unused_since = None
+        with self._in_use():
+            grants = call(self.manager.advertise, self.member_id, names)
+            for name in names:
+                self._published[name] = self._published.get(name, 0) + 1
         self.wait_ready(names[0] if len(names) == 1 else f"{len(names)} topics")
         return grants
 
@@ -165,6 +166,18 @@ class ControlledElement:
                 return False
             time.sleep(0.02)
         return True
+
+    @contextlib.contextmanager
+    def _in_use(self):
+        """A subscribe or advertise under way: the member is not unused meanwhile (over thousands
+        of topics on a loaded machine one took longer than LINGER, and the member left its scope
+        in the middle of it); unused again after it only if it failed and nothing else is open."""
+        self.unused_since = None
+        try:
+            yield
+        finally:
+            if not self._published and not self._subscribed:
+                self.unused_since = time.monotonic()
 
     def release(self, publisher_of: list[str] = (),
                 subscriber_of: list[str] | None = None, role: str = "member") -> None:
