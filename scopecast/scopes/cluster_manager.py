@@ -265,7 +265,7 @@ class ClusterScopeManager(ScopeManager):
         self._topics_changed({str(info.id)})
         for child in self.children.values():
             if child.kind == "member":
-                self._resolve(child)
+                self._resolve(child, {str(info.id)})
         self._kick()
 
     async def topic(self, name: str) -> TopicInfo:

@@ -582,13 +582,13 @@ class ScopeManager:
                 return  # a newer one arrived while the table was fetched
             if self.table.take(ref, base):
                 self._topics_changed(self.table.changed)
+                for child in self.children.values():
+                    if child.kind == "member":
+                        self._resolve(child, self.table.changed)
         self.settings.update(delegation["settings"])
         self.delegation = delegation
         self.recovery.set_upper(delegation.get("upper"))
         self._pending_version = version
-        for child in self.children.values():
-            if child.kind == "member":
-                self._resolve(child)
         self._kick()
 
     async def check(self, version: int | None = None) -> bool:
@@ -1204,17 +1204,27 @@ class ScopeManager:
         child.last_seen = time.monotonic()
         return child
 
-    def _resolve(self, member: Child) -> None:
-        """Topics a member's subscriptions cover (after its or the topics' change). What it
-        publishes stays as it advertised it, even a topic missing from the table for now: a
-        scope asks the root for a topic its parent's table does not carry yet, and a table
-        from above that still lacks it (the parent not caught up, or a restarted scope's first
-        one) must not make it forget a publisher; every use looks ids up in `topics`."""
-        def covered(names: set[str]) -> set[int]:
-            wanted = name_filter(names)
-            return {t.id for t in self.topics.values() if wanted(t.name)}
-        member.subs = {t: "client" for t in covered(member.client_subscriptions)}
-        member.subs.update((t, "member") for t in covered(member.subscriptions))
+    def _resolve(self, member: Child, keys: set[str] | None = None) -> None:
+        """Topics a member's subscriptions cover (after its or the topics' change; `keys`: only
+        those topics changed, None: any). What it publishes stays as it advertised it, even a
+        topic missing from the table for now: a scope asks the root for a topic its parent's
+        table does not carry yet, and a table from above that still lacks it (the parent not
+        caught up, or a restarted scope's first one) must not make it forget a publisher; every
+        use looks ids up in `topics`. (Matching every topic again for every member on every
+        change of a table of 40,000 kept a scope busy past its parent's timeout.)"""
+        client, mine = name_filter(member.client_subscriptions), name_filter(member.subscriptions)
+        if keys is None:
+            member.subs = {}
+            infos = self.topics.values()
+        else:
+            for key in keys:
+                member.subs.pop(int(key), None)
+            infos = filter(None, map(self.topics.get, map(int, keys)))
+        for info in infos:
+            if mine(info.name):
+                member.subs[info.id] = "member"
+            elif client(info.name):
+                member.subs[info.id] = "client"
         member.regular = bool(member.role == "member" and (member.subscriptions or member.pubs
                                                            or not member.client_subscriptions))
 
