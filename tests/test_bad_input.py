@@ -285,8 +285,8 @@ def test_a_fragment_whose_run_is_mixed(make_env):
 
     def junk(r: int) -> None:
         nonlocal sent
-        parts = wire.mixed_run_parts(JUNK_ID, SESSION, JUNK_ID, r + 1, 0, 0, [TOPIC], [r + 1],
-                                     [b"f" * 100])
+        parts = wire.mixed_run_parts(JUNK_ID, SESSION, JUNK_ID, r + 1, 0, 0,
+                                     [(r + 1, TOPIC, SESSION, r + 1, 0, b"f" * 100)])
         sent += env.send(env.signed(wire.encode_data(wire.PacketType.DATA, JUNK_ID, 1, r + 1,
                                                      table, 1, parts, (200, 0, 2, 100))))
 

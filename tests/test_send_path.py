@@ -60,3 +60,18 @@ def test_a_blocked_publisher_is_woken_once_what_it_waits_for_holds_not_at_every_
         a.call_wait(lambda: None)
         assert event.sets >= 1
         a._waiting_for.clear()
+
+
+
+def test_two_sessions_of_one_topic_taken_together_keep_their_own_numbers():
+    """Two publishers in A's process on one topic, each its own session, taken by the I/O thread
+    in one step: session 1's seq 2 follows session 2's seq 1 in seq and stream seq, yet it is not
+    session 2's message. B knows session 1 (`member_pair`): it gets session 1's messages, all."""
+    with member_pair() as (a, _b, inbox):
+        order = [(1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3)]
+        a.call_wait(lambda: [a.publish(TOPIC, session, seq, 0, b"%d.%d" % (session, seq))
+                             for session, seq in order])
+        at_b: list = []
+        wait_for(lambda: at_b.extend(received(inbox)) or len(at_b) == 3, "session 1 at B")
+        assert [(m.session, m.seq, m.payload) for m in at_b] == [(1, 1, b"1.1"), (1, 2, b"1.2"),
+                                                                  (1, 3, b"1.3")]

@@ -1,12 +1,13 @@
-"""SeqTable, NameTable and take_mixed: a receiver's per-topic numbers of one source session and
-its intake of mixed runs, in C (pure logic, against dicts as the model)."""
+"""SeqTable, NameTable, take_mixed and mixed_parts: a receiver's per-topic numbers of one source
+session, its intake of mixed runs and a sender's packing of them, in C (pure logic, against dicts
+and `struct` as the models)."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scopecast.netio import wire
-from scopecast.netio._seq_table import NameTable, SeqTable, take_mixed
+from scopecast.netio._seq_table import NameTable, SeqTable, mixed_parts, take_mixed
 
 topic_ids = st.integers(1, 2**32 - 1)
 values = st.integers(-(2**63), 2**63 - 1)
@@ -154,3 +155,27 @@ def test_a_name_table_is_a_fixed_map_of_topic_ids_to_names():
         NameTable({2**32: "a"})  # not a topic id
     with pytest.raises(TypeError):
         NameTable([(5, "a")])
+
+
+@given(st.lists(st.tuples(topic_ids, st.integers(0, 2**64 - 1), st.binary(max_size=40)),
+                min_size=1, max_size=30))
+def test_a_senders_mixed_run_packs_as_struct_packs_its_entries(messages):
+    cached = [(100 + i, t, 1, q, 0, memoryview(p) if i % 2 else p)
+              for i, (t, q, p) in enumerate(messages)]
+    parts = mixed_parts(b"head", cached)
+    assert parts[0] == b"head"
+    assert parts[1] == b"".join(wire.MIXED_ENTRY.pack(t, q, len(p)) for t, q, p in messages)
+    assert [bytes(p) for p in parts[2:]] == [p for _, _, p in messages]
+
+
+@pytest.mark.parametrize("messages, error", [
+    ([(1, 5, 1, 1)], TypeError),                        # not a cache entry
+    ([[1, 5, 1, 1, 0, b"x"]], TypeError),
+    ([(1, 2**32, 1, 1, 0, b"x")], OverflowError),        # topic beyond 32 bits
+    ([(1, 5, 1, 2**64, 0, b"x")], OverflowError),        # seq beyond 64 bits
+    ([(1, 5, 1, -1, 0, b"x")], OverflowError),
+    ([(1, 5, 1, 1, 0, 7)], TypeError),                   # a payload without a length
+])
+def test_a_mixed_run_of_what_is_not_cache_entries_is_refused(messages, error):
+    with pytest.raises(error):
+        mixed_parts(b"head", messages)

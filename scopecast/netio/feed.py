@@ -52,18 +52,19 @@ class Run:
 
 class MixedRun:
     """Consecutive stream messages of one source and session, each of its own topic (see `wire`):
-    what a publisher going round many topics makes. `next_seq` never matches, so callers that
-    extend a run by seq leave it to `Feed.put`."""
+    what a publisher going round many topics makes. Its messages are kept as the sender's
+    cache keeps them, (sseq, topic, session, seq, ctype, payload), so one of its own costs one
+    append. `next_seq` never matches, so callers that extend a run by seq leave it to
+    `Feed.put`."""
 
-    __slots__ = ("source", "session", "stream", "first_sseq", "ctype", "topics", "seqs",
-                 "payloads", "next_seq", "next_sseq")
+    __slots__ = ("source", "session", "stream", "first_sseq", "ctype", "messages", "next_seq",
+                 "next_sseq")
 
     def __init__(self, run: Run) -> None:
         self.source, self.session, self.stream = run.source, run.session, run.stream
         self.first_sseq, self.ctype = run.first_sseq, run.ctype
-        self.topics = [run.topic]
-        self.seqs = [run.first_seq]
-        self.payloads = run.payloads
+        self.messages = [(run.first_sseq, run.topic, run.session, run.first_seq, run.ctype,
+                          run.payloads[0])]
         self.next_seq = -1
         self.next_sseq = run.next_sseq
 
@@ -73,7 +74,7 @@ class MixedRun:
 
     def parts(self, route_index: int = 0) -> list:
         return wire.mixed_run_parts(self.source, self.session, self.stream, self.first_sseq,
-                                    self.ctype, route_index, self.topics, self.seqs, self.payloads)
+                                    self.ctype, route_index, self.messages)
 
 
 class Chunk:
@@ -138,14 +139,15 @@ class Feed:
                 c.size += n
                 return r
             if same_stream:  # the next of this stream but of another topic: a mixed run (`wire`)
+                message = (sseq, topic, session, seq, ctype, payload)
                 if r.__class__ is MixedRun:
                     if c.size + n + MIXED_EXTRA <= c.room:
-                        return self._mix(c, r, topic, seq, payload, n + MIXED_EXTRA)
+                        return self._mix(c, r, message, n + MIXED_EXTRA)
                 elif len(r.payloads) == 1 and c.size + n + 2 * MIXED_EXTRA <= c.room:
                     m = c.runs[-1] = c.last = MixedRun(r)
                     c.size += MIXED_EXTRA
                     c.framing += MIXED_EXTRA
-                    return self._mix(c, m, topic, seq, payload, n + MIXED_EXTRA)
+                    return self._mix(c, m, message, n + MIXED_EXTRA)
             if c.size + RUN_COST + n > c.room:
                 c = self._start(record, table, capacity, RUN_COST + n)
         else:
@@ -162,10 +164,8 @@ class Feed:
         return r
 
     @staticmethod
-    def _mix(c: Chunk, r: MixedRun, topic: int, seq: int, payload: bytes, n: int) -> MixedRun:
-        r.topics.append(topic)
-        r.seqs.append(seq)
-        r.payloads.append(payload)
+    def _mix(c: Chunk, r: MixedRun, message: tuple, n: int) -> MixedRun:
+        r.messages.append(message)
         r.next_sseq += 1
         c.size += n
         c.framing += MIXED_EXTRA

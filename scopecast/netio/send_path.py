@@ -15,7 +15,7 @@ import time
 
 from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
-from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
+from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun, Run
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
@@ -36,7 +36,7 @@ class SendPath:
         sseq = 0
         topic = None
         plan: list = []
-        feed = record = table = run = None
+        feed = record = table = run = own = None
         subs: tuple = ()
         own_plans = self._own_plans
         cache = self._cache
@@ -48,11 +48,12 @@ class SendPath:
             item = q.popleft()  # as the cache keeps it: (sseq, topic, session, seq, ctype, payload)
             if item[1] != topic:
                 topic = item[1]
-                plan, single, record, table, subs, rel = own_plans.get(topic) \
-                    or self._own_plan(topic)
-                if single is not feed:  # (the common case: one destination queue, no filters)
-                    feed, run = single, None
-                if run.__class__ is not MixedRun:  # (a mixed run goes on across topics)
+                plans = own_plans.get(topic) or self._own_plan(topic)
+                if plans is not own:  # (topics alike share one: many topics, one publisher)
+                    own = plans
+                    plan, feed, record, table, subs, rel = own  # (feed: one queue, no filters)
+                    run = None
+                elif run.__class__ is Run:  # (a mixed run goes on across topics alike)
                     run = None
             sseq, _, session, seq, ctype, payload = item
             n = len(payload) + MESSAGE_COST
@@ -63,19 +64,17 @@ class SendPath:
                 released += n
                 self._sent_unreliable = True
             if run is not None and seq == run.next_seq and sseq == run.next_sseq \
-                    and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
-                    and c.size + n <= c.room:
+                    and session == run.session and ctype == run.ctype \
+                    and (c := feed.open) is not None and c.last is run and c.size + n <= c.room:
                 run.payloads.append(payload)  # fast path: extend this publisher's run
                 run.next_seq += 1
                 run.next_sseq += 1
                 c.size += n
                 queued += n
-            elif run is not None and sseq == run.next_sseq and ctype == run.ctype \
-                    and session == run.session and (c := feed.open) is not None and c.last is run \
-                    and c.record is record and c.size + n + MIXED_EXTRA <= c.room:
-                run.topics.append(topic)  # fast path: extend this publisher's mixed run
-                run.seqs.append(seq)
-                run.payloads.append(payload)
+            elif run.__class__ is MixedRun and sseq == run.next_sseq and session == run.session \
+                    and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
+                    and c.size + n + MIXED_EXTRA <= c.room:
+                run.messages.append(item)  # fast path: extend this publisher's mixed run
                 run.next_sseq += 1
                 c.size += n + MIXED_EXTRA
                 c.framing += MIXED_EXTRA

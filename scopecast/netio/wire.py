@@ -38,7 +38,7 @@ from enum import IntEnum
 
 import msgpack
 
-from scopecast.netio._seq_table import mixed_extent
+from scopecast.netio._seq_table import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
 VERSION = 2
@@ -207,21 +207,17 @@ def run_parts(topic: int, source: int, session: int, first_seq: int, stream: int
 
 
 def mixed_run_parts(source: int, session: int, stream: int, first_stream_seq: int, ctype: int,
-                    route_index: int, topics: list[int], seqs: list[int], payloads: list) -> list:
-    """The byte strings of one mixed run: its fixed part, its entries, its payloads."""
-    n = len(payloads)
+                    route_index: int, messages: list[tuple]) -> list:
+    """The byte strings of one mixed run: its fixed part, its entries, its payloads. `messages`
+    are as a sender caches them: (stream seq, topic, session, seq, ctype, payload)."""
+    n = len(messages)
     if not 0 < n <= MAX_RUN:
         raise ValueError(f"a run holds 1..{MAX_RUN} messages, not {n}")
-    entries = [0] * (3 * n)
-    entries[0::3] = topics
-    entries[1::3] = seqs
-    entries[2::3] = map(len, payloads)
-    return [RUN.pack(MIXED, source, session, 0, stream, first_stream_seq, ctype, route_index, n),
-            _entries(n).pack(*entries), *payloads]
+    return mixed_parts(RUN.pack(MIXED, source, session, 0, stream, first_stream_seq, ctype,
+                                route_index, n), messages)
 
 
 _LENGTHS: dict[int, struct.Struct] = {}
-_ENTRIES: dict[int, struct.Struct] = {}
 
 
 def _lengths(n: int) -> struct.Struct:
@@ -229,14 +225,6 @@ def _lengths(n: int) -> struct.Struct:
     s = _LENGTHS.get(n)
     if s is None:
         s = _LENGTHS[n] = struct.Struct(f"!{n}I")
-    return s
-
-
-def _entries(n: int) -> struct.Struct:
-    """The struct of a mixed run's n entries (made once per n <= MAX_RUN)."""
-    s = _ENTRIES.get(n)
-    if s is None:
-        s = _ENTRIES[n] = struct.Struct("!" + "IQI" * n)
     return s
 
 
@@ -286,8 +274,8 @@ def encode_datagram(ptype: int, sender: int, channel: int, dseq: int,
         ridx = index.setdefault(m.route, len(index))
         if mixed and len(group) > 1:
             parts += mixed_run_parts(m.source, m.session, m.stream, m.stream_seq, m.content_type,
-                                     ridx, [x.topic_id for x in group], [x.seq for x in group],
-                                     [x.payload for x in group])
+                                     ridx, [(x.stream_seq, x.topic_id, x.session, x.seq,
+                                             x.content_type, x.payload) for x in group])
         else:
             parts += run_parts(m.topic_id, m.source, m.session, m.seq, m.stream, m.stream_seq,
                                m.content_type, ridx, [x.payload for x in group])
