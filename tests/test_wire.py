@@ -164,7 +164,7 @@ def test_feed_chunks_fit_a_datagram_and_decode(ptype, sender, channel, dseq, mes
         assert len(data) == HEADER.size + len(chunk.table) + chunk.size
         got = wire.decode_data(data)[1]
         # what the runtime counts as queued: payload and MESSAGE_COST per message, no framing
-        assert chunk.size - chunk.framing == sum(len(m.payload) + wire.LENGTH.size for m in got)
+        assert chunk.queued() == sum(len(m.payload) + wire.LENGTH.size for m in got)
         decoded += got
     assert decoded == messages
 

@@ -80,7 +80,7 @@ class MixedRun:
 class Chunk:
     """Runs for one datagram (or one message to fragment)."""
 
-    __slots__ = ("record", "table", "runs", "last", "size", "framing", "room", "first_own",
+    __slots__ = ("record", "table", "runs", "last", "size", "headers", "room", "first_own",
                  "end_of_stream", "oversized")
 
     def __init__(self, record: tuple | None, table: bytes, room: int) -> None:
@@ -89,11 +89,16 @@ class Chunk:
         self.runs: list[Run] = []
         self.last: Run | None = None  # the run new messages may extend
         self.size = 0                 # bytes of the runs so far
-        self.framing = 0              # of which run headers and mixed entries beyond MESSAGE_COST
+        self.headers = 0              # of which run headers (see `queued`)
         self.room = room              # bytes of runs that fit one datagram with this table
         self.first_own = 0            # stream seq of the first of this member's own messages
         self.end_of_stream = False    # carries an end-of-stream marker (an END_OF_STREAM datagram)
         self.oversized = False        # one message larger than a datagram: sent as fragments
+
+    def queued(self) -> int:
+        """Bytes of its messages as the send path counts them: payload and MESSAGE_COST each."""
+        mixed = sum(len(r.messages) for r in self.runs if r.__class__ is MixedRun)
+        return self.size - self.headers - mixed * MIXED_EXTRA
 
 
 class Feed:
@@ -146,7 +151,6 @@ class Feed:
                 elif len(r.payloads) == 1 and c.size + n + 2 * MIXED_EXTRA <= c.room:
                     m = c.runs[-1] = c.last = MixedRun(r)
                     c.size += MIXED_EXTRA
-                    c.framing += MIXED_EXTRA
                     return self._mix(c, m, message, n + MIXED_EXTRA)
             if c.size + RUN_COST + n > c.room:
                 c = self._start(record, table, capacity, RUN_COST + n)
@@ -156,7 +160,7 @@ class Feed:
         c.runs.append(r)
         c.last = r
         c.size += RUN_COST + n
-        c.framing += RUN_COST
+        c.headers += RUN_COST
         if own and not c.first_own:
             c.first_own = sseq
         if ctype == END:  # (markers of many topics closed at once travel together, as a run)
@@ -168,7 +172,6 @@ class Feed:
         r.messages.append(message)
         r.next_sseq += 1
         c.size += n
-        c.framing += MIXED_EXTRA
         return r
 
     def _start(self, record: tuple, table: bytes, capacity: int, n: int) -> Chunk:

@@ -15,7 +15,7 @@ import time
 
 from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
-from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun, Run
+from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
 from scopecast.netio.message import Message
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
@@ -29,8 +29,6 @@ class SendPath:
 
     def _take_publishes(self) -> None:
         q = self._publish_q
-        capacity = self._capacity
-        me = self.member_id
         taken = 0
         queued = 0
         sseq = 0
@@ -46,52 +44,50 @@ class SendPath:
         rel = False
         while q:
             item = q.popleft()  # as the cache keeps it: (sseq, topic, session, seq, ctype, payload)
-            if item[1] != topic:
-                topic = item[1]
-                plans = own_plans.get(topic) or self._own_plan(topic)
+            sseq, t, session, seq, ctype, payload = item
+            n = len(payload) + MESSAGE_COST
+            # two fast paths, inline (a call costs more than their checks): the next of this
+            # topic extends this publisher's run, the next of another its mixed run
+            if t == topic:
+                if run is not None and seq == run.next_seq and sseq == run.next_sseq \
+                        and session == run.session and ctype == run.ctype \
+                        and (c := feed.open) is not None and c.last is run \
+                        and (size := c.size + n) <= c.room:
+                    run.payloads.append(payload)
+                    run.next_seq += 1
+                    run.next_sseq += 1
+                    c.size = size
+                    queued += n
+                else:
+                    run, size = self._queue_own(plan, feed, record, table, item, n)
+                    queued += size
+            else:
+                topic = t
+                plans = own_plans.get(t) or self._own_plan(t)
                 if plans is not own:  # (topics alike share one: many topics, one publisher)
                     own = plans
                     plan, feed, record, table, subs, rel = own  # (feed: one queue, no filters)
                     run = None
-                elif run.__class__ is Run:  # (a mixed run goes on across topics alike)
-                    run = None
-            sseq, _, session, seq, ctype, payload = item
-            n = len(payload) + MESSAGE_COST
+                if run.__class__ is MixedRun and sseq == run.next_sseq \
+                        and session == run.session and ctype == run.ctype \
+                        and (c := feed.open) is not None and c.last is run \
+                        and (size := c.size + n + MIXED_EXTRA) <= c.room:
+                    run.messages.append(item)
+                    run.next_sseq += 1
+                    c.size = size
+                    queued += n
+                else:
+                    run, size = self._queue_own(plan, feed, record, table, item, n)
+                    queued += size
             taken += n
             if rel:  # kept until stable (see recovery_path)
                 keep(item)
             else:
                 released += n
                 self._sent_unreliable = True
-            if run is not None and seq == run.next_seq and sseq == run.next_sseq \
-                    and session == run.session and ctype == run.ctype \
-                    and (c := feed.open) is not None and c.last is run and c.size + n <= c.room:
-                run.payloads.append(payload)  # fast path: extend this publisher's run
-                run.next_seq += 1
-                run.next_sseq += 1
-                c.size += n
-                queued += n
-            elif run.__class__ is MixedRun and sseq == run.next_sseq and session == run.session \
-                    and ctype == run.ctype and (c := feed.open) is not None and c.last is run \
-                    and c.size + n + MIXED_EXTRA <= c.room:
-                run.messages.append(item)  # fast path: extend this publisher's mixed run
-                run.next_sseq += 1
-                c.size += n + MIXED_EXTRA
-                c.framing += MIXED_EXTRA
-                queued += n
-            elif feed is not None:
-                if not feed.pending():
-                    self._active.append(feed)
-                run = feed.put(record, table, capacity, True, topic, me, session, seq, me, sseq,
-                               ctype, payload)
-                queued += n
-            else:
-                for target, rec, tbl in plan:
-                    queued += self._push(target, rec, tbl, True, topic, me, session, seq, me,
-                                         sseq, ctype, payload)
             if subs:  # subscribers in this process get it directly
                 if ctype == END:
-                    self._on_end_of_stream(me, topic, session, seq - 1)
+                    self._on_end_of_stream(self.member_id, topic, session, seq - 1)
                 else:  # (a publisher may queue views, publish_dataframe does: a copy here)
                     if payload.__class__ is not bytes:
                         payload = bytes(payload)
@@ -109,6 +105,23 @@ class SendPath:
         self.feed_bytes += queued
         self._deliver()
         self._update_handed()
+
+    def _queue_own(self, plan: list, feed: Feed | None, record: tuple, table: bytes, item: tuple,
+                   n: int) -> tuple:
+        """Queue one of this member's messages (a cache entry of `n` bytes) where no run it
+        extends takes it: (the run it joined, or None for several destinations; bytes queued)."""
+        sseq, topic, session, seq, ctype, payload = item
+        me = self.member_id
+        if feed is not None:
+            if not feed.pending():
+                self._active.append(feed)
+            return feed.put(record, table, self._capacity, True, topic, me, session, seq, me, sseq,
+                            ctype, payload), n
+        queued = 0
+        for target, rec, tbl in plan:
+            queued += self._push(target, rec, tbl, True, topic, me, session, seq, me, sseq, ctype,
+                                 payload)
+        return None, queued
 
     def _update_handed(self) -> None:
         low = self._taken_sseq
@@ -224,7 +237,7 @@ class SendPath:
         if feed.frag is not None:
             return self._next_fragment(feed)
         chunk = feed.take()
-        self.feed_bytes -= chunk.size - chunk.framing  # what _take_publishes added
+        self.feed_bytes -= chunk.queued()  # what _take_publishes added
         if chunk.oversized:
             room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
             feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
