@@ -188,6 +188,11 @@ def scale_row(result: dict) -> dict:
             "control": result.get("control"), "error": result.get("error"), "result": result}
 
 
+def in_sweep(row: dict) -> bool:
+    """A row of the topic sweep, not of a pair of cases run again (see `topic_targets`)."""
+    return not row.get("pair")
+
+
 def topic_targets(rows: list[dict]) -> dict:
     """scopecast from 1 to the most topics: throughput drop (target at most 10%; one minus the
     median over the pairs of the most topics' rate over 1 topic's) and member memory per topic
@@ -196,7 +201,7 @@ def topic_targets(rows: list[dict]) -> dict:
     rates = {(r.get("pair", 0), r["topics"]): r["rate"] for r in rows
              if r["system"] == "scopecast" and r["rate"]}
     ours = {r["topics"]: r for r in rows
-            if r["system"] == "scopecast" and r["rate"] and not r.get("pair")}
+            if r["system"] == "scopecast" and r["rate"] and in_sweep(r)}
     if 1 not in ours or len(ours) < 2:
         return {"status": "not run"}
     most = max(ours)
@@ -261,7 +266,7 @@ def _topics_table(result: dict) -> str:
         return ""
     counts = sorted({r["topics"] for r in rows})
     systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
-    by = {(r["system"], r["topics"]): r for r in rows if not r.get("pair")}
+    by = {(r["system"], r["topics"]): r for r in rows if in_sweep(r)}
 
     def cell(r: dict | None) -> str:
         if r is None or r["rate"] is None:
@@ -391,7 +396,7 @@ def _topics_plot(ax, rows: list[dict]) -> None:
     """Delivered msgs/s against the number of topics, one line per system."""
     for system in SYSTEMS:
         points = sorted((r["topics"], r["rate"]) for r in rows
-                        if r["system"] == system and r["rate"] and not r.get("pair"))
+                        if r["system"] == system and r["rate"] and in_sweep(r))
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=system)
     if rows:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.cases import Case
-from benchmarks.peer_suite import run_one, scale_row
+from benchmarks.peer_suite import in_sweep, run_one, scale_row
 from benchmarks.report import num
 
 MEMBER_COUNTS = (1, 2, 4, 8, 16)
@@ -28,7 +28,7 @@ def run(cluster, stamp: str, log_dir: Path, *, counts: list[int], seconds: float
 
 
 def table(member_rows: list[dict], topic_rows: list[dict]) -> str:
-    ours = member_rows + [r for r in topic_rows if r["system"] == "scopecast" and not r.get("pair")]
+    ours = member_rows + [r for r in topic_rows if r["system"] == "scopecast" and in_sweep(r)]
     if not ours:
         return ""
     lines = ["| members | topics | msgs/s (min/sub) | subscriber RSS MB | token round ms "

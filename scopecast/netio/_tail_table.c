@@ -20,7 +20,6 @@ typedef struct {
 
 typedef TableObject TailTable;
 
-
 static size_t
 stream_hash(uint64_t stored)
 {
