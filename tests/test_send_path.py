@@ -62,7 +62,6 @@ def test_a_blocked_publisher_is_woken_once_what_it_waits_for_holds_not_at_every_
         a._waiting_for.clear()
 
 
-
 def test_two_sessions_of_one_topic_taken_together_keep_their_own_numbers():
     """Two publishers in A's process on one topic, each its own session, taken by the I/O thread
     in one step: session 1's seq 2 follows session 2's seq 1 in seq and stream seq, yet it is not
