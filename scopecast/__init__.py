@@ -11,6 +11,7 @@ agents; QuickSilver's fast multicast), data over UDP, control through Ray actors
 
 from scopecast.actors.errors import (
     CollectIncomplete,
+    ControlTimeout,
     DataFrameRejected,
     FlushTimeout,
     InvalidConfig,
@@ -39,9 +40,10 @@ from scopecast.scopes.topics import TopicInfo
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "CollectIncomplete", "Connect", "DataFrameRejected", "Disconnect", "FlushTimeout",
-    "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message", "MessageTooLarge", "NotConnected",
-    "PipelineError", "PipelineNotFound", "PluginRef", "PluginRejected", "PolicyContext", "Publisher",
-    "PublisherClosed", "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber",
-    "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
+    "Cluster", "CollectIncomplete", "Connect", "ControlTimeout", "DataFrameRejected", "Disconnect",
+    "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
+    "MessageTooLarge", "NotConnected", "PipelineError", "PipelineNotFound", "PluginRef",
+    "PluginRejected", "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig",
+    "ScopecastError", "SparkUnavailable", "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound",
+    "TransportConfig", "WindowFull", "connect",
 ]

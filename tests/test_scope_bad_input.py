@@ -3,13 +3,16 @@ crashes and no existing channel is lost."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import ray
 
 from scopecast.actors import declare
-from scopecast.actors.errors import InvalidConfig, MemberExpired, TopicNotFound
+from scopecast.actors.errors import ControlTimeout, InvalidConfig, MemberExpired, TopicNotFound
 from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.cluster_manager import _check_settings
+from scopecast.scopes.controlled_element import call
 from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.status import members, scope
 
@@ -35,6 +38,23 @@ def still_delivers(cluster, listener) -> None:
         pub.flush(timeout=30)
     got = ray.get(pending, timeout=120)
     assert (got["count"], got["gaps"]) == (500, 0)
+
+
+def test_a_control_call_not_answered_in_time_is_a_typed_timeout(cluster):
+    """(Not a raw GetTimeoutError: a subscriber of thousands of topics met one from a busy
+    scope.)"""
+    @ray.remote(num_cpus=0)
+    class Busy:
+        async def subscribe(self, *args):
+            await asyncio.Event().wait()
+
+    busy = Busy.remote()
+    try:
+        with pytest.raises(ControlTimeout, match="did not answer subscribe within 0.5 s") as err:
+            call(busy.subscribe, 1, ["t"], "member", timeout=0.5)
+        assert isinstance(err.value, TimeoutError)
+    finally:
+        ray.kill(busy)
 
 
 @pytest.mark.parametrize("path", ["bad/../x", "bad//x", "bad/x/bad", "bad/x y",
@@ -69,6 +89,9 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
     assert isinstance(err.value.cause, InvalidConfig)
     view = ray.get(manager.watch.remote(member["id"], 1, 0))  # a stale version: the current view
     assert view is not None and view["version"] >= member["view"]  # (it may have moved on)
+    # a malformed table position: the whole table (the piece starts at its base)
+    view = ray.get(manager.watch.remote(member["id"], 1, 0, None, ["x", {}]))
+    assert view["topics"][3] == view["topics"][2]
     # reports that are not from a child scope, or malformed, are ignored (logged)
     assert ray.get(manager.report.remote("L", {"incarnation": 1}, None)) is True
     assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is True

@@ -94,7 +94,7 @@ def test_killed_root_scope_manager_restarts_with_its_state(cluster, ray_address,
     # the data plane did not notice; a publisher that joins after the restart is heard too
     for i in range(100):
         pub.publish(b"during %d" % i)
-    pub.flush()
+    pub.flush(timeout=60)  # (stability waits while the restarted root rebuilds: member_timeout)
     got = _receive(sub, 100)
     assert got["count"] == 100 and got["gaps"] == 0
     late = subprocess.run([sys.executable, "-m", "scopecast.cli", "publish", topic_name],

@@ -50,6 +50,11 @@ class FlushTimeout(ScopecastError, TimeoutError):
     """Messages were not yet stable (unreliable topics: not yet sent) when the timeout expired."""
 
 
+class ControlTimeout(ScopecastError, TimeoutError):
+    """A scope manager did not answer a control call in time: it is busy (laying out thousands
+    of topics at once) or restarting. The call may still take effect; retrying is safe."""
+
+
 class WindowFull(ScopecastError):
     """publish() on a non-blocking member whose window of unstable messages is full."""
 

@@ -262,10 +262,7 @@ class ClusterScopeManager(ScopeManager):
         body = info.to_dict()
         self._store.put_topic(info.name, info.id, body)
         self.table.change(str(info.id), body)
-        self._topics_changed({str(info.id)})
-        for child in self.children.values():
-            if child.kind == "member":
-                self._resolve(child, {str(info.id)})
+        self._table_changed({str(info.id)})
         self._kick()
 
     async def topic(self, name: str) -> TopicInfo:
@@ -287,7 +284,7 @@ class ClusterScopeManager(ScopeManager):
         info = await self.topic(name)
         self._store.delete_topic(name)
         self.table.change(str(info.id), None)
-        self._topics_changed({str(info.id)})
+        self._table_changed({str(info.id)})
         self._kick()
 
     # ----------------------------------------------------------------------------- plug-ins

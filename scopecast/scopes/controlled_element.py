@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import ray
 
-from scopecast.actors.errors import MemberExpired, ScopeRetired, typed_cause
+from scopecast.actors.errors import ControlTimeout, MemberExpired, ScopeRetired, typed_cause
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.netio.transport import member_interface
 from scopecast.policies.filters import ModuloFilter
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 WATCH_PERIOD = 1.0   # a standing watch call returns at least this often (the member's heartbeat)
 POLL = 0.05          # how often the control thread looks for unknown senders meanwhile
 READY_TIMEOUT = 10.0
+CALL_TIMEOUT = 60.0  # a control call's answer; subscribe and advertise add PER_NAME a name
+PER_NAME = 0.01      # (the scope resolves and lays each of thousands of topics)
 COUNTERS_WAIT = 0.5  # how long a heartbeat waits for fresh counters from the I/O thread
 # a member without publishers or subscribers stays this long (repairing what it sent, its counters
 # readable), then leaves its scope: a process would otherwise stay a member, with an I/O thread,
@@ -42,20 +44,31 @@ LINGER = 30.0
 SCOPE_GONE = (ScopeRetired, ray.exceptions.ActorDiedError)
 
 
-def call(method, *args, timeout: float = 60.0, **kwargs):
+def call(method, *args, timeout: float = CALL_TIMEOUT, **kwargs):
     """Call a scope-manager method and re-raise our typed errors as themselves."""
-    return call_ref(method.remote(*args, **kwargs), timeout)
+    return call_ref(method.remote(*args, **kwargs), timeout,
+                    getattr(method, "_method_name", "a call"))
 
 
-def call_ref(ref, timeout: float | None = None):
-    """`ray.get` of a scope-manager call, with our typed errors re-raised as themselves."""
+def call_ref(ref, timeout: float | None = None, what: str = "a call"):
+    """`ray.get` of a scope-manager call, with our typed errors re-raised as themselves, and
+    ControlTimeout for an answer that did not come within `timeout`."""
     try:
         return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise ControlTimeout(
+            f"the scope manager did not answer {what} within {timeout:g} s: it is busy (laying "
+            "out thousands of topics at once?) or restarting; `scopecast status` shows it. The "
+            "call may still take effect; retrying is safe") from None
     except ray.exceptions.RayTaskError as exc:
         cause = typed_cause(exc)
         if cause is not None:
             raise cause from None
         raise
+
+
+def _names_timeout(names) -> float:
+    return CALL_TIMEOUT + PER_NAME * len(names)
 
 
 class ControlledElement:
@@ -126,9 +139,11 @@ class ControlledElement:
             for role in ("member", "client"):
                 names = [n for (n, r) in self._subscribed if r == role]
                 if names:
-                    call(self.manager.subscribe, self.member_id, names, role)
+                    call(self.manager.subscribe, self.member_id, names, role,
+                         timeout=_names_timeout(names))
             if self._published:
-                call(self.manager.advertise, self.member_id, list(self._published))
+                call(self.manager.advertise, self.member_id, list(self._published),
+                     timeout=_names_timeout(self._published))
             self._version = 0
         log.warning("member %d had been dropped by scope %r; rejoined as member %d", old,
                     self.scope, self.member_id)
@@ -139,7 +154,8 @@ class ControlledElement:
         """Subscribe this member to `names` (topics or patterns) as a member or a client; returns
         the ids of the topics covered now."""
         with self._in_use():
-            ids = call(self.manager.subscribe, self.member_id, names, role)
+            ids = call(self.manager.subscribe, self.member_id, names, role,
+                       timeout=_names_timeout(names))
             for name in names:
                 self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
         self._fetch()
@@ -150,7 +166,8 @@ class ControlledElement:
         (`Advertised`) once every scope has in place the channels laid for them (so subscribers
         known now miss nothing)."""
         with self._in_use():
-            grants = call(self.manager.advertise, self.member_id, names)
+            grants = call(self.manager.advertise, self.member_id, names,
+                          timeout=_names_timeout(names))
             for name in names:
                 self._published[name] = self._published.get(name, 0) + 1
         self.wait_ready(names[0] if len(names) == 1 else f"{len(names)} topics")
@@ -209,16 +226,19 @@ class ControlledElement:
 
     def _fetch(self) -> None:
         """Take the member's current tables now, if they changed."""
-        self._take(call(self.manager.watch, self.member_id, self._version, 0))
+        self._take(call(self.manager.watch, self.member_id, self._version, 0,
+                        table=self._table.position))
 
     def _take(self, view: dict | None) -> None:
         with self._lock:
             if view is None or view["version"] <= self._version:
                 return
             if view["topics"] is not None:  # the scope's topic table (fetched here: no Ray
-                ref = tuple(view["topics"])   # call on the I/O thread)
-                base = ray.get(self._table.base_ref(ref)) if self._table.needs_base(ref) else None
-                self._table.take(ref, base)
+                piece = tuple(view["topics"])   # call on the I/O thread)
+                base = ray.get(self._table.base_ref(piece)) if self._table.needs_base(piece) \
+                    else None
+                self._table.take(piece, base)
+            self._table.take_early(view["early"])
             self.runtime.call_wait(self._install, view, beat=self._beat)
             self._version = view["version"]
 
@@ -269,8 +289,9 @@ class ControlledElement:
             try:
                 try:
                     if pending is None:
-                        pending = self.manager.watch.remote(self.member_id, self._version,
-                                                            WATCH_PERIOD, self._counters())
+                        pending = self.manager.watch.remote(
+                            self.member_id, self._version, WATCH_PERIOD, self._counters(),
+                            table=self._table.position)
                         done = pending.future()
                     # (a future, not ray.wait: Ray's wait from a second thread of an actor that
                     # is running a task races with that task's bookkeeping)
@@ -316,7 +337,8 @@ class ControlledElement:
     def _beat(self) -> None:
         """A heartbeat while the control thread waits for a busy I/O thread (a watch that
         returns at once; its answer is not needed)."""
-        self.manager.watch.remote(self.member_id, self._version, 0, self._latest)
+        self.manager.watch.remote(self.member_id, self._version, 0, self._latest,
+                                  table=self._table.position)
 
     def _move_sessions(self) -> None:
         """Let this process's publishers move to a topic's new session once every member knows

@@ -41,7 +41,7 @@ from scopecast.scopes import multicast_probe
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.recovery_domain import GONE, AgentRecord, RecoveryDomains, agent_name
-from scopecast.scopes.topic_table import TopicTable
+from scopecast.scopes.topic_table import TopicTable, position
 from scopecast.scopes.topics import Advertised, TopicInfo, is_pattern, name_filter, topic_matcher
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ class Child:
     sent_version: int = 0          # version of the last delegation or view sent
     sent: object = None            # its content, to send only changes
     acked: int = 0                 # version the child says it has in place
+    table: tuple | None = None     # topic table position it has (as far as this scope knows)
     counters: dict = field(default_factory=dict)  # member processes: data-plane counters
     lagging_since: float = 0.0
     demoted: str = ""              # why this member was demoted to client (a slow consumer)
@@ -497,12 +498,15 @@ class ScopeManager:
             self._kick()
 
     async def watch(self, member_id: int, have_version: int = 0,
-                    timeout: float = WATCH_TIMEOUT, counters: dict | None = None) -> dict | None:
+                    timeout: float = WATCH_TIMEOUT, counters: dict | None = None,
+                    table: tuple | None = None) -> dict | None:
         """The member's tables once they differ from `have_version` (at most `timeout` later;
-        None if they did not change). Also the member's heartbeat, its acknowledgement that
-        `have_version` is in place, and its data-plane counters (for status)."""
+        None if they did not change), with the piece of the topic table past its position
+        `table`. Also the member's heartbeat, its acknowledgement that `have_version` is in
+        place, and its data-plane counters (for status)."""
         member = self._member(member_id)
         member.acked = have_version
+        member.table = position(table)
         if isinstance(counters, dict):
             member.counters = counters
             self._check_lag(member)
@@ -515,7 +519,8 @@ class ScopeManager:
             member = self._member(member_id, missing_ok=True)  # it may have left meanwhile
         if member is None or member.sent_version == have_version or member.sent is None:
             return None
-        return {"version": member.sent_version, **member.sent}
+        return {"version": member.sent_version, **member.sent,
+                "topics": self.table.piece(member.table)}
 
     async def ready(self) -> bool:
         """True once the whole hierarchy has in place the channels laid for everything this
@@ -538,6 +543,7 @@ class ScopeManager:
             return True
         try:
             incarnation, acked, rev = int(body["incarnation"]), int(body["acked"]), int(body["rev"])
+            table = position(body.get("table"))
             state = None if "subs" not in body else (
                 int(body["depth"]), {int(k): str(v) for k, v in body["subs"].items()},
                 {int(t) for t in body["pubs"]},
@@ -568,23 +574,25 @@ class ScopeManager:
                 self._kick()
         child.last_seen = time.monotonic()
         child.acked = acked
+        if acked == child.sent_version and table != child.table:
+            child.table = table  # it took in all sent, yet is elsewhere: a piece was lost
+            self._kick()
         return True
 
     async def install(self, version: int, delegation: dict) -> None:
         """The parent's delegation: settings, topics, sessions, channels delegated here."""
         self._ensure_ticking()
+        # the table first, even from an overtaken delegation: a newer one's piece may follow it
+        if delegation["topics"] is not None:  # (None: nothing new, or no table yet above)
+            piece = tuple(delegation["topics"])
+            base = await self.table.base_ref(piece) if self.table.needs_base(piece) else None
+            if self.table.take(piece, base):
+                self._table_changed(self.table.changed)
+        early = self.table.take_early(delegation["early"])
+        if early:
+            self._table_changed(early)
         if version < self._pending_version:
             return  # overtaken by a newer one
-        if delegation["topics"] is not None:  # (None: the parent has no table yet)
-            ref = tuple(delegation["topics"])
-            base = await self.table.base_ref(ref) if self.table.needs_base(ref) else None
-            if version < self._pending_version:
-                return  # a newer one arrived while the table was fetched
-            if self.table.take(ref, base):
-                self._topics_changed(self.table.changed)
-                for child in self.children.values():
-                    if child.kind == "member":
-                        self._resolve(child, self.table.changed)
         self.settings.update(delegation["settings"])
         self.delegation = delegation
         self.recovery.set_upper(delegation.get("upper"))
@@ -669,6 +677,14 @@ class ScopeManager:
         self._send_down()
         self.applied = version
         self._report()
+
+    def _table_changed(self, keys: set[str] | None) -> None:
+        """Topics of `keys` (None: any) changed: the scope's TopicInfos and its members'
+        subscriptions follow."""
+        self._topics_changed(keys)
+        for child in self.children.values():
+            if child.kind == "member":
+                self._resolve(child, keys)
 
     def _topics_changed(self, keys: set[str] | None = None) -> None:
         """Bring the TopicInfos in line with the table: those of `keys` (None: rebuild all,
@@ -916,19 +932,21 @@ class ScopeManager:
                 self._send_install(child, body)
 
     def _send_install(self, child: Child, body: dict) -> None:
-        content = {"settings": self.settings,
-                   "topics": self.table.ref,
+        content = {"settings": self.settings, "early": dict(self.table.early),
                    "exits": body["exits"], "covered": body["covered"],
                    "upper": self.recovery.addresses(child.name)}
-        if content == child.sent:
+        piece = self.table.piece(child.table)  # (what it lacks: sent along, not compared)
+        if content == child.sent and piece is None:
             return
         self._version += 1
         child.sent, child.sent_version = content, self._version
-        child.handle.install.remote(self._version, content)
+        if piece is not None:
+            child.table = self.table.position
+        child.handle.install.remote(self._version, {**content, "topics": piece})
 
     def _send_view(self, child: Child, body: dict) -> None:
         view = self._member_view(child, body)
-        if view == child.sent:
+        if view == child.sent and child.table == self.table.position:
             return
         self._version += 1
         child.sent, child.sent_version = view, self._version
@@ -971,7 +989,7 @@ class ScopeManager:
                 "demoted": member.demoted,
                 "protocols": reliable,
                 "cached": sorted(t for t in reliable if self.topics[t].history == "cached"),
-                "topics": self.table.ref,
+                "early": dict(self.table.early),
                 "groups": sorted(list(g) for g in groups), "routes": list(alike.values()),
                 "receivers": receivers}
 
@@ -993,7 +1011,7 @@ class ScopeManager:
         self._send_report({"rev": self._report_rev})  # also says what it has in place now
 
     def _send_report(self, body: dict) -> None:
-        body.update(incarnation=self.incarnation, acked=self.applied)
+        body.update(incarnation=self.incarnation, acked=self.applied, table=self.table.position)
         try:
             ref = self._parent_handle().report.remote(
                 self.name, body, ray.get_runtime_context().current_actor)
@@ -1255,8 +1273,7 @@ class ScopeManager:
         info = self._topic_named(name)
         if info is None:
             info = await self._root_call("topic", name)
-            self.topics[info.id] = info  # until the parent's table brings it
-            self.table.change(str(info.id), info.to_dict())
+            self._table_changed(self.table.take_early({str(info.id): info.to_dict()}))
         return info
 
     def _topic_named(self, name: str) -> TopicInfo | None:

@@ -1,15 +1,22 @@
 """The topic table as it travels down the hierarchy: a *base* put once in Ray's object store and
-the *changes* since, so a new topic costs every scope and member a few entries, not the whole
-table (thousands of topics). The root rebases when the changes grow past a fraction of the table.
+a log of the changes since, each numbered by the root. A parent sends a child a *piece*: the
+changes past the position the child has (the whole log, if it lacks the base), so a new topic
+costs every scope and member its own entry, not the table (thousands of topics) nor every change
+since the base. The root rebases when the log grows past a fraction of the table.
+
+A piece is (base ref, members' base ref, base serial, since, [(serial, key, body)], upto); a
+position is (base serial, serial). Serials start at the root's clock in nanoseconds, so a
+restarted root's pieces are newer than anything its predecessor sent.
 """
 
 from __future__ import annotations
 
+import time
+
 import ray
 
-REBASE_MIN = 64        # changes carried inline before the root puts a new base
+REBASE_MIN = 64        # changes logged before the root puts a new base
 REBASE_FRACTION = 16   # ... or 1/16 of the table, whichever is more
-_MISSING = object()
 
 
 def member_entry(fields: dict) -> tuple[str, int]:
@@ -17,85 +24,142 @@ def member_entry(fields: dict) -> tuple[str, int]:
     return fields["name"], fields["session"]
 
 
+def position(value) -> tuple[int, int] | None:
+    """A position as a child states it (None if it has no table yet, or states it malformed:
+    it is then sent the whole table)."""
+    try:
+        base, serial = map(int, value)
+    except (TypeError, ValueError):
+        return None
+    return base, serial
+
+
 class TopicTable:
-    """Topic entries by id (str) -> TopicInfo fields; `ref` is what is sent down:
-    (base ObjectRef, {id: fields, or None for a deleted topic}, members' base ObjectRef).
+    """Topic entries by id (str) -> TopicInfo fields, the position they are at, and the log of
+    changes since the base (which a scope passes on to its children).
 
     A `member`'s table keeps `member_entry` of each entry by topic id (int), and takes its base
     from the members' base, which has only that: at thousands of topics the whole entries cost a
     member more memory than anything else it keeps per topic, and so did fetching them once
-    (Python keeps the memory it freed); int keys are the ids the member's own tables use."""
+    (Python keeps the memory it freed); int keys are the ids the member's own tables use.
+
+    `early`: entries a scope fetched from the root before its parent's table brought them (a
+    subscriber or publisher of a topic just made); they travel down beside the pieces and give
+    way to the entry the table brings."""
 
     def __init__(self, member: bool = False) -> None:
         self._member = member
-        self.entries: dict[str, dict] = {}
-        self.ref: tuple | None = None
-        self._base: dict[str, dict] = {}
-        self.changed: set[str] | None = None  # keys the last take() changed (None: any)
+        self.entries: dict = {}
+        self.position: tuple[int, int] | None = None
+        self.early: dict[str, dict] = {}
+        self.changed: set | None = None  # keys the last take changed (None: any)
+        self._refs: tuple | None = None   # (base ref, members' base ref)
+        self._log: dict[str, tuple[int, dict | None]] = {}  # key -> its last change, in order
 
     # ----------------------------------------------------------------------------- the root
 
     def load(self, entries: dict[str, dict]) -> None:
         self.entries = dict(entries)
+        self.position = (0, time.time_ns())
         self._rebase()
 
     def change(self, key: str, body: dict | None) -> None:
         """Add, replace (body) or delete (None) one entry (at the root: it keeps whole ones)."""
         self._put(self.entries, key, body)
-        if self.ref is None:
+        serial = self.position[1] + 1
+        self._log.pop(key, None)
+        self._log[key] = (serial, body)
+        self.position = (self.position[0], serial)
+        if len(self._log) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
             self._rebase()
-            return
-        base_ref, delta, members_ref = self.ref
-        delta = {**delta, key: body}
-        if len(delta) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
-            self._rebase()
-        else:
-            self.ref = (base_ref, delta, members_ref)
 
     def _rebase(self) -> None:
-        self._base = dict(self.entries)
-        members = {int(k): member_entry(v) for k, v in self._base.items()}
-        self.ref = (ray.put(self._base), {}, ray.put(members))
+        base = dict(self.entries)
+        members = {int(k): member_entry(v) for k, v in base.items()}
+        self._refs = (ray.put(base), ray.put(members))
+        self._log = {}
+        serial = self.position[1] + 1
+        self.position = (serial, serial)
 
-    # ----------------------------------------------------------------------- everyone else
+    # ----------------------------------------------------------------------- sending down
 
-    def needs_base(self, ref: tuple) -> bool:
-        return self.ref is None or ref[0] != self.ref[0]
+    def piece(self, have: tuple[int, int] | None) -> tuple | None:
+        """What a child at position `have` lacks; None if nothing (or nothing to send yet)."""
+        if self._refs is None:
+            return None
+        base, serial = self.position
+        if have is not None and have[0] == base:
+            if have[1] >= serial:
+                return None
+            changes = []
+            for key, (s, body) in reversed(self._log.items()):  # newest first: O(what it lacks)
+                if s <= have[1]:
+                    break
+                changes.append((s, key, body))
+            changes.reverse()
+            return (*self._refs, base, have[1], changes, serial)
+        if have is not None and have[0] > base:
+            return None  # the child is ahead (this scope restarted): it waits for this one
+        return (*self._refs, base, base, [(s, k, b) for k, (s, b) in self._log.items()], serial)
 
-    def base_ref(self, ref: tuple):
-        """Which base of `ref` this table takes (when `needs_base`)."""
-        return ref[2] if self._member else ref[0]
+    # ----------------------------------------------------------------------- taking pieces
 
-    def take(self, ref: tuple, base: dict | None) -> bool:
+    def needs_base(self, piece: tuple) -> bool:
+        return self.position is None or piece[2] > self.position[0]
+
+    def base_ref(self, piece: tuple):
+        """Which base of `piece` this table takes (when `needs_base`)."""
+        return piece[1] if self._member else piece[0]
+
+    def take(self, piece: tuple, base: dict | None) -> bool:
         """Take what a parent sent (`base`: the fetched base when `needs_base`); False if it
-        is what this table has already."""
-        if ref == self.ref:
-            return False
-        if base is None and self.ref is not None:  # the same base: only what the changes change
-            old, new = self.ref[1], ref[1]
-            self.changed = {k for k, body in new.items() if old.get(k, _MISSING) != body}
-            self.changed.update(k for k in old if k not in new)
-            for key in self.changed:
-                if key in new:
-                    self._put(self.entries, key, new[key])
-                else:  # (back to the base's entry, kept already)
-                    self._put(self.entries, key, self._base.get(self._key(key)), kept=True)
-            self.ref = ref
-            return True
-        if base is not None:
-            self._base = base
-        entries = dict(self._base)
-        for key, body in ref[1].items():
-            self._put(entries, key, body)
-        self.entries, self.ref, self.changed = entries, ref, None
+        brings nothing new, or cannot be taken: older than what this table has, or starting
+        past its position (a piece lost on the way: the parent sends again from the position
+        this scope reports)."""
+        base_ref, members_ref, base_serial, since, changes, upto = piece
+        have = self.position
+        if base is None:
+            if have is None or base_serial != have[0] or since > have[1] or upto <= have[1]:
+                return False
+            self.changed = set()
+        else:
+            if since != base_serial or (have is not None and base_serial <= have[0]):
+                return False
+            self.entries, self._log, self.changed = dict(base), {}, None
+            have = (base_serial, base_serial)
+        for s, key, body in changes:
+            if s <= have[1]:
+                continue
+            self._put(self.entries, key, body)
+            self.early.pop(key, None)
+            if not self._member:  # (a member passes nothing on)
+                self._log.pop(key, None)
+                self._log[key] = (s, body)
+            if self.changed is not None:
+                self.changed.add(key)
+        if self.changed is None:
+            self._put_early(self.early)
+        self._refs, self.position = (base_ref, members_ref), (base_serial, upto)
         return True
+
+    def take_early(self, early: dict[str, dict]) -> set[str]:
+        """Entries a parent fetched early; the keys this table did not have."""
+        new = {k: v for k, v in early.items() if self._key(k) not in self.entries}
+        self.early.update(new)
+        self._put_early(new)
+        return set(new)
+
+    def _put_early(self, early: dict[str, dict]) -> None:
+        for key, body in early.items():
+            if self._key(key) not in self.entries:
+                self._put(self.entries, key, body)
 
     def _key(self, key: str) -> str | int:
         return int(key) if self._member else key
 
-    def _put(self, entries: dict, key: str, body: dict | None, kept: bool = False) -> None:
+    def _put(self, entries: dict, key: str, body: dict | None) -> None:
         key = self._key(key)
         if body is None:
             entries.pop(key, None)
         else:
-            entries[key] = member_entry(body) if self._member and not kept else body
+            entries[key] = member_entry(body) if self._member else body
