@@ -73,13 +73,13 @@ def us_per_message(topics: int, messages: int, size: int) -> float:
         total = cpu = 0.0
         for lo in range(0, len(sent), SLICE):
             if lo == warm:
-                before, cpu = total, thread_cpu(rt._thread.native_id)
+                before, cpu = total, thread_cpu(rt._thread)
             rt.call_wait(_take, rt, sent[lo:lo + SLICE])
             while inbox.queue:
                 batch, nbytes = inbox.queue.popleft()
                 inbox.consumed_bytes += nbytes
                 total += len(batch)
-        cpu = thread_cpu(rt._thread.native_id) - cpu
+        cpu = thread_cpu(rt._thread) - cpu
         if rt.drops or total != messages:
             raise RuntimeError(f"the receiver took {total:,} of {messages:,} messages; "
                                f"drops: {dict(rt.drops)}")
