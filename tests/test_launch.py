@@ -32,6 +32,10 @@ def test_up_then_commands_attach_then_down_removes_it(tmp_path):
         return subprocess.run([sys.executable, "-m", "scopecast.cli", *args], env=env,
                               capture_output=True, text=True, timeout=180)
 
+    # a process that names the same address (another driver attached to some-host:<port>, a
+    # tool with it in its arguments) is none of up's business: down --ray leaves it alone
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                              f"other-host:{port}", f"127.0.0.1:{port}"])
     try:
         up = scopecast("up", "--port", str(port))
         assert up.returncode == 0, up.stderr
@@ -52,9 +56,12 @@ def test_up_then_commands_attach_then_down_removes_it(tmp_path):
         down = scopecast("down", "--ray", "--address", address)
         assert down.returncode == 0, down.stderr
         assert "removed 3 scopecast actors" in down.stdout  # cluster, LAN and host scopes
+        assert decoy.poll() is None, "down --ray killed a process it did not start"
     finally:
+        decoy.kill()
+        decoy.wait()
         left = [p for p in psutil.process_iter(["cmdline"])
-                if f":{port}" in " ".join(p.info["cmdline"] or [])]
+                if f":{port}" in " ".join(p.info["cmdline"] or []) and p.pid != decoy.pid]
         for p in left:
             p.kill()
     assert not left, "down --ray left processes of the head behind"

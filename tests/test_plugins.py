@@ -139,6 +139,26 @@ class P(ForwardingPolicy):
         assert "did not answer" in why
 
 
+def test_a_plugin_whose_actor_fails_to_start_is_reported_with_its_cause(cluster, tmp_path):
+    """Passes validation, then its module refuses to load in the scope's policy actor: the scope
+    names the cause (not only that the actor died) and lays the topic with its default policy."""
+    path = write(tmp_path, "bad_start", MANIFEST.replace("NAME", "bad_start") + '''
+import ray
+if ray.is_initialized():  # in the policy actor (the validator runs without Ray)
+    raise RuntimeError("no licence on this node")
+
+class P(LayoutPolicy):
+    def layout(self, members, sources):
+        return []
+''')
+    ref = cluster.submit_plugin(path)
+    info = cluster.create_topic("plugins/bad-start", policy=f"sha256:{ref.sha256}")
+    status = stream(cluster, info.name, "bad-start", n=200)
+    why = status["failed_policies"][f"sha256:{ref.sha256} topic {info.id}"]
+    assert "failed to start" in why and "RuntimeError: no licence on this node" in why, why
+    assert status["topics"][str(info.id)]["policy"] == "tree"
+
+
 def test_cli_plugin_commands(ray_address):
     env = {**os.environ, "RAY_ADDRESS": ray_address}
 

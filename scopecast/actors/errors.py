@@ -14,6 +14,14 @@ def typed_cause(exc: BaseException) -> ScopecastError | None:
     return cause if isinstance(cause, ScopecastError) else None
 
 
+def actor_fault(exc: BaseException) -> str:
+    """One line saying why a call to an actor failed: the exception its method or creation task
+    raised (the last line of the traceback Ray carries), not only that the actor died."""
+    text = str(getattr(exc, "error_msg", "") or exc).strip()
+    last = text.splitlines()[-1].strip() if text else ""
+    return last if ":" in last else f"{type(exc).__name__}: {last or text}"
+
+
 class NotConnected(ScopecastError):
     """No scopecast cluster to talk to."""
 

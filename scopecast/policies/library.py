@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -86,19 +88,68 @@ def ref_of(record: dict) -> PluginRef:
     return PluginRef(record["kind"], record["name"], record["version"], record["sha256"])
 
 
-def materialize(files: dict[str, bytes], root: Path, module: str) -> Path:
+def write_package(files: dict[str, bytes], root: Path, module: str) -> Path:
     """Write a plug-in's files under `root` as a package named `module` (a single-file plug-in
-    becomes `module/__init__.py`); returns the package directory."""
+    becomes `module/__init__.py`); returns the package directory. Nothing else may read `root`
+    meanwhile: see `materialize` for the node's shared cache."""
     for rel, body in files.items():
-        target = root / (f"{module}/__init__.py" if rel == f"{module}.py" else rel)
+        target = root / _package_path(rel, module)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(body)
     return root / module
 
 
+def _package_path(rel: str, module: str) -> str:
+    return f"{module}/__init__.py" if rel == f"{module}.py" else rel
+
+
 def plugin_cache() -> Path:
     """Where a node keeps the plug-ins its scope managers run (by digest)."""
     return Path(tempfile.gettempdir()) / "scopecast-plugins"
+
+
+def materialize(files: dict[str, bytes], sha: str, module: str, cache: Path | None = None) -> Path:
+    """The package of plug-in `sha` in the node's cache (`plugin_cache()`), as `write_package`
+    lays it out, checked against its digest; returns the package directory.
+
+    Every scope of the node that runs the plug-in calls this, and ships the directory it returns
+    while others may be writing: so a plug-in's directory is written aside and renamed into
+    place whole (a directory that is there is complete, and never changes), and what is read
+    back from it must match `sha` before it is shipped. One found broken (a crash mid-write by
+    an older version) is moved aside and written again."""
+    cache = cache or plugin_cache()
+    home = cache / sha
+    for _ in range(MATERIALIZE_TRIES):
+        if _intact(home, files, sha, module):
+            return home / module
+        cache.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(prefix=f".{sha[:16]}-", dir=cache))
+        write_package(files, fresh, module)
+        try:
+            os.rename(fresh, home)  # atomic; refused while `home` holds anything
+            continue
+        except OSError:
+            shutil.rmtree(fresh, ignore_errors=True)
+        if home.exists() and not _intact(home, files, sha, module):
+            aside = Path(tempfile.mkdtemp(prefix=f".{sha[:16]}-broken-", dir=cache))
+            try:
+                os.rename(home, aside / "old")
+            except OSError:
+                pass  # another scope moved it first
+            shutil.rmtree(aside, ignore_errors=True)
+    raise PluginRejected(f"plug-in sha256:{sha[:12]} could not be written to {home} intact")
+
+
+MATERIALIZE_TRIES = 5
+
+
+def _intact(home: Path, files: dict[str, bytes], sha: str, module: str) -> bool:
+    """Whether `home` holds plug-in `sha`'s files whole (read back, digested)."""
+    try:
+        found = {rel: (home / _package_path(rel, module)).read_bytes() for rel in files}
+    except OSError:
+        return False
+    return digest(found) == sha
 
 
 def shipped(package: Path) -> dict:
@@ -118,7 +169,7 @@ def _limits() -> None:  # runs in the validator's process before it starts
 
 async def _validate(files: dict[str, bytes], module: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="scopecast-validate-") as tmp:
-        materialize(files, Path(tmp), module)
+        write_package(files, Path(tmp), module)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "scopecast.policies.validate", tmp, module,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, preexec_fn=_limits)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
     finally:
         cluster.shutdown()
     if started_ray:
+        # what `down --ray` stops, and nothing else: these processes and that session's
+        info["pids"] = _session_processes(info["session_dir"])
         record_path().write_text(json.dumps(info))
     return info
 
@@ -136,23 +139,62 @@ def _session_dir() -> str:
         return ""
 
 
+def _session_processes(session_dir: str) -> list[list]:
+    """[pid, start time] of the processes of the Ray session in `session_dir` (those that name
+    it on their command line, and their children: Ray's workers rename themselves)."""
+    return [[p.pid, p.create_time()] for p in _session_victims(session_dir, []).values()]
+
+
+def _session_victims(session_dir: str, recorded: list) -> dict[int, psutil.Process]:
+    """The processes of one Ray session: `recorded` ([pid, start time], still the same
+    processes), those whose command line or output (Ray's client server names only the port,
+    and logs into the session) names `session_dir`, and their children."""
+    found: dict[int, psutil.Process] = {}
+    for pid, started in recorded:
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - started) < 1.0:  # (not a later process given its pid)
+                found[pid] = proc
+        except psutil.Error:
+            pass
+    if session_dir:
+        # the directory itself or a path in it (not another session's whose name extends it)
+        named = re.compile(re.escape(session_dir.rstrip("/")) + r"(?![\w.-])")
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if proc.info["pid"] != os.getpid() and any(
+                    named.search(arg) for arg in (*(proc.info["cmdline"] or ()),
+                                                  *_outputs(proc.pid))):
+                found[proc.pid] = proc
+    for proc in list(found.values()):
+        try:
+            found.update((c.pid, c) for c in proc.children(recursive=True))
+        except psutil.Error:
+            pass
+    found.pop(os.getpid(), None)
+    return found
+
+
+def _outputs(pid: int) -> list[str]:
+    """Where a process's standard output and error go (Linux)."""
+    out = []
+    for fd in (1, 2):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
 def _stop_head() -> int:
-    """Kill the processes of the Ray head `up` started (found by its session directory and port);
-    returns how many."""
+    """Kill the processes of the Ray head `up` started: those it recorded, and any other of
+    that Ray session (named by its session directory, which no other session shares). Nothing
+    is matched by address or port: another driver or tool may name the same port. Returns how
+    many it killed."""
     path = record_path()
     if not path.exists():
         return 0
     info = json.loads(path.read_text())
-    marks = [m for m in (info.get("session_dir"), ":" + info["address"].rsplit(":", 1)[1]) if m]
-    victims: dict[int, psutil.Process] = {}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["pid"] != os.getpid() and any(m in cmdline for m in marks):
-            victims[proc.pid] = proc
-            try:  # Ray's agents rename themselves ("ray::DashboardAgent"): take the children too
-                victims.update((c.pid, c) for c in proc.children(recursive=True))
-            except psutil.Error:
-                pass
+    victims = _session_victims(info.get("session_dir") or "", info.get("pids") or [])
     killed = 0
     for proc in victims.values():
         try:
@@ -165,4 +207,3 @@ def _stop_head() -> int:
     if local_ray_address() == info["address"]:
         Path(RAY_CURRENT_CLUSTER).unlink(missing_ok=True)
     return killed
-

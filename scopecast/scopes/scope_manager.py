@@ -31,11 +31,18 @@ from dataclasses import dataclass, field
 import ray
 
 from scopecast.actors import declare
-from scopecast.actors.errors import InvalidConfig, MemberExpired, PluginRejected, ScopeRetired, typed_cause
+from scopecast.actors.errors import (
+    InvalidConfig,
+    MemberExpired,
+    PluginRejected,
+    ScopeRetired,
+    actor_fault,
+    typed_cause,
+)
 from scopecast.netio.transport import member_interface
 from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
-from scopecast.policies.library import materialize, plugin_cache, shipped
+from scopecast.policies.library import materialize, shipped
 from scopecast.policies.registry import digest
 from scopecast.scopes import multicast_probe
 from scopecast.scopes.container import Channel, PolicyContainer
@@ -792,7 +799,9 @@ class ScopeManager:
             except Exception as exc:  # hung, died, or never came up (a plug-in's topics here
                 # fall back to the default policy; a built-in is ours: slow, not wrong, asked again)
                 why = ("did not answer in time" if isinstance(exc, asyncio.TimeoutError)
-                       else f"{type(exc).__name__}: {exc}")
+                       else actor_fault(exc))
+                if host is None:
+                    why = f"failed to start: {why}"
                 log.warning("scope %r: policy actor %s failed: %s", self.path, policy, why)
                 key = _host_key(policy)
                 self._hosts.pop(key, None)
@@ -844,7 +853,7 @@ class ScopeManager:
         module, cls, files = await self._root_call("plugin_files", sha)
         if digest(files) != sha:
             raise PluginRejected(f"plug-in {sha[:12]} does not match its digest")
-        return module, cls, shipped(materialize(files, plugin_cache() / sha, module))
+        return module, cls, shipped(materialize(files, sha, module))
 
     def _length(self) -> int:
         """L: the length of the labels of channels laid in this scope."""
