@@ -208,6 +208,30 @@ def test_control_datagram_roundtrip(ptype, sender, channel, dseq, body):
     assert decoded == body
 
 
+@SETTINGS
+@given(messages=message_lists(max_size=5), extra=st.integers(1, 3000))
+def test_a_padded_data_datagram_decodes_to_what_was_encoded(messages, extra):
+    """Every datagram of a GSO batch but the last is padded to the batch's segment size."""
+    data = wire.encode_datagram(PacketType.DATA, 1, 2, 3, messages)
+    grown = wire.padded(data, len(data) + extra)
+    assert len(grown) == len(data) + extra
+    header, decoded = wire.decode_data(grown)
+    assert header.pad == extra and decoded == wire.decode_data(data)[1]
+
+
+def test_padding_on_a_control_datagram_or_beyond_the_body_is_refused():
+    control = bytearray(wire.encode_control(PacketType.TOKEN, 1, ["x"]))
+    struct.pack_into("!H", control, wire.PAD_AT, 1)
+    with pytest.raises(DecodeError) as e:
+        wire.decode_control(bytes(control))
+    assert e.value.reason == "bad_pad"
+    data = bytearray(wire.pack_header(PacketType.DATA, 0, 0, 1, 1, 1))
+    struct.pack_into("!H", data, wire.PAD_AT, 100)
+    with pytest.raises(DecodeError) as e:
+        wire.decode_data(bytes(data))
+    assert e.value.reason == "truncated"
+
+
 def test_control_body_bound_enforced_by_encoder():
     with pytest.raises(ValueError, match="exceeds"):
         wire.encode_control(PacketType.TOKEN, 1, b"x" * (MAX_CONTROL_BODY + 1))

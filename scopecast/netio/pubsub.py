@@ -272,21 +272,28 @@ class Subscriber:
             except IndexError:
                 if self._closed:
                     return False
-                sub.waiting = True
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                wait = 0.5 if remaining is None else min(remaining, 0.5)
+                # take the sockets while waiting (one wake-up per datagram; see runtime)
+                if self._runtime.lead(self._ready, wait):
+                    continue
+                sub.waiting = True  # another thread leads: it hands batches over
                 if q:
                     sub.waiting = False
                     continue
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    sub.waiting = False
-                    return False
-                sub.event.wait(0.5 if remaining is None else min(remaining, 0.5))
+                sub.event.wait(wait)
                 sub.event.clear()
                 sub.waiting = False
                 continue
             sub.consumed_bytes += nbytes
             self._batch = batch
             return True
+
+    def _ready(self) -> bool:
+        """Something to return from receive(): a batch, or the end (closed)."""
+        return bool(self._sub.queue) or self._closed
 
     def __iter__(self) -> Iterator[Message]:
         while True:

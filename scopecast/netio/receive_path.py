@@ -19,11 +19,13 @@ from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
 from scopecast.netio.recovery_path import CachedRun
+from scopecast.netio.udp_batch import GRO_SPACE, segments
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
 MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
+ACK_NOW_GAP = 0.0005  # acknowledgements asked for without delay go at most this often
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
 
 
@@ -35,25 +37,35 @@ class ReceivePath:
 
     def _drain(self, sock: socket.socket) -> None:
         # recvfrom (a fresh bytes object) rather than recv_into a shared buffer: payloads are then
-        # cheap slices of it, and a held datagram needs no copy
-        recv = sock.recvfrom
+        # cheap slices of it, and a held datagram needs no copy; with GRO, recvmsg (a batch of
+        # datagrams of one sender, and their size: see udp_batch)
+        recv = sock.recvmsg if self._gro else sock.recvfrom
         size = self._recv_size
+        space = GRO_SPACE if self._gro else 0
+        stats = self.stats
         for _ in range(DRAIN_BUDGET):
             try:
-                data, _addr = recv(size)
+                data, *ancillary = recv(size, space) if space else recv(size)
             except BlockingIOError:
-                # drained: acknowledge now rather than at the next ack tick, so that a sender
-                # waiting on its window resumes as soon as this burst is taken
-                now = time.monotonic()
-                if now - self._last_ack >= self.config.ack_period / 4:
-                    self._send_acks(now)
+                # drained: a sender whose window is filling asked for an acknowledgement without
+                # delay (FLAG_ACK_NOW); it resumes as soon as this burst is taken
+                if self._ack_now:
+                    now = time.monotonic()
+                    if now - self._last_ack >= ACK_NOW_GAP:
+                        self._send_acks(now)
                 return
             except OSError as exc:
                 self.drops["socket_error"] += 1
                 log.debug("recv failed: %s", exc)
                 return
-            self.stats["datagrams_in"] += 1
-            self._on_datagram(data)
+            stats["recv_calls"] += 1
+            if space and ancillary[0] and (parts := segments(data, ancillary[0])) is not None:
+                for part in parts:
+                    stats["datagrams_in"] += 1
+                    self._on_datagram(part)
+            else:
+                stats["datagrams_in"] += 1
+                self._on_datagram(data)
 
     def _on_datagram(self, data: bytes) -> None:
         n = len(data) - self._trailer
@@ -65,6 +77,8 @@ class ReceivePath:
             return
         try:
             header = wire.unpack_header(data)
+            if header.pad:  # (a segment of a batch sent at once: see udp_batch)
+                n = len(wire.unpadded(memoryview(data)[:n], header))
         except wire.DecodeError as exc:
             self._drop(exc.reason)
             return
@@ -111,7 +125,8 @@ class ReceivePath:
         now = time.monotonic()
         for t, sender, data in held:
             if sender in self._members:
-                self._dispatch(wire.unpack_header(data), data, len(data) - self._trailer)
+                header = wire.unpack_header(data)
+                self._dispatch(header, data, len(data) - self._trailer - header.pad)
             elif now - t < self.config.unknown_sender_grace:
                 self._held.append((t, sender, data))
                 self._held_bytes += len(data)
@@ -160,6 +175,8 @@ class ReceivePath:
             self._note_received(header)
 
     def _note_received(self, header: wire.Header) -> None:
+        if header.flags & wire.FLAG_ACK_NOW:
+            self._ack_now = True
         key = (header.sender, header.channel)
         pos = self._recv_pos.get(key)
         if pos is None:
@@ -554,6 +571,7 @@ class ReceivePath:
 
     def _send_acks(self, now: float) -> None:
         self._last_ack = now
+        self._ack_now = False
         for sub in self._subscriptions:  # (not per topic: a pattern's one is under thousands)
             if sub.backlog() > self.config.max_backlog_bytes:
                 self.stats["acks_withheld"] += 1

@@ -1,8 +1,16 @@
-"""The member runtime: one I/O thread per member process owning every socket and all protocol state.
+"""The member runtime: one I/O loop per member process owning every socket and all protocol state.
 
-Application threads never touch protocol state. They hand work over through lock-free deques
-(`deque.append`/`popleft` are atomic) and wake the I/O thread with one byte on a socketpair only when
-it sleeps. The I/O thread loops QSM-style: drain every readable socket fully (inbound first), take
+The loop runs on one thread at a time, the *leader*: the runtime's I/O thread, or an application
+thread that would otherwise only wait in `Subscriber.receive()` for the I/O thread to hand it
+messages. A thread hand-off costs a wake-up (here about 20 us of CPU, more than the protocol work
+of a datagram), so a receiver that waits takes the sockets itself: one wake-up per datagram, not
+three (the I/O thread's, the application's, and the GIL passing between them). The I/O thread
+steps aside when such a thread asks for the lead, and takes it back once that thread has left
+`receive()` (it looks every PARK seconds, or at once when there is work to send).
+
+Other application threads never touch protocol state. They hand work over through lock-free deques
+(`deque.append`/`popleft` are atomic) and wake the leader with one byte on a socketpair only when
+it sleeps. The loop goes QSM-style: drain every readable socket fully (inbound first), take
 queued publishes, then let each writable destination *pull* its next datagram, built just in time
 from queued messages, as long as that destination's bytes-bounded window is open.
 
@@ -30,18 +38,23 @@ from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
+from scopecast.netio.interrupts import HeldInterrupt
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.reassembly import Reassembler
-from scopecast.netio.receive_path import ReceivePath
+from scopecast.netio.receive_path import ACK_NOW_GAP, ReceivePath
 from scopecast.netio.recovery_path import IDLE_FROM, INF, RecoveryPath
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
+from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detect, enable_gro
 from scopecast.scopes.channel import Channel
 from scopecast.scopes.routing import RoutingLabel, origin_record
 
 log = logging.getLogger(__name__)
 
-LINGER = 0.0005  # seconds the I/O thread waits for more publishes after a wake-up
+LINGER = 0.0005  # seconds the I/O loop waits for more publishes after a wake-up
+PARK = 0.002     # while an application thread leads, the I/O thread looks this often whether it
+                 # has left receive() (then the I/O thread leads again)
+HANDOVER_WAIT = 0.01  # how long a receiving thread waits for the lead before waiting as before
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
 HOLE_DELAY = 0.002  # a hole is NAKed this soon (runs reordered across paths come within it)
 MAX_MESSAGE = 0xFFFFFFFF
@@ -65,7 +78,8 @@ class RuntimeConfig:
     max_message_bytes: int = 16 << 20
     reassembly_budget_bytes: int = 64 << 20
     reassembly_timeout: float = 10.0
-    ack_period: float = 0.002
+    ack_period: float = 0.01           # receivers acknowledge this often (and at once when a
+                                       # sender's window is half full: wire.FLAG_ACK_NOW)
     ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
     unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
     held_bytes: int = 8 << 20            # ... and how many bytes of them (not a count: on a
@@ -134,6 +148,18 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._datagram = tcfg.datagram_size()
         self._sock = unicast_socket(tcfg)
         self.address: tuple[str, int] = self._sock.getsockname()
+        # batch calls (udp_batch): GSO where a batch holds several datagrams of this size
+        found = detect(tcfg.interface)
+        self.offloads = Offloads(gso=tcfg.gso and found.gso
+                                 and batch_limit(self._datagram) >= MIN_SEGMENTS,
+                                 gro=tcfg.gro and found.gro and enable_gro(self._sock))
+        self._gso = self.offloads.gso
+        self._gro = self.offloads.gro
+        self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
+        self._batch_n = 0
+        self._batch_address: tuple[str, int] = ("", 0)
+        self._batch_segment = 0
+        self._batch_most = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -173,7 +199,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._touched: list[Subscription] = []  # subscribers with messages in their inbox
         self._feeds: dict[tuple[str, int], Feed] = {}
         self._feeds_by_channel: dict[int, Feed] = {}
-        self._stalled: tuple[Feed, bytes] | None = None
+        self._stalled: tuple | None = None  # (address, [datagram, MAC, ...], GSO segment)
         self._active: deque[Feed] = deque()
         self._next_seq = KeyTable()  # (topic, source, session) -> next seq to deliver
         # (sender, channel) -> [dseq, dseq acked, when acked, when new data was last acked]
@@ -184,12 +210,19 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._early_bytes = 0
         self._releasing = False
         self._last_ack = 0.0
+        self._ack_now = False  # a datagram asked for an acknowledgement without delay
         self._last_housekeeping = 0.0
         # hand-over from application threads
         self._publish_q: deque[tuple] = deque()
         self._ops: deque = deque()
         self._sleeping = False
         self._wake_pending = False
+        # the I/O loop's leadership (see module docstring): held by the thread running the loop
+        self._lead = threading.Lock()
+        self._park = threading.Lock()  # the I/O thread waits on it while it does not lead
+        self._park.acquire()
+        self._io_leads = False
+        self._handover = False          # a receiving application thread asks for the lead
         self._ordinal = itertools.count(1)  # stream sequence numbers; next() is atomic
         self.app_bytes = 0      # queued by publishers (application threads)
         self.taken_bytes = 0    # taken off the hand-over queue (I/O thread)
@@ -344,22 +377,35 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
 
     def _wake(self) -> None:
         try:
-            self._wake_w.send(b"\0")
+            self._wake_w.send(b"\0")  # (the leader's poll watches it)
         except (BlockingIOError, OSError):
             pass  # already a wake-up pending (or closing)
+        if not self._lead.locked():  # nobody leads: the I/O thread takes the lead at once
+            self._unpark()
+
+    def _unpark(self) -> None:
+        try:
+            self._park.release()
+        except RuntimeError:
+            pass  # already released: the I/O thread is about to look
 
     def close(self, timeout: float = 5.0) -> None:
         if self._stop:
             return
         self._stop = True
         self._wake()
+        self._unpark()
         self._thread.join(timeout)
+        # a receiving thread that leads leaves the loop at once (woken, it sees the stop)
+        led = self._lead.acquire(timeout=timeout)
         for s in list(self._groups.values()) + [self._sock, self._wake_r, self._wake_w]:
             try:
                 s.close()
             except OSError:
                 pass
         self._sel.close()
+        if led:
+            self._lead.release()
 
     @property
     def alive(self) -> bool:
@@ -441,6 +487,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         if (group, port) in self._groups:
             return
         sock = multicast_socket(self.config.transport, group, port)
+        if self._gro:
+            enable_gro(sock)
         self._groups[(group, port)] = sock
         self._sel.register(sock, selectors.EVENT_READ)
 
@@ -485,6 +533,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             "member": self.member_id, "name": self.name, "address": list(self.address),
             "drops": dict(self.drops), "stats": dict(self.stats),
             "groups": [f"{g}:{p}" for g, p in self._groups],
+            "offloads": self._offload_status(),
             "feeds": {f"{h}:{p}": {"in_flight": f.in_flight(), "window": f.window.size,
                                    "queued": f.queued_chunks(),
                                    "receivers": sorted(f.acks)}
@@ -503,30 +552,102 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                          "repair_ms": percentiles(self.repair_ms)},
         }
 
+    def _offload_status(self) -> dict:
+        """Which batch calls are on, and how many datagrams each call carried so far."""
+        st = self.stats
+        return {"gso": self._gso, "gro": self._gro, "datagram_bytes": self._datagram,
+                "datagrams_per_send": round(st["datagrams_out"] / st["send_calls"], 2)
+                if st["send_calls"] else None,
+                "datagrams_per_receive": round(st["datagrams_in"] / st["recv_calls"], 2)
+                if st["recv_calls"] else None}
+
     # -------------------------------------------------------------------------- the I/O loop
 
     def _run(self) -> None:
-        sel = self._sel
+        """The I/O thread: lead the loop unless an application thread does (see module
+        docstring); while one does, look every PARK whether it still does."""
         while not self._stop:
+            if self._lead.acquire(blocking=False):
+                self._io_leads = True
+                try:
+                    self._loop(self._handing_over, INF)
+                finally:
+                    self._io_leads = False
+                    self._handover = False
+                    self._release_lead()
+            if not self._stop:
+                self._park.acquire(timeout=PARK)
+
+    def _handing_over(self) -> bool:
+        return self._handover
+
+    def lead(self, done, timeout: float) -> bool:
+        """Run the I/O loop on this (application) thread until `done()` or `timeout` seconds:
+        a thread that would wait for the I/O thread to hand it messages takes the sockets
+        itself (see module docstring). False, having done nothing, when another application
+        thread leads (or the I/O thread does not step aside in time): wait as before."""
+        deadline = time.monotonic() + timeout
+        lead = self._lead
+        if not lead.acquire(blocking=False):
+            if not self._io_leads:
+                return False  # another receiving thread leads
+            self._handover = True
+            self._wake()
+            got = lead.acquire(timeout=max(0.0, min(HANDOVER_WAIT, timeout)))
+            self._handover = False
+            if not got:
+                return False
+            self.stats["handovers"] += 1
+        stats = self.stats
+        stats["receive_leads"] += 1
+        taken = stats["datagrams_in"]
+        with HeldInterrupt(self._wake) as held:  # (Ctrl-C: handled once the loop is left)
+            try:
+                self._loop(lambda: held.interrupted or done(), deadline)
+            finally:
+                stats["datagrams_in_receiving"] += stats["datagrams_in"] - taken
+                self._release_lead()
+                if self._publish_q or self._ops or self._stalled is not None \
+                        or self._wake_pending or any(f.pending() for f in self._active):
+                    self._unpark()  # work to finish: the I/O thread takes it over now
+        return True
+
+    def _release_lead(self) -> None:
+        self._sleeping = True  # (a publish then wakes the I/O thread)
+        self._lead.release()
+
+    def _loop(self, done, deadline: float) -> None:
+        """The I/O loop, on the leading thread, until `done()`, `deadline` or close."""
+        sel = self._sel
+        while not self._stop and not done():
             try:
                 if not self._step(sel):
-                    self._idle(sel)
+                    if done() or not self._idle(sel, deadline):
+                        break
             except Exception:  # never let one bad event kill the member's data plane
                 log.exception("scopecast I/O loop error (continuing)")
                 self.drops["internal_error"] += 1
                 self._sleeping = False
 
-    def _idle(self, sel) -> None:
+    def _idle(self, sel, deadline: float = INF) -> bool:
+        """Wait for something to do (at most until `deadline`); False once it has passed."""
         self._sleeping = True
+        left = INF
         if not self._publish_q and not self._ops:
+            if deadline < INF:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._sleeping = False
+                    return False
             if self._wake_pending:
                 # woken by a publisher a moment ago: linger, so that a burst of publishes
                 # costs one wake-up per linger period instead of one per message
-                self._poll(sel, LINGER)
+                self._poll(sel, min(LINGER, left))
                 self._wake_pending = False
             else:
-                self._poll(sel, self._idle_timeout())
+                self._poll(sel, min(self._idle_timeout(), left))
         self._sleeping = False
+        return True
 
     def _step(self, sel) -> bool:
         self._poll(sel, 0)
@@ -537,7 +658,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             self._take_publishes()
         sent = self._pump()
         now = time.monotonic()
-        if now - self._last_ack >= self.config.ack_period:
+        if now - self._last_ack >= (ACK_NOW_GAP if self._ack_now else self.config.ack_period):
             self._send_acks(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
@@ -558,7 +679,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
     def _idle_timeout(self) -> float:
         if self.hole_opened or self.progressed and self._period > IDLE_FROM:
             return HOLE_DELAY
-        if any(pos[0] != pos[1] for pos in self._recv_pos.values()):
+        if self._ack_now:
+            timeout = ACK_NOW_GAP
+        elif any(pos[0] != pos[1] for pos in self._recv_pos.values()):
             timeout = self.config.ack_period
         else:
             timeout = min(0.1, self._period) if self._reliable or self._early else 0.1

@@ -17,6 +17,7 @@ from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
 from scopecast.netio.message import Message
+from scopecast.netio.udp_batch import batch_limit, send_batch
 from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
 from scopecast.scopes.routing import forward, matches
 
@@ -208,19 +209,27 @@ class SendPath:
             return False
         now = time.monotonic()
         if self._stalled is not None:
-            feed, data = self._stalled
+            address, parts, segment = self._stalled
             self._stalled = None
-            if not self._transmit(feed, data, now):
+            if not self._send(address, parts, segment):
                 return False
+        if self._batch_n and not self._flush_batch():
+            return False
         active = self._active
         progressed = False
         for _ in range(len(active)):
             feed = active.popleft()
             window = feed.window
-            while feed.pending() and feed.in_flight() < window.size:
-                if not self._transmit(feed, self._pull(feed), now):
+            while feed.pending() and (flight := feed.in_flight()) < window.size:
+                # receivers acknowledge every ack_period, and at once (after the burst they are
+                # taking) once the window is half full: few acks at ordinary rates, every
+                # burst's at saturation
+                flags = wire.FLAG_ACK_NOW if 2 * flight >= window.size else 0
+                if not self._transmit(feed, self._pull(feed, flags), now):
                     break
                 progressed = True
+            if self._batch_n and not self._want_write:
+                self._flush_batch()
             if feed.pending():
                 active.append(feed)
                 if feed.probe_due(now):
@@ -231,37 +240,37 @@ class SendPath:
             self._update_handed()
         return progressed
 
-    def _pull(self, feed: Feed) -> bytes:
+    def _pull(self, feed: Feed, flags: int = 0) -> bytes:
         """Build the next datagram for `feed`, just in time."""
         feed.dseq += 1
         if feed.frag is not None:
-            return self._next_fragment(feed)
+            return self._next_fragment(feed, flags)
         chunk = feed.take()
         self.feed_bytes -= chunk.queued()  # what _take_publishes added
         if chunk.oversized:
             room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
             feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
-            return self._next_fragment(feed)
+            return self._next_fragment(feed, flags)
         parts: list = []
         for run in chunk.runs:
             parts += run.parts()
         ptype = wire.PacketType.END_OF_STREAM if chunk.end_of_stream else wire.PacketType.DATA
         return wire.encode_data(ptype, self.member_id, feed.channel, feed.dseq, chunk.table,
-                                len(chunk.runs), parts)
+                                len(chunk.runs), parts, flags=flags)
 
-    def _next_fragment(self, feed: Feed) -> bytes:
+    def _next_fragment(self, feed: Feed, flags: int = 0) -> bytes:
         first_own, pieces = feed.frag
         table, frag, parts = next(pieces)
         if frag[1] == frag[2] - 1:
             feed.frag = None
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
-                                1, parts, frag)
+                                1, parts, frag, flags)
 
     def _probe(self, feed: Feed) -> None:
         """Re-announce the last datagram number to `feed`'s receivers in a DATA datagram without
         runs (see `feed`): each acknowledges it once it has taken everything sent before."""
         datagram = wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
-                                    EMPTY_TABLE, 0, [])
+                                    EMPTY_TABLE, 0, [], flags=wire.FLAG_ACK_NOW)
         try:
             self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
             self.stats["window_probes"] += 1
@@ -269,23 +278,80 @@ class SendPath:
             self.drops["send_error"] += 1  # probed again after PROBE_AFTER
 
     def _transmit(self, feed: Feed, datagram: bytes, now: float) -> bool:
-        try:
-            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
-        except BlockingIOError:
-            # the kernel's send buffer is full: keep this datagram and resend it when writable
-            self._stalled = (feed, datagram)
-            self._want_write = True
-            self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
-            return False
-        except OSError as exc:
-            self.drops["send_error"] += 1
-            log.warning("send to %s:%d failed: %s", *feed.address, exc)
-        feed.sent_bytes += len(datagram) + self._trailer
+        """Hand one datagram for `feed` to the socket, or add it to the batch being made for one
+        call (`udp_batch`, GSO); False when the socket's send buffer is full (what did not go
+        is sent first once it is writable)."""
+        if self._gso:
+            size = self._add_to_batch(feed.address, datagram)
+            sent = True
+        else:
+            size = len(datagram) + self._trailer
+            sent = self._send(feed.address, [datagram, self._auth.sign(datagram)], 0)
+        feed.sent_bytes += size
         feed.history.append((feed.dseq, feed.sent_bytes, now))
         if not feed.acks:
             feed.base_bytes = feed.sent_bytes
         self.stats["datagrams_out"] += 1
-        return True
+        return sent
+
+    def _add_to_batch(self, address: tuple[str, int], datagram: bytes) -> int:
+        """Add a datagram to the batch for `address` (sending the batch first when it goes
+        elsewhere, is full, or was cut at a smaller size); returns the bytes it takes on the
+        wire: the batch's segment size (shorter datagrams are padded to it, see `wire`)."""
+        size = len(datagram) + self._trailer
+        if self._batch_n and (address != self._batch_address or size > self._batch_segment
+                              or self._batch_n >= self._batch_most):
+            self._flush_batch()
+        if not self._batch_n:
+            self._batch_address, self._batch_segment = address, size
+            self._batch_most = batch_limit(size)
+        elif size < self._batch_segment:
+            datagram = wire.padded(datagram, self._batch_segment - self._trailer)
+        self._batch_parts += (datagram, self._auth.sign(datagram))
+        self._batch_n += 1
+        return self._batch_segment
+
+    def _flush_batch(self) -> bool:
+        """Send the batch being made (False: the socket's buffer is full; it goes once
+        writable)."""
+        parts, n = self._batch_parts, self._batch_n
+        self._batch_parts, self._batch_n = [], 0
+        return self._send(self._batch_address, parts, self._batch_segment if n > 1 else 0)
+
+    def _send(self, address: tuple[str, int], parts: list, segment: int) -> bool:
+        """Send the datagrams in `parts` ([datagram, MAC] pairs): with one call when `segment`
+        (their GSO segment size) is set, else one call each. False when the socket's send buffer
+        is full: what did not go goes first once it is writable."""
+        stats = self.stats
+        try:
+            if segment:
+                try:
+                    send_batch(self._sock, parts, segment, address)
+                    stats["send_calls"] += 1
+                    return True
+                except BlockingIOError:
+                    raise
+                except OSError as exc:  # the interface refuses batches after all
+                    self._gso = False
+                    stats["gso_refused"] += 1
+                    log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
+                                "from now on", *address, exc)
+            while parts:
+                try:
+                    self._sock.sendmsg(parts[:2], (), 0, address)
+                    stats["send_calls"] += 1
+                except BlockingIOError:
+                    raise
+                except OSError as exc:  # (lost: recovery repairs it)
+                    self.drops["send_error"] += 1
+                    log.warning("send to %s:%d failed: %s", *address, exc)
+                parts = parts[2:]
+            return True
+        except BlockingIOError:
+            self._stalled = (address, parts, segment if self._gso else 0)
+            self._want_write = True
+            self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return False
 
 
 def _pieces(run, chunk: int, table: bytes):

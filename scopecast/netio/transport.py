@@ -31,6 +31,8 @@ class TransportConfig:
     rcvbuf_bytes: int = 32 << 20
     sndbuf_bytes: int = 4 << 20
     datagram_bytes: int | None = None  # None: from the interface MTU (64 KB on loopback)
+    gso: bool = True   # send a batch of datagrams per call where the kernel allows (udp_batch)
+    gro: bool = True   # receive a batch of datagrams per call where the kernel allows
 
     def __post_init__(self) -> None:
         if self.datagram_bytes is not None and not 1200 <= self.datagram_bytes <= MAX_DATAGRAM:

@@ -3,12 +3,15 @@
 Datagram layout (network byte order)::
 
     header   magic "SC" | version u8 | type u8 | flags u8 | reserved u8 | count u16
-             | sender u32 | channel u16 | reserved u16 | dseq u64                    (24 bytes)
+             | sender u32 | channel u16 | pad u16 | dseq u64                         (24 bytes)
     body     DATA / REPAIR: routing table (u16 length + msgpack list of records), then `count`
                             runs; a FRAGMENT datagram adds a 16-byte fragment struct before its
                             single one-message run
              other types:   msgpack value (bounded)
-    trailer  MAC, see `auth`
+    padding  `pad` zero bytes (DATA types only): the datagrams of one batch handed to the kernel
+             at once (`udp_batch`, GSO) are cut at one segment size, so all but the last are
+             padded to it
+    trailer  MAC, see `auth` (over everything before it, padding included)
 
     run      topic u32 | source u32 | session u32 | first seq u64 | stream u32
              | first stream seq u64 | content type u8 | routing index u8 | n u16        (36 bytes)
@@ -41,7 +44,7 @@ import msgpack
 from scopecast.netio._seq_table import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
-VERSION = 2
+VERSION = 3
 
 HEADER = struct.Struct("!2sBBBBHIHHQ")
 RUN = struct.Struct("!IIIQIQBBH")
@@ -50,8 +53,11 @@ MIXED_ENTRY = struct.Struct("!IQI")  # a mixed run's message: topic, seq, length
 MIXED = 0                            # the topic field of a mixed run
 FRAGMENT = struct.Struct("!IIII")
 ROUTE_LEN = struct.Struct("!H")
+PAD = struct.Struct("!H")
 
 FLAG_FRAGMENT = 0x01
+PAD_AT = 14  # the header's pad field (see `padded`)
+FLAG_ACK_NOW = 0x02   # a DATA datagram: the sender's window is filling, acknowledge without delay
 
 MAX_ROUTES = 255
 MAX_RUN = 0xFFFF
@@ -96,6 +102,7 @@ class Header:
     sender: int
     channel: int
     dseq: int
+    pad: int = 0  # zero bytes between the body and the MAC
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,14 +140,38 @@ def pack_header(ptype: int, flags: int, count: int, sender: int, channel: int,
 def unpack_header(view: memoryview | bytes) -> Header:
     if len(view) < HEADER.size:
         raise DecodeError("truncated", f"{len(view)} bytes")
-    magic, version, ptype, flags, _, count, sender, channel, _, dseq = HEADER.unpack_from(view, 0)
+    magic, version, ptype, flags, _, count, sender, channel, pad, dseq = HEADER.unpack_from(view,
+                                                                                            0)
     if magic != MAGIC:
         raise DecodeError("bad_magic")
     if version != VERSION:
         raise DecodeError("bad_version", str(version))
     if ptype not in _PTYPES:
         raise DecodeError("bad_type", str(ptype))
-    return Header(ptype, flags, count, sender, channel, dseq)
+    if pad and ptype not in DATA_TYPES:
+        raise DecodeError("bad_pad", "padding on a control datagram")
+    return Header(ptype, flags, count, sender, channel, dseq, pad)
+
+
+def padded(datagram: bytes, size: int) -> bytes:
+    """A data datagram (without MAC) grown to `size` bytes: zeros after its body, counted in its
+    header's pad field."""
+    pad = size - len(datagram)
+    if pad <= 0:
+        return datagram
+    out = bytearray(datagram)
+    out += bytes(pad)
+    PAD.pack_into(out, PAD_AT, pad)
+    return bytes(out)
+
+
+def unpadded(view: memoryview, header: Header) -> memoryview:
+    """The body of a datagram (MAC removed) without its padding."""
+    if header.pad:
+        if HEADER.size + header.pad > len(view):
+            raise DecodeError("truncated", "padding")
+        return view[:len(view) - header.pad]
+    return view
 
 
 _PTYPES = frozenset(int(t) for t in PacketType)
@@ -233,9 +264,11 @@ def run_size(count: int, payload_bytes: int) -> int:
 
 
 def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes, runs: int,
-                parts: list, fragment: tuple[int, int, int, int] | None = None) -> bytes:
+                parts: list, fragment: tuple[int, int, int, int] | None = None,
+                flags: int = 0) -> bytes:
     """A data datagram (without MAC) from an encoded routing table and the parts of `runs` runs."""
-    header = pack_header(ptype, FLAG_FRAGMENT if fragment else 0, runs, sender, channel, dseq)
+    header = pack_header(ptype, flags | (FLAG_FRAGMENT if fragment else 0), runs, sender, channel,
+                         dseq)
     if fragment is not None:
         return b"".join((header, table, FRAGMENT.pack(*fragment), *parts))
     return b"".join((header, table, *parts))
@@ -360,6 +393,7 @@ def decode_data(view: memoryview | bytes) -> tuple[Header, list[WireMessage] | F
     header = unpack_header(view)
     if header.ptype not in DATA_TYPES:
         raise DecodeError("bad_type", "not a data packet")
+    view = unpadded(view, header)
     routes, offset = decode_routes(view, HEADER.size)
     fragment = None
     if header.flags & FLAG_FRAGMENT:

@@ -82,10 +82,10 @@ class TopicConsumer:
     """A subscriber living in a Ray actor (declare with `ray.remote(num_cpus=0)`)."""
 
     def __init__(self, topics: str | list[str], role: str = "member", scope: str | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, config=None) -> None:
         import scopecast
 
-        self._cluster = scopecast.connect(name=name)
+        self._cluster = scopecast.connect(name=name, config=config)  # (a RuntimeConfig)
         self._sub = self._cluster.subscriber(topics, role=role, scope=scope)
         self._held = threading.Event()
 

@@ -1,0 +1,101 @@
+"""A thread waiting in receive() runs its member's I/O loop itself (one wake-up per datagram
+instead of a hand-off from the I/O thread): real runtimes on real sockets, no control plane."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from member_pair import TOPIC, member_pair, received, wait_for
+
+from scopecast.netio.delivery import Subscription
+from scopecast.netio.runtime import RuntimeConfig
+
+
+def publish(a, first: int, n: int) -> None:
+    for seq in range(first, first + n):
+        a.publish(TOPIC, 1, seq, 0, b"%d" % seq)
+
+
+def take(rt, inbox: Subscription, n: int, timeout: float = 30.0) -> list:
+    """Receive `n` messages as Subscriber.receive() does: leading the loop while none is there."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"{len(got)} of {n} messages"
+        if not inbox.queue:
+            rt.lead(lambda: bool(inbox.queue), 0.5)
+        got += received(inbox)
+    return got
+
+
+def test_a_receiving_thread_takes_the_datagrams_itself_and_then_gives_the_lead_back():
+    with member_pair(RuntimeConfig(), window=True) as (a, b, inbox):
+        publish(a, 1, 3000)
+        got = take(b, inbox, 3000)
+        assert [m.seq for m in got] == list(range(1, 3001))
+        stats = b.call_wait(lambda: dict(b.stats))
+        assert stats["receive_leads"] > 0 and stats["handovers"] >= 1
+        assert stats["datagrams_in_receiving"] > 0
+        # nobody receives now: the I/O thread takes the lead back and delivers on its own
+        publish(a, 3001, 500)
+        wait_for(lambda: sum(len(b_) for b_, _ in inbox.queue) == 500, "the I/O thread delivers")
+        assert [m.seq for m in received(inbox)] == list(range(3001, 3501))
+
+
+def test_a_second_receiving_thread_is_handed_its_messages_by_the_leader():
+    with member_pair(RuntimeConfig()) as (a, b, inbox):
+        other = Subscription(frozenset([TOPIC]))
+        b.call_wait(b.add_subscription, other)
+        first: list = []
+        leading = threading.Thread(target=lambda: first.extend(take(b, inbox, 2000)))
+        leading.start()
+        wait_for(lambda: b.stats["receive_leads"] > 0, "the first thread leads")
+        assert b.lead(lambda: bool(other.queue), 0.1) is False  # taken: wait as before
+        publish(a, 1, 2000)
+        second: list = []
+        deadline = time.monotonic() + 30
+        while len(second) < 2000 and time.monotonic() < deadline:
+            other.waiting = True
+            if not other.queue:
+                other.event.wait(0.2)
+            other.event.clear()
+            other.waiting = False
+            second += received(other)
+        leading.join(30)
+        assert [m.seq for m in first] == [m.seq for m in second] == list(range(1, 2001))
+
+
+CTRL_C = textwrap.dedent('''
+    import os, signal, sys, threading, time
+    sys.path.insert(0, sys.argv[1])
+    from member_pair import TOPIC, member_pair, received
+    from scopecast.netio.runtime import RuntimeConfig
+    with member_pair(RuntimeConfig()) as (a, b, inbox):
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            b.lead(lambda: bool(inbox.queue), 30.0)  # nothing comes: only Ctrl-C ends it
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted", b.stats["internal_error"])
+        for seq in range(1, 101):  # the member works on, its state whole
+            a.publish(TOPIC, 1, seq, 0, b"x")
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 100 and time.monotonic() < deadline:
+            b.lead(lambda: bool(inbox.queue), 0.5)
+            got += received(inbox)
+        print("after", [m.seq for m in got] == list(range(1, 101)))
+''')
+
+
+def test_ctrl_c_in_a_receiving_main_thread_comes_out_of_receive_once_the_loop_is_left():
+    here = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, "-c", CTRL_C, here], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["interrupted", "0", "after", "True"], out.stdout + out.stderr

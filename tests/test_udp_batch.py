@@ -1,0 +1,140 @@
+"""Many datagrams per system call (GSO to send, GRO to receive) with MTU-sized datagrams: runs and
+fragments keep working, streams arrive ordered and complete and are repaired under real loss, the
+status says what is on and how many datagrams each call carried; the same with batch calls turned
+off; the datagram size follows the interface's MTU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+from member_pair import TOPIC, member_pair, received
+
+from benchmarks.loss import available, dropped, udp_loss
+from scopecast import RuntimeConfig
+from scopecast.netio.transport import TransportConfig
+from scopecast.netio.udp_batch import detect
+from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
+
+needs_root = pytest.mark.skipif(not available(), reason="needs root, iptables and ip")
+MTU_DATAGRAM = 1472  # a 1,500-byte Ethernet frame's UDP payload
+
+
+def config(batch_calls: bool) -> RuntimeConfig:
+    return RuntimeConfig(transport=TransportConfig(datagram_bytes=MTU_DATAGRAM, gso=batch_calls,
+                                                   gro=batch_calls))
+
+
+def payload(i: int) -> bytes:
+    """Sizes from a few bytes (runs of many in a datagram) to twice the datagram (fragments)."""
+    return b"%08d" % i + b"." * (i * 37 % 2900 if i % 10 == 0 else i * 37 % 1300)
+
+
+@pytest.mark.parametrize("batch_calls", [True, False], ids=["batched", "one-per-call"])
+def test_mtu_sized_datagrams_carry_runs_and_fragments_ordered_and_complete(batch_calls):
+    if batch_calls and not (detect("127.0.0.1").gso and detect("127.0.0.1").gro):
+        pytest.skip("the kernel refuses UDP GSO or GRO on loopback")
+    n = 20_000
+    with member_pair(config(batch_calls), window=True) as (a, b, inbox):
+        for i in range(1, n + 1):
+            a.publish(TOPIC, 1, i, 0, payload(i))
+        got: list = []
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            if not inbox.queue:
+                b.lead(lambda: bool(inbox.queue), 0.5)
+            got += received(inbox)
+        assert [(m.seq, m.payload) for m in got] == [(i, payload(i)) for i in range(1, n + 1)]
+        sent, took = a.call_wait(a._offload_status), b.call_wait(b._offload_status)
+        stats = b.call_wait(lambda: dict(b.stats))
+    assert stats["reassembled"] > 0                      # fragments
+    assert a.stats["datagrams_out"] < n                  # runs: several messages a datagram
+    assert (sent["gso"], took["gro"]) == (batch_calls, batch_calls)
+    if batch_calls:
+        assert sent["datagrams_per_send"] > 1 and took["datagrams_per_receive"] > 1
+    else:
+        assert sent["datagrams_per_send"] == took["datagrams_per_receive"] == 1
+
+
+class BatchPublisher:
+    """A publisher with MTU-sized datagrams, batch calls on or off."""
+
+    def __init__(self, topic: str, batch_calls: bool) -> None:
+        import scopecast
+
+        self.cluster = scopecast.connect(config=config(batch_calls))
+        self.pub = self.cluster.publisher(topic)
+
+    def stream(self, n: int) -> tuple[str, dict]:
+        expected = DeliveryDigest()
+        for i in range(1, n + 1):
+            self.pub.publish(payload(i))
+            expected.add(self.pub.topic, i, payload(i))
+        self.pub.flush(timeout=180)
+        (counters,) = self.cluster.counters().values()
+        return expected.hexdigest(), counters
+
+    def close(self) -> None:
+        self.pub.close()
+        self.cluster.shutdown()
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+
+
+@pytest.mark.ray
+@needs_root
+@pytest.mark.parametrize("batch_calls", [True, False], ids=["batched", "one-per-call"])
+def test_mtu_sized_datagrams_are_repaired_under_real_loss(cluster, topic_name, batch_calls):
+    if batch_calls and not (detect("127.0.0.1").gso and detect("127.0.0.1").gro):
+        pytest.skip("the kernel refuses UDP GSO or GRO on loopback")
+    n = 20_000
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    consumers = [ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name,
+                                                              config=config(batch_calls))
+                 for _ in range(2)]
+    ray.get([c.ready.remote() for c in consumers])
+    publisher = ray.remote(num_cpus=0)(BatchPublisher).remote(topic_name, batch_calls)
+    pending = [c.consume.remote(n, 300.0) for c in consumers]
+    with udp_loss(0.02):
+        digest, sent = ray.get(publisher.stream.remote(n), timeout=300)
+        results = ray.get(pending, timeout=300)
+        assert dropped() > 0
+    for r in results:
+        assert (r["count"], r["gaps"], r["out_of_order"], r["digest"]) == (n, 0, 0, digest), r
+    took = ray.get([c.counters.remote() for c in consumers])
+    assert sum(c["stats"].get("naks_sent", 0) for c in took) > 0  # losses were repaired
+    assert sent["offloads"]["gso"] == batch_calls
+    assert all(c["offloads"]["gro"] == batch_calls for c in took)
+    if batch_calls:
+        assert sent["offloads"]["datagrams_per_send"] > 1
+        assert all(c["offloads"]["datagrams_per_receive"] > 1 for c in took)
+    ray.get([c.close.remote() for c in consumers] + [publisher.close.remote()])
+
+
+MTU_PROBE = "from scopecast.netio.transport import TransportConfig as T; import sys; " \
+            "print(T(interface=sys.argv[1]).datagram_size())"
+
+
+@needs_root
+def test_the_datagram_size_follows_the_interface_mtu(tmp_path):
+    """A namespace with an interface of MTU 1,400: a member on its address sends datagrams of
+    the frame's UDP payload (1,372 bytes); on loopback, 64 KB ones."""
+    ns = f"scmtu{tmp_path.name[-6:]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for cmd in (["link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+                    ["link", "set", "v0", "mtu", "1400"],
+                    ["addr", "add", "10.201.7.1/24", "dev", "v0"], ["link", "set", "v0", "up"]):
+            subprocess.run(["ip", "netns", "exec", ns, "ip", *cmd], check=True)
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", MTU_PROBE,
+                              "10.201.7.1"], capture_output=True, text=True, check=True)
+        assert int(out.stdout) == 1400 - 28
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    assert TransportConfig(interface="127.0.0.1").datagram_size() == 65_000
+    assert TransportConfig(interface="127.0.0.1", datagram_bytes=1472).datagram_size() == 1472
