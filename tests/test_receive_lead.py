@@ -35,12 +35,15 @@ def take(rt, inbox: Subscription, n: int, timeout: float = 30.0) -> list:
 
 def test_a_receiving_thread_takes_the_datagrams_itself_and_then_gives_the_lead_back():
     with member_pair(RuntimeConfig(), window=True) as (a, b, inbox):
+        got: list = []
+        receiving = threading.Thread(target=lambda: got.extend(take(b, inbox, 3000)))
+        receiving.start()  # it waits, leading, before anything is sent
+        wait_for(lambda: b.stats["receive_leads"] > 0, "the receiving thread leads")
         publish(a, 1, 3000)
-        got = take(b, inbox, 3000)
+        receiving.join(60)
         assert [m.seq for m in got] == list(range(1, 3001))
         stats = b.call_wait(lambda: dict(b.stats))
-        assert stats["receive_leads"] > 0 and stats["handovers"] >= 1
-        assert stats["datagrams_in_receiving"] > 0
+        assert stats["handovers"] >= 1 and stats["datagrams_in_receiving"] > 0
         # nobody receives now: the I/O thread takes the lead back and delivers on its own
         publish(a, 3001, 500)
         wait_for(lambda: sum(len(b_) for b_, _ in inbox.queue) == 500, "the I/O thread delivers")

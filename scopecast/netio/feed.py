@@ -221,8 +221,9 @@ class Feed:
                 self.moved_at = now
         self._advance()
 
-    def acknowledge(self, member: int, dseq: int, now: float) -> bool:
-        """Record a receiver's acknowledgement; False if it is not one this feed waits for."""
+    def acknowledge(self, member: int, dseq: int, now: float, held: float = 0.0) -> bool:
+        """Record a receiver's acknowledgement (`held`: how long after datagram `dseq` came the
+        receiver sent it); False if it is not one this feed waits for."""
         entry = self.acks.get(member)
         if entry is None:
             return False
@@ -232,8 +233,11 @@ class Feed:
         last = self._advance()
         if last is not None:  # the slowest receiver moved: a round-trip sample, unless a probe
             self.moved_at = now  # may have caused it (Karn: ambiguous samples are not taken)
-            if last[0] > self.probed_dseq:
-                self.window.sample(last[0], now - last[2], now, self.dseq)
+            if last[0] > self.probed_dseq:  # (the receiver's own delay is no queue)
+                rtt = now - last[2]
+                if last[0] == dseq and held < rtt:
+                    rtt -= held
+                self.window.sample(last[0], rtt, now, self.dseq)
         return True
 
     def probe_due(self, now: float) -> bool:

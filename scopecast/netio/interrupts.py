@@ -2,9 +2,14 @@
 
 A thread waiting in `Subscriber.receive()` runs the member's I/O loop itself (see `runtime`). When
 that thread is the main thread, SIGINT's Python handler (KeyboardInterrupt by default) could fire
-between any two statements of that code and leave the member's state half changed. So while it
-leads, SIGINT is only recorded (and the loop woken, so that it stops at once); the handler that was
-installed runs as soon as the loop is left, where the state is whole.
+between any two statements of that code and leave the member's state half changed. So the first
+time the main thread leads, SIGINT's handler is wrapped: while the main thread leads, an interrupt
+is only recorded (and the loop woken, so that it stops at once); the wrapped handler runs as soon
+as the loop is left, where the state is whole. Outside the loop it runs at once, as before.
+
+The wrapper is installed once, not around every lead: changing a signal handler costs several
+microseconds here, about a datagram's worth of protocol work. A handler the application installs
+after that replaces the wrapper and runs as it is.
 """
 
 from __future__ import annotations
@@ -12,36 +17,53 @@ from __future__ import annotations
 import signal
 import threading
 
+MAIN = threading.main_thread().ident
 
-class HeldInterrupt:
-    """`with HeldInterrupt(wake):` records SIGINT instead of handling it (main thread, Python
-    handler only; elsewhere it does nothing), calls `wake()` when one comes, and hands it to the
-    previous handler on leaving. `interrupted` says whether one came."""
 
-    __slots__ = ("_wake", "_previous", "_frame", "interrupted")
+class InterruptGuard:
+    """The process's one guard (`GUARD`): `hold(wake)` before the main thread leads, `release()`
+    after; `interrupted` says whether SIGINT came meanwhile."""
 
-    def __init__(self, wake) -> None:
-        self._wake = wake
+    __slots__ = ("_previous", "_installed", "_wake", "_frame", "interrupted")
+
+    def __init__(self) -> None:
         self._previous = None
+        self._installed = False
+        self._wake = None
         self._frame = None
         self.interrupted = False
 
-    def __enter__(self) -> HeldInterrupt:
-        if threading.current_thread() is threading.main_thread():
+    def hold(self, wake) -> bool:
+        """Hold SIGINT back from now on (`wake()` when one comes); False, doing nothing, on any
+        thread but the main one (Python runs signal handlers only there)."""
+        if threading.get_ident() != MAIN:
+            return False
+        if not self._installed:
+            self._installed = True
             previous = signal.getsignal(signal.SIGINT)
             if callable(previous):
                 self._previous = previous
-                signal.signal(signal.SIGINT, self._record)
-        return self
+                signal.signal(signal.SIGINT, self._handle)
+        self._wake = wake
+        return True
 
-    def _record(self, signum, frame) -> None:
+    def release(self) -> None:
+        """Stop holding SIGINT back; one that came meanwhile goes to its handler now."""
+        self._wake = None
+        if self.interrupted:
+            self.interrupted = False
+            frame, self._frame = self._frame, None
+            if self._previous is not None:
+                self._previous(signal.SIGINT, frame)
+
+    def _handle(self, signum, frame) -> None:
+        wake = self._wake
+        if wake is None:  # not inside the loop: as the wrapped handler would
+            self._previous(signum, frame)
+            return
         self.interrupted = True
         self._frame = frame
-        self._wake()
+        wake()
 
-    def __exit__(self, *exc) -> None:
-        previous, self._previous = self._previous, None
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-            if self.interrupted:
-                previous(signal.SIGINT, self._frame)
+
+GUARD = InterruptGuard()

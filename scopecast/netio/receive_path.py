@@ -180,9 +180,10 @@ class ReceivePath:
         key = (header.sender, header.channel)
         pos = self._recv_pos.get(key)
         if pos is None:
-            self._recv_pos[key] = [header.dseq, 0, 0.0, 0.0]
+            self._recv_pos[key] = [header.dseq, 0, 0.0, 0.0, time.monotonic()]
         elif header.dseq > pos[0]:
             pos[0] = header.dseq
+            pos[4] = time.monotonic()  # (the ack says how long after this it went)
 
     def _take_run(self, data: bytes, routes: list, topic: int, source: int, session: int,
                   first: int, stream: int, first_sseq: int, ctype: int, ridx: int,
@@ -537,9 +538,9 @@ class ReceivePath:
             else:
                 self._drop("bad_nak")
         elif header.ptype == wire.PacketType.CONTROL:
-            if (isinstance(msg, list) and len(msg) == 3 and msg[0] == "ack"
-                    and isinstance(msg[1], int) and isinstance(msg[2], int)):
-                self._on_ack(header.sender, msg[1], msg[2])
+            if (isinstance(msg, list) and len(msg) == 4 and msg[0] == "ack"
+                    and all(isinstance(v, int) and v >= 0 for v in msg[1:])):
+                self._on_ack(header.sender, msg[1], msg[2], msg[3] / 1e6)
             elif isinstance(msg, list) and msg[:1] == ["where"] and len(msg) == 3 \
                     and all(isinstance(v, int) for v in msg[1:]):
                 self._on_where(header.sender, msg[1], msg[2])
@@ -561,12 +562,12 @@ class ReceivePath:
             sub.end((self._topic_names.get(topic, str(topic)), name, session), last_seq)
             self._wake_later(sub)
 
-    def _on_ack(self, sender: int, channel: int, dseq: int) -> None:
+    def _on_ack(self, sender: int, channel: int, dseq: int, held: float) -> None:
         feed = self._feeds_by_channel.get(channel)
         if feed is None or dseq > feed.dseq:
             self._drop("bad_ack")
             return
-        if not feed.acknowledge(sender, dseq, time.monotonic()):
+        if not feed.acknowledge(sender, dseq, time.monotonic(), held):
             self.stats["acks_ignored"] += 1  # from a client, or a member no longer listed
 
     def _send_acks(self, now: float) -> None:
@@ -589,7 +590,10 @@ class ReceivePath:
                 continue
             pos[1] = pos[0]
             pos[2] = now
-            self._send_control(wire.PacketType.CONTROL, ["ack", channel, pos[0]],
+            # how long the acknowledged datagram waited for this ack (acks go every ack_period):
+            # the sender's round-trip sample leaves it out (see delay_window)
+            held = max(0, round((now - pos[4]) * 1e6))
+            self._send_control(wire.PacketType.CONTROL, ["ack", channel, pos[0], held],
                                (member.host, member.port))
 
     def _send_control(self, ptype: int, body, address, channel: int = 0, dseq: int = 0) -> None:

@@ -38,7 +38,7 @@ from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
-from scopecast.netio.interrupts import HeldInterrupt
+from scopecast.netio.interrupts import GUARD
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ACK_NOW_GAP, ReceivePath
@@ -217,6 +217,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._ops: deque = deque()
         self._sleeping = False
         self._wake_pending = False
+        self._polled = False  # the loop has just polled: its next step need not
         # the I/O loop's leadership (see module docstring): held by the thread running the loop
         self._lead = threading.Lock()
         self._park = threading.Lock()  # the I/O thread waits on it while it does not lead
@@ -601,15 +602,17 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         stats = self.stats
         stats["receive_leads"] += 1
         taken = stats["datagrams_in"]
-        with HeldInterrupt(self._wake) as held:  # (Ctrl-C: handled once the loop is left)
-            try:
-                self._loop(lambda: held.interrupted or done(), deadline)
-            finally:
-                stats["datagrams_in_receiving"] += stats["datagrams_in"] - taken
-                self._release_lead()
-                if self._publish_q or self._ops or self._stalled is not None \
-                        or self._wake_pending or any(f.pending() for f in self._active):
-                    self._unpark()  # work to finish: the I/O thread takes it over now
+        held = GUARD.hold(self._wake)  # (Ctrl-C in the main thread: once the loop is left)
+        try:
+            self._loop((lambda: GUARD.interrupted or done()) if held else done, deadline)
+        finally:
+            stats["datagrams_in_receiving"] += stats["datagrams_in"] - taken
+            self._release_lead()
+            if self._publish_q or self._ops or self._stalled is not None \
+                    or self._wake_pending or any(f.pending() for f in self._active):
+                self._unpark()  # work to finish: the I/O thread takes it over now
+            if held:
+                GUARD.release()
         return True
 
     def _release_lead(self) -> None:
@@ -646,11 +649,15 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 self._wake_pending = False
             else:
                 self._poll(sel, min(self._idle_timeout(), left))
+            self._polled = True
         self._sleeping = False
         return True
 
     def _step(self, sel) -> bool:
-        self._poll(sel, 0)
+        if self._polled:  # (the loop's wait has just polled)
+            self._polled = False
+        else:
+            self._poll(sel, 0)
         while self._ops:
             fn, args = self._ops.popleft()
             fn(*args)
