@@ -257,9 +257,22 @@ def cpu_snapshot(procs: list) -> dict[int, tuple[str, float]]:
     return snap
 
 
+# scopecast's own actors, as Ray names their processes ("ray::ScopeManager.watch" while a method
+# runs); every other process of the harness's tree is Ray's own (GCS, raylet, dashboard, idle
+# workers) or the harness itself
+SCOPECAST_ACTORS = ("ClusterScopeManager", "ScopeManager", "AgentHost", "PolicyHost")
+
+
+def is_scopecast_actor(name: str) -> bool:
+    return name.startswith("ray::") and name[5:].split(".", 1)[0] in SCOPECAST_ACTORS
+
+
 def background_cpu(before: dict, after: dict, wall: float) -> dict:
-    """CPU the other processes used while the case ran, with the three busiest."""
+    """CPU the other processes used while the case ran: scopecast's actors and the rest (Ray's
+    own processes, the harness) apart, with the three busiest."""
     used = [(name, cpu - before[pid][1]) for pid, (name, cpu) in after.items() if pid in before]
     used.sort(key=lambda x: -x[1])
-    return {"wall_s": wall, "cpu_s": sum(u for _, u in used),
+    ours = sum(u for n, u in used if is_scopecast_actor(n))
+    total = sum(u for _, u in used)
+    return {"wall_s": wall, "cpu_s": total, "scopecast_cpu_s": ours, "ray_cpu_s": total - ours,
             "top": [{"name": n, "cpu_s": round(u, 3)} for n, u in used[:3]]}

@@ -32,6 +32,7 @@ from pathlib import Path
 from benchmarks import (
     analysis,
     hosts,
+    latency_suite,
     loss,
     machine,
     peer_suite,
@@ -48,7 +49,10 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 SYSTEMS = ("baseline", "scopecast")
 QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
              peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1, members=[1, 2],
-             ring_subscribers=[2], memory_mb=[4])
+             ring_subscribers=[2], memory_mb=[4], latency_rates=[5000], latency_subscribers=[1],
+             latency_repeats=1, latency_messages=2000, steady_runs=0)
+STEADY_RUNS = 5
+STEADY_MIN = 0.8  # target: scopecast's slowest of the steady runs over its fastest
 
 
 def _int_list(text: str) -> list[int]:
@@ -167,6 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scopecast's drop from the fewest to the most topics is the median "
                         "over N pairs of cases: the sweep's, then N - 1 more, each pair back to "
                         f"back (default {peer_suite.TOPIC_PAIRS}, --quick: 1)")
+    p.add_argument("--latency-rates", type=_int_list_or_none, default=None, metavar="R,R,...",
+                   help="latency suite: fixed offered rates, msgs/s (default "
+                        f"{','.join(map(str, latency_suite.RATES))}; '' for none), 1 KB messages, "
+                        "scopecast beside the peers zmq and nats of --peers")
+    p.add_argument("--latency-subscribers", type=_int_list, default=None, metavar="N,N,...",
+                   help="latency suite: subscriber process counts (default "
+                        f"{','.join(map(str, latency_suite.SUBSCRIBERS))})")
+    p.add_argument("--latency-repeats", type=int, default=None, metavar="N",
+                   help="latency suite: interleaved repetitions of every case, the median "
+                        f"reported (default {latency_suite.REPEATS}, --quick: 1)")
+    p.add_argument("--latency-messages", type=int, default=None, metavar="N",
+                   help="latency suite: messages each subscriber times after the warm-up "
+                        f"(default {latency_suite.MESSAGES:,}, --quick: 2,000)")
+    p.add_argument("--steady-runs", type=int, default=None, metavar="N",
+                   help="steady throughput: scopecast's 1 KB case with the most --subscribers "
+                        "N times back to back, then the baseline's; the spread of each (default "
+                        f"{STEADY_RUNS}, --quick: 0)")
     p.add_argument("--members", type=lambda t: _int_list(t) if t.strip() else [], default=None,
                    metavar="N,N,...",
                    help="scale suite: scopecast from one publisher to this many subscriber "
@@ -198,12 +219,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if args.hosts < 2:
             raise SystemExit("--hosts: at least 2 (a sender's host and a receivers' host)")
         asked = [opt for opt, name in (("--peers", "peers"), ("--members", "members"),
-                                       ("--spark-rows", "spark_rows")) if getattr(args, name)]
+                                       ("--spark-rows", "spark_rows"),
+                                       ("--steady-runs", "steady_runs")) if getattr(args, name)]
         if asked:
-            raise SystemExit(f"--hosts runs the throughput and loss suites only; drop "
+            raise SystemExit(f"--hosts runs the throughput, latency and loss suites only; drop "
                              f"{', '.join(asked)}")
-        args.peers, args.members, args.spark_rows = [], [], 0
-    defaults = dict(sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
+        args.peers, args.members, args.spark_rows, args.steady_runs = [], [], 0, 0
+        if args.latency_subscribers is None:  # across hosts: the 1 -> 4 cases, beside loopback's
+            args.latency_subscribers = [4]
+    defaults = dict(latency_rates=list(latency_suite.RATES),
+                    latency_subscribers=list(latency_suite.SUBSCRIBERS),
+                    latency_repeats=latency_suite.REPEATS, latency_messages=latency_suite.MESSAGES,
+                    steady_runs=STEADY_RUNS,
+                    sizes=[100, 1000, 8000], subscribers=[1, 2, 4], seconds=3.0, warmup=0.5,
                     peers=list(peer_suite.SYSTEMS), peer_sizes=[100, 1000],
                     peer_subscribers=[1, 4, 8],
                     topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4,
@@ -226,8 +254,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.loss_pairs = 1 if args.quick else 3
     if args.topic_pairs is None:
         args.topic_pairs = 1 if args.quick else peer_suite.TOPIC_PAIRS
-    if args.loss_pairs < 1 or args.topic_pairs < 1:
-        raise SystemExit("--loss-pairs and --topic-pairs must be at least 1")
+    if args.loss_pairs < 1 or args.topic_pairs < 1 or args.latency_repeats < 1:
+        raise SystemExit("--loss-pairs, --topic-pairs and --latency-repeats must be at least 1")
+    if args.latency_messages < 1 or args.steady_runs < 0:
+        raise SystemExit("--latency-messages must be positive, --steady-runs not negative")
     if args.spark_rows is None:
         args.spark_rows = 0 if args.quick else 100_000
     if args.case_timeout is None:
@@ -358,6 +388,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
             result["busy_before_percent"] = quiet
             cases.append(result)
             print(f"[{i}/{len(plan)}] {case.label}: {_progress(result)}", flush=True)
+        steady = _steady(args, cluster, address, placement, stamp, log_dir)
         peers = peer_suite.run(cluster, stamp, log_dir, systems=args.peers, sizes=args.peer_sizes,
                                subscribers=args.peer_subscribers, seconds=args.seconds,
                                warmup=args.warmup, case_timeout=args.case_timeout,
@@ -366,6 +397,13 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                                topic_counts=tuple(args.topic_counts),
                                topic_subscribers=args.topic_subscribers,
                                topic_pairs=args.topic_pairs) if args.peers else {}
+        latency = latency_suite.run(
+            cluster, stamp, log_dir,
+            systems=["scopecast"] + [p for p in args.peers if p in latency_suite.SYSTEMS],
+            rates=args.latency_rates, subscribers=args.latency_subscribers,
+            repeats=args.latency_repeats, messages=args.latency_messages,
+            case_timeout=args.case_timeout, policy=args.policy, placement=placement) \
+            if args.latency_rates and "scopecast" in args.systems else {}
         scale = scale_suite.run(cluster, stamp, log_dir, counts=args.members,
                                 seconds=args.seconds, warmup=args.warmup,
                                 case_timeout=args.case_timeout, policy=args.policy) \
@@ -414,9 +452,12 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         "recovery_curves": curves,
         "spark_pipeline": pipeline,
         "peers": peers,
+        "latency": latency,
+        "steady": steady,
         "scale_members": scale,
         "table_markdown": _hosts_line(on_hosts, wiring_info["datagram_bytes"])
-        + report.markdown_table(cases, targets) + peer_suite.table(peers)
+        + report.markdown_table(cases, targets) + steady_table(steady)
+        + peer_suite.table(peers) + latency_suite.table(latency)
         + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
         + report.loss_table(loss_rows, bool(on_hosts))
         + report.curves_table(curves) + spark_pipeline.table(pipeline),
@@ -430,6 +471,57 @@ def _hosts_line(on_hosts: dict | None, datagram: int) -> str:
     return (f"On {len(on_hosts['hosts'])} hosts ({on_hosts['network']}): the sender on "
             f"{on_hosts['sender']}, receivers round-robin on {', '.join(on_hosts['receivers'])}; "
             f"scopecast datagrams of up to {datagram:,} bytes.\n\n")
+
+
+def _steady(args, cluster, address: str, placement: Placement, stamp: str,
+            log_dir: Path) -> dict:
+    """Steady throughput: scopecast's 1 KB case with the most subscribers `--steady-runs` times
+    back to back, then the baseline's: each one's slowest run over its fastest (target for
+    scopecast at least STEADY_MIN)."""
+    if not args.steady_runs or "scopecast" not in args.systems:
+        return {}
+    n = max(args.subscribers)
+    out: dict = {"subscribers": n, "size": 1000, "runs": args.steady_runs, "target": STEADY_MIN}
+    for system in [s for s in SYSTEMS if s in args.systems]:
+        rates = []
+        for i in range(args.steady_runs):
+            case = Case(system, 1000, n, args.seconds, args.warmup,
+                        ready_timeout=min(120.0, args.case_timeout), timeout=args.case_timeout)
+            if system == "scopecast":
+                topic = f"bench/{stamp}/steady-{i}"
+                cluster.create_topic(topic, policy=args.policy)
+                wiring = Wiring(address=address, topic=topic, placement=placement)
+            else:
+                wiring = Wiring(group=f"239.255.254.{1 + i}", port=_free_udp_port(),
+                                placement=placement)
+            machine.settle(5.0)
+            result = run_case(case, wiring, log_dir / f"steady-{system}-{i}")
+            print(f"[steady {i + 1}/{args.steady_runs}] {case.label}: {_progress(result)}",
+                  flush=True)
+            rates.append(None if result.get("error") else result["min_rate"])
+        kept = [r for r in rates if r]
+        out[system] = {"rates": rates, "spread": min(kept) / max(kept) if kept else None}
+    ours = out.get("scopecast", {}).get("spread")
+    out["status"] = "not run" if ours is None or None in out["scopecast"]["rates"] else \
+        "met" if ours >= STEADY_MIN else "missed"
+    return out
+
+
+def steady_table(steady: dict) -> str:
+    if not steady:
+        return ""
+    lines = []
+    for system in SYSTEMS:
+        got = steady.get(system)
+        if got:
+            rates = ", ".join("failed" if r is None else f"{r:,.0f}" for r in got["rates"])
+            spread = "-" if got["spread"] is None else f"{got['spread']:.2f}"
+            lines.append(f"| {system} | {rates} | {spread} |")
+    return (f"\nSteady throughput: {steady['size']} B, 1 -> {steady['subscribers']}, "
+            f"{steady['runs']} runs back to back, msgs/s per subscriber (slowest): the slowest "
+            f"run over the fastest (target for scopecast at least {steady['target']:g}: "
+            f"{steady['status']}):\n\n| system | runs | slowest / fastest |\n|---|---|---:|\n"
+            + "\n".join(lines) + "\n")
 
 
 def _loss_cases(args, cluster, wiring: Wiring, stamp: str, log_dir: Path) -> list[dict]:
@@ -490,6 +582,10 @@ def _write(results: dict, out: Path, stamp: str) -> None:
         peers_png = out / f"{stamp}-peers.png"
         plots.append(("peers_plot", peers_png,
                       lambda: peer_suite.plot(results["peers"], peers_png, title)))
+    if results["latency"].get("rows"):
+        latency_png = out / f"{stamp}-latency.png"
+        plots.append(("latency_plot", latency_png,
+                      lambda: latency_suite.plot(results["latency"], latency_png, title)))
     for key, path, draw in plots:
         try:
             draw()
@@ -512,6 +608,8 @@ def _write(results: dict, out: Path, stamp: str) -> None:
         shutil.copyfile(png, out / f"{name}.png")
     if results.get("peers_plot"):
         shutil.copyfile(out / results["peers_plot"], out / "latest-peers.png")
+    if results.get("latency_plot"):
+        shutil.copyfile(out / results["latency_plot"], out / f"{name}-latency.png")
 
 
 if __name__ == "__main__":

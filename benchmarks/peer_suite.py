@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks import machine, peers
-from benchmarks.cases import Case, Wiring, failed_result, run_case
+from benchmarks.cases import Case, Placement, Wiring, failed_result, run_case
 from benchmarks.control_watch import ControlWatch
 from benchmarks.procs import topic_names
 from benchmarks.report import num
@@ -124,9 +124,10 @@ def _latency(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, p
 
 
 def run_one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, policy: str,
-            attempt, watch: bool = False) -> dict:
-    """Run one case; `watch`: scopecast's control traffic and token rounds are read meanwhile
-    (`ControlWatch`; it calls status() twice a second, so only the scale cases use it)."""
+            attempt, watch: bool = False, placement: Placement = Placement()) -> dict:
+    """Run one case (its processes where `placement` says); `watch`: scopecast's control traffic
+    and token rounds are read meanwhile (`ControlWatch`; it calls status() twice a second, so
+    only the scale cases use it)."""
     topic = f"bench/{stamp}/peers/{case.system}-{case.size}B-1to{case.subscribers}-{attempt}"
     created = None
     if case.system == "scopecast":
@@ -146,7 +147,8 @@ def run_one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, po
     t0 = time.monotonic()
     control = ControlWatch(cluster) if watch and case.system == "scopecast" else None
     with control or contextlib.nullcontext():
-        result = run_case(case, Wiring(address=cluster.address, topic=topic, port=port or 0),
+        result = run_case(case, Wiring(address=cluster.address, topic=topic, port=port or 0,
+                                       placement=placement),
                           log_dir / f"peers-{case.system}-{case.size}-{case.subscribers}-{attempt}")
     if control is not None:
         result["control"] = control.summary()

@@ -19,7 +19,17 @@ import os
 import sys
 from operator import attrgetter
 
-from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, pace, rss, stamp
+from benchmarks.meter import (
+    CpuSampler,
+    DeliveryMeter,
+    LatencyLog,
+    cpu,
+    monotonic,
+    pace,
+    pace_step,
+    rss,
+    stamp,
+)
 from benchmarks.procs import READY, report, role_parser, run_role, topic_names
 
 CHECK_EVERY = 256  # publishes between clock reads
@@ -162,14 +172,16 @@ def publish(args) -> None:
 
 def _paced(publish_one, template: bytearray, rate: float, start: float, stop_at: float,
            sampler: CpuSampler) -> int:
-    """Publish stamped payloads at `rate` msgs/s until `stop_at`; returns how many."""
+    """Publish stamped payloads at `rate` msgs/s until `stop_at`, a millisecond's worth at a
+    time as the peers' senders do (`pace_step`); returns how many."""
     count = 0
+    step = pace_step(rate, CHECK_EVERY)
     while (now := monotonic()) < stop_at:
-        pace(count, start, rate, now)
-        publish_one(stamp(template))
-        count += 1
-        if not count % 64:
-            sampler.sample(count)
+        pace(count, start, rate, now, step)
+        for _ in range(step):
+            publish_one(stamp(template))
+        count += step
+        sampler.sample(count)
     return count
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import loss, peer_suite
+from benchmarks import latency_suite, loss, peer_suite
 
 pytestmark = pytest.mark.ray
 
@@ -91,11 +91,22 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
         assert row["error"] is None and row["rate"] and row["loss"] == 0, row["error"]
         assert row["control"]["members"] >= row["subscribers"] + 1, row["control"]
     assert "Scale in members and topics" in results["table_markdown"]
+    latency = results["latency"]  # --quick: 5,000 msgs/s to one subscriber, scopecast and peers
+    assert {(r["system"], r["rate"], r["subscribers"]) for r in latency["rows"]} == {
+        (s, 5000, 1) for s in latency_suite.SYSTEMS}
+    for row in latency["rows"]:
+        assert not row["failed"] and row["p99_ms"] is not None, row["tries"]
+        assert row["samples"] >= 2000, row  # timed after the warm-up, every subscriber
+    assert [t["status"] for t in latency["targets"]] != ["not run"]
+    assert latency["cpu_target"] == {"status": "not run"}  # (5,000 msgs/s to 8 subscribers)
+    assert "Latency at fixed rates" in results["table_markdown"]
+    assert (tmp_path / "latest-latency.png").stat().st_size > 0
 
 
 @pytest.mark.skipif(not loss.available(), reason="the loss suite needs root and iptables")
 def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
-    results = _harness(tmp_path, "--loss", "0.05", "--peers", "", "--members", "")
+    results = _harness(tmp_path, "--loss", "0.05", "--peers", "", "--members", "",
+                       "--latency-rates", "")
     (row,) = results["loss_suite"]
     assert row["error"] is None and row["loss"] == 0.05 and row["lost"] == 0, row
     assert row["dropped_datagrams"] and row["lossless_rate"], row  # the rule dropped; a clean case ran
@@ -117,7 +128,8 @@ def test_quick_throughput_and_loss_suites_on_two_hosts(tmp_path):
     """Issue 8 item 4: the harness makes its own hosts, runs the throughput and loss suites with
     the sender on one host and the receivers on another, and removes the hosts."""
     results = _harness(tmp_path, "--hosts", "2", "--hosts-prefix", "sctb", "--subscribers", "2",
-                       "--loss", "0.05", "--datagram-bytes", "9000", latest="latest-hosts.json")
+                       "--loss", "0.05", "--datagram-bytes", "9000", "--latency-rates", "",
+                       latest="latest-hosts.json")
     assert [h["netns"] for h in results["hosts"]["hosts"]] == ["sctb-h1", "sctb-h2"]
     assert {c["system"] for c in results["cases"]} == {"baseline", "scopecast"}
     for case in results["cases"] + results["loss_cases"]:
@@ -141,7 +153,11 @@ def test_quick_throughput_and_loss_suites_on_two_hosts(tmp_path):
 
 def test_quick_spark_suite_writes_its_rows(tmp_path):
     results = _harness(tmp_path, "--systems", "scopecast", "--spark-rows", "2000", "--peers", "",
-                       "--members", "")
+                       "--members", "", "--latency-rates", "", "--steady-runs", "2")
+    steady = results["steady"]  # scopecast's 1 KB case twice back to back, and their spread
+    assert len(steady["scopecast"]["rates"]) == 2 and steady["scopecast"]["spread"] > 0, steady
+    assert steady["status"] in ("met", "missed") and "Steady throughput" in \
+        results["table_markdown"]
     pipeline = results["spark_pipeline"]
     assert pipeline["rows"] == 2000
     ceiling, *cases = pipeline["cases"]
@@ -168,8 +184,9 @@ def test_several_hosts_run_only_the_throughput_and_loss_suites():
     with pytest.raises(SystemExit, match="drop --peers"):
         parse_args(["--hosts", "3", "--peers", "redis"])
     args = parse_args(["--hosts", "3"])
-    assert (args.peers, args.members, args.spark_rows) == ([], [], 0)
+    assert (args.peers, args.members, args.spark_rows, args.steady_runs) == ([], [], 0, 0)
     assert args.loss == [0.01, 0.05] and args.subscribers == [1, 2, 4]
+    assert args.latency_subscribers == [4]  # the latency cases at 1 -> 4, across the hosts
 
 
 @pytest.mark.parametrize("topics", [1, 300])

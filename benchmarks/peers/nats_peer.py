@@ -38,16 +38,22 @@ def receive(args) -> None:
 async def _receive(args) -> None:
     nc = await _connect(args.port)
     inbox: list[bytes] = []
+    arrived = asyncio.Event()
 
     async def on_message(msg) -> None:
         inbox.append(msg.data)
+        arrived.set()
 
     await nc.subscribe(args.topic if args.topics <= 1 else f"{args.topic}.*", cb=on_message)
     await nc.flush()  # the server has the subscription
     receiver = stream.Receiver(args.warmup, args.timeout, args.idle, args.latency)
     stream.ready()
-    while True:
-        await asyncio.sleep(0.005)
+    while True:  # taken as they arrive (the callbacks run on this loop): no polling delay
+        try:
+            await asyncio.wait_for(arrived.wait(), 0.05)
+        except asyncio.TimeoutError:
+            pass
+        arrived.clear()
         if inbox:
             batch, inbox[:] = inbox[:], []
             if receiver.take(batch):
@@ -63,15 +69,15 @@ def send(args) -> None:
     nc = loop.run_until_complete(_connect(args.port))
     subject = stream.Topics(args.topic, args.topics, sep=".").next
 
-    async def burst(payload: bytes, n: int) -> None:
+    async def burst(payloads: list) -> None:
         publish = nc.publish
-        for _ in range(n):
+        for payload in payloads:
             await publish(subject(), payload)
         await nc.flush()
 
-    result = stream.send_loop(lambda p, n: loop.run_until_complete(burst(p, n)), args.size,
+    result = stream.send_loop(lambda ps: loop.run_until_complete(burst(ps)), args.size,
                               args.seconds, args.rate, BATCH, args.stamped)
-    stream.send_end(lambda p: loop.run_until_complete(burst(p, 1)))
+    stream.send_end(lambda p: loop.run_until_complete(burst([p])))
     loop.run_until_complete(nc.close())
     loop.close()
     report(result)

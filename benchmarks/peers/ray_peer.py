@@ -76,10 +76,15 @@ def send(args) -> None:
     distinct: list[bytes] = []  # pickle would send one object listed n times only once
     topic = stream.Topics(args.topic, args.topics).next
 
-    def send_batch(payload: bytes, n: int) -> None:
-        if len(distinct) < n or distinct[0] != payload:  # (a stamped payload changes)
-            distinct[:] = [bytes(bytearray(payload)) for _ in range(max(n, len(distinct)))]
-        batch = distinct[:n]
+    def send_batch(payloads) -> None:
+        payloads = list(payloads)
+        n = len(payloads)
+        if n > 1 and payloads[0] is payloads[-1]:  # one object repeated: as many copies
+            if len(distinct) < n or distinct[0] != payloads[0]:
+                distinct[:] = [bytes(bytearray(payloads[0])) for _ in range(n)]
+            batch = distinct[:n]
+        else:  # (stamped: each its own)
+            batch = payloads
         labels = [topic() for _ in range(n)] if args.topics > 1 else None
         for sink, refs in zip(sinks, pending, strict=True):
             if len(refs) >= IN_FLIGHT:

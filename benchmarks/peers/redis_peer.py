@@ -69,8 +69,8 @@ def send(args) -> None:
     pipe = client.pipeline(transaction=False)
     channel = stream.Topics(args.topic, args.topics).next
 
-    def send_batch(payload: bytes, n: int) -> None:
-        for _ in range(n):
+    def send_batch(payloads: list) -> None:
+        for payload in payloads:
             pipe.publish(channel(), payload)
         pipe.execute()
 

@@ -1,12 +1,13 @@
 """What every peer's case processes share: the send loop (flat out or paced), the receiving side's
 count and the end-of-stream marker.
 
-A sender hands `send_batch(payload, n)` the same payload `n` times per call; the peer module decides
-how that becomes messages (a Redis pipeline, NATS publishes, ZeroMQ sends, one Ray call), taking the
-topic of each from `Topics` (round-robin when a case has several; receivers take all of them, by the
-peer's own wildcard). Paced at
-`rate` msgs/s, a batch covers at most a millisecond of the rate, so a paced stream stays even. After
-`seconds` the sender sends `END` a few times (the peers without flow control may drop some).
+A sender hands `send_batch(payloads)` the payloads of a batch (one payload object repeated when flat
+out; in a latency run, each stamped as the peer's loop draws it); the peer module decides how that
+becomes messages (a Redis pipeline, NATS publishes, ZeroMQ sends, one Ray call), taking the topic of
+each from `Topics` (round-robin when a case has several; receivers take all of them, by the peer's
+own wildcard). Paced at `rate` msgs/s, a batch covers at most a millisecond of the rate, so a paced
+stream stays even. After `seconds` the sender sends `END` a few times (the peers without flow
+control may drop some).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import itertools
 import os
 import time
 
-from benchmarks.meter import CpuSampler, DeliveryMeter, LatencyLog, cpu, monotonic, pace, stamp
+from benchmarks.meter import (
+    CpuSampler,
+    DeliveryMeter,
+    LatencyLog,
+    cpu,
+    monotonic,
+    pace,
+    pace_step,
+    stamp,
+)
 from benchmarks.procs import READY, role_parser, run_role, topic_names
 
 END = b"E"               # shorter than any message
@@ -26,12 +36,14 @@ END_SPACING = 0.02
 
 def send_loop(send_batch, size: int, seconds: float, rate: float, batch: int,
               stamped: bool = False) -> dict:
-    """Send for `seconds`, flat out (`rate` 0) or at `rate` msgs/s; `stamped`: every batch's
-    payload carries the time it is handed over (`meter.stamp`). Returns the sender's summary for
-    `analysis.summarize_case` (published, start, stopped, CPU samples)."""
+    """Send for `seconds`, flat out (`rate` 0) or at `rate` msgs/s (`pace_step` messages at a
+    time); `stamped`: every message carries the time it is handed over (`meter.stamp`). Returns
+    the sender's summary for `analysis.summarize_case` (published, start, stopped, CPU
+    samples)."""
     payload = os.urandom(size)
     template = bytearray(payload)
-    step = batch if rate <= 0 else max(1, min(batch, int(rate / 1000)))
+    step = batch if rate <= 0 else pace_step(rate, batch)
+    flat = [payload] * step
     sampler = CpuSampler()
     count = 0
     start = monotonic()
@@ -43,7 +55,8 @@ def send_loop(send_batch, size: int, seconds: float, rate: float, batch: int,
             break
         if rate > 0:
             pace(count, start, rate, now, step)
-        send_batch(stamp(template) if stamped else payload, step)
+        # stamped: each message as it is handed over (a generator the peer's loop draws from)
+        send_batch((stamp(template) for _ in range(step)) if stamped else flat)
         count += step
         sampler.sample(count)
     stopped = monotonic()

@@ -64,8 +64,8 @@ def send(args) -> None:
     topic = stream.Topics(args.topic, args.topics, encode=True)
     send_multipart = sock.send_multipart
 
-    def send_batch(payload: bytes, n: int) -> None:
-        for _ in range(n):
+    def send_batch(payloads: list) -> None:
+        for payload in payloads:
             send_multipart((topic.next(), payload))
 
     result = stream.send_loop(send_batch, args.size, args.seconds, args.rate, BATCH,
