@@ -50,7 +50,7 @@ SYSTEMS = ("baseline", "scopecast")
 QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
              peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1, members=[1, 2],
              ring_subscribers=[2], memory_mb=[4], latency_rates=[5000], latency_subscribers=[1],
-             latency_repeats=1, latency_messages=2000, steady_runs=0)
+             latency_repeats=1, latency_messages=1000, steady_runs=0)
 STEADY_RUNS = 5
 STEADY_MIN = 0.8  # target: scopecast's slowest of the steady runs over its fastest
 
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"reported (default {latency_suite.REPEATS}, --quick: 1)")
     p.add_argument("--latency-messages", type=int, default=None, metavar="N",
                    help="latency suite: messages each subscriber times after the warm-up "
-                        f"(default {latency_suite.MESSAGES:,}, --quick: 2,000)")
+                        f"(default {latency_suite.MESSAGES:,}, --quick: 1,000)")
     p.add_argument("--steady-runs", type=int, default=None, metavar="N",
                    help="steady throughput: scopecast's 1 KB case with the most --subscribers "
                         "N times back to back, then the baseline's; the spread of each (default "

@@ -96,7 +96,7 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
         (s, 5000, 1) for s in latency_suite.SYSTEMS}
     for row in latency["rows"]:
         assert not row["failed"] and row["p99_ms"] is not None, row["tries"]
-        assert row["samples"] >= 2000, row  # timed after the warm-up, every subscriber
+        assert row["samples"] >= 1000, row  # timed after the warm-up, every subscriber
     assert [t["status"] for t in latency["targets"]] != ["not run"]
     assert latency["cpu_target"] == {"status": "not run"}  # (5,000 msgs/s to 8 subscribers)
     assert "Latency at fixed rates" in results["table_markdown"]

@@ -92,7 +92,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers canno
 def test_mtu_sized_datagrams_are_repaired_under_real_loss(cluster, topic_name, batch_calls):
     if batch_calls and not (detect("127.0.0.1").gso and detect("127.0.0.1").gro):
         pytest.skip("the kernel refuses UDP GSO or GRO on loopback")
-    n = 20_000
+    n = 10_000
     cluster.create_topic(topic_name, policy="lan_multicast")
     consumers = [ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name,
                                                               config=config(batch_calls))
