@@ -15,6 +15,7 @@ from scopecast.netio.recovery_path import (
     RETRY_MIN,
     SETTLE_FOR,
     SETTLE_REPORT,
+    TAIL_FALLBACK,
     TAIL_SEQ,
     _named_topics,
 )
@@ -53,12 +54,20 @@ def _instructions(top: int, hi: int, beat: int = 7) -> dict:
 
 
 def _tail_naks_after(rt: MemberRuntime, instructions, seconds: float) -> list:
-    """Feed the member its agent's replies every 10 ms for `seconds`; its tail NAKs then."""
+    """Feed the member its agent's replies every 10 ms for `seconds`, while its channels show
+    datagrams lost (see `_lossy`); its tail NAKs then."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        _lossy(rt)
         rt.call_wait(rt._on_instructions, instructions(), PROTOCOL)
         time.sleep(0.01)
     return rt.call_wait(lambda: rt._tail_naks(time.monotonic()))
+
+
+def _lossy(rt: MemberRuntime) -> None:
+    """A channel of the member has just shown a datagram lost (a gap in its datagram numbers:
+    see test_window_probe): the evidence that lets it ask for a stream's tail."""
+    rt.loss_seen_at = time.monotonic()
 
 
 def test_a_member_behind_its_peers_asks_them_for_the_tail_once_the_senders_heartbeat_stops(member):
@@ -179,6 +188,7 @@ def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_sta
         return member._owed(time.monotonic())[1]
 
     moving = [member.call_wait(summary, i) for i in range(1, 5)]
+    _lossy(member)
     stalled = [member.call_wait(summary, None) for _ in range(2)]
     assert moving == [[]] * 4
     assert stalled[-1] == [[SOURCE, T, 1, 201, 300, 201, 300]]
@@ -201,6 +211,7 @@ def test_a_tail_the_sender_may_not_have_sent_yet_is_asked_for_only_once_it_was_o
         return member._owed(time.monotonic())[1]
 
     tops = [4000, 4500, 4900] if sender == "sending" else [4000] * 5
+    _lossy(member)
     before = [member.call_wait(summary, top) for top in tops]
     if sender == "sending":
         assert before == [[]] * 3  # 201..300 may all be past 4,900: not asked for
@@ -523,3 +534,49 @@ def test_the_stability_digest_tells_an_agent_that_has_not_named_the_stream_yet(m
     member.call_wait(member._on_instructions, {"down": {"1": [0, None]}, "period": 0.02},
                      PROTOCOL)
     assert member.stability_digest().endswith("s ago, stable up to 0")
+
+
+def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
+    """A stream that stands still while its sender's record names more is lost only if a
+    datagram was: a forwarding member that pauses holds it as well (taken for a lost tail, that
+    cost thousands of NAKs and as many repairs per LAN in the demo, with nothing lost). The
+    member asks once a channel showed a datagram lost, or, without such evidence, once nothing
+    new came on any channel for TAIL_FALLBACK (a tail repaired on a forwarding member: repairs
+    are not forwarded)."""
+    _deliver(member, 1, 200)  # T 1..200; the record names T up to 300, sent long ago
+    record = {"down": {str(SOURCE): [0, [300, [[T, 1, 1, 1, 300, 300]], 7]]},
+              "hi": {str(SOURCE): 0}, "period": 0.02}
+    tail = [[SOURCE, T, 1, 201, 300, 201, 300]]
+
+    def summary(at: float) -> list:
+        member._on_instructions(record, PROTOCOL)
+        return member._owed(at)[1]
+
+    start = time.monotonic()
+    member.data_seen_at = start  # a datagram came just now (on some channel)
+    quiet = [member.call_wait(summary, start + 0.03 * i) for i in range(5)]
+    assert quiet == [[]] * 5  # stalled for 4 periods, nothing lost: not asked for
+    assert member.call_wait(summary, start + TAIL_FALLBACK + 0.5) == tail  # quiet that long
+    member.loss_seen_at = start + TAIL_FALLBACK + 0.6  # a channel shows a loss at once
+    assert member.call_wait(summary, start + TAIL_FALLBACK + 0.62) == tail
+
+
+def test_a_stream_that_moves_again_needs_new_evidence(member):
+    """Evidence of loss counts for the stall it comes in (or just before): a loss seen while
+    the stream was still moving does not make its later pause a lost tail."""
+    _deliver(member, 1, 200)
+    record = {"down": {str(SOURCE): [0, [300, [[T, 1, 1, 1, 300, 300]], 7]]},
+              "hi": {str(SOURCE): 0}, "period": 0.02}
+
+    def summary(at: float) -> list:
+        member._on_instructions(record, PROTOCOL)
+        return member._owed(at)[1]
+
+    start = time.monotonic()
+    member.loss_seen_at = member.data_seen_at = start
+    member.call_wait(summary, start)
+    _deliver(member, 201, 10)  # the stream moves on a second later ...
+    member.call_wait(summary, start + 1.0)
+    member.data_seen_at = start + 1.0
+    # ... and stalls, with no new loss seen
+    assert member.call_wait(summary, start + 1.05) == []

@@ -5,12 +5,14 @@ datagram number) and the window opens again. Without the probe such a window sta
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from member_pair import TOPIC, member_pair, received, wait_for
 
 from benchmarks.loss import available, udp_loss
 from scopecast.netio.delay_window import DelayWindow
-from scopecast.netio.feed import PROBE_AFTER, Feed
+from scopecast.netio.feed import PROBE_AFTER, TAIL_PROBE_AFTER, Feed
 from scopecast.netio.runtime import RuntimeConfig
 
 KIB = 1 << 10
@@ -91,3 +93,42 @@ def test_a_window_full_of_datagrams_its_receiver_lost_opens_again():
         assert pub.stats["window_probes"] > 0
         assert got[:10] == list(range(1, 11)) and got == sorted(set(got))
         assert sub.stats["gaps"] > 0  # what was sent into the loss is gone (no recovery here)
+
+
+def test_a_drained_feed_is_probed_once_when_its_last_datagram_is_not_acknowledged():
+    feed = Feed(("127.0.0.1", 9), 1, Samples())
+    feed.set_receivers({1}, 0.0)
+    _sent(feed, 3, KIB, 0.0)
+    assert not feed.tail_probe_due(TAIL_PROBE_AFTER / 2)  # acks are still on their way
+    assert feed.tail_probe_due(TAIL_PROBE_AFTER)
+    assert not feed.tail_probe_due(TAIL_PROBE_AFTER * 10)  # once per tail
+    _sent(feed, 1, KIB, 1.0)
+    feed.acknowledge(1, 4, 1.001)
+    assert not feed.tail_probe_due(2.0) and not feed.unprobed_tail()  # all acknowledged
+
+
+def test_a_receiver_that_lost_a_bursts_last_datagram_learns_it_from_the_tail_probe():
+    """The datagram after a lost one shows the gap in the channel's numbers; a burst's last
+    one has none after it, so the sender probes a drained feed that is not acknowledged: the
+    receiver then sees the gap (its evidence of loss for asking for a stream's tail, see
+    test_recovery_path), and acknowledges the number the probe announced."""
+    config = RuntimeConfig(ack_timeout=600.0)
+    with member_pair(config, window=True) as (pub, sub, inbox):
+        got: list[int] = []
+        for seq in range(1, 11):
+            pub.publish(TOPIC, 1, seq, 0, b"x" * 100)
+        wait_for(lambda: got.extend(m.seq for m in received(inbox)) or len(got) == 10, "10")
+        assert sub.stats["channel_gaps"] == 0  # nothing was lost
+
+        def lose_a_datagram():  # numbered and on its way, as far as the sender knows: never sent
+            feed = pub._feeds[sub.address]
+            feed.dseq += 1
+            feed.sent_bytes += 100
+            feed.history.append((feed.dseq, feed.sent_bytes, time.monotonic()))
+            pub._tails_open = True
+        pub.call_wait(lose_a_datagram)
+        wait_for(lambda: sub.stats["channel_gaps"] == 1, "the gap the probe reveals")
+        assert pub.stats["tail_probes"] >= 1
+        assert sub.loss_seen_at > 0
+        wait_for(lambda: pub.call_wait(lambda: not pub._feeds[sub.address].history),
+                 "the probed number acknowledged")

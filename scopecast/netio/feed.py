@@ -15,6 +15,10 @@ A receiver that lost every datagram sent after its last acknowledgement would re
 acknowledgement for ever, and a full window would never open: so a full window whose slowest
 receiver has not moved for `PROBE_AFTER` is probed (the sender re-announces its last datagram
 number; recovery repairs what was lost), as Aeron's heartbeats and TCP's tail-loss probes do.
+A feed that has sent all it had and is still not acknowledged `TAIL_PROBE_AFTER` after its last
+datagram is probed the same way, once: a receiver that lost a burst's last datagrams learns of it
+(a gap in the channel's datagram numbers) and only then asks for the stream's tail (see
+`recovery_path`); a receiver that took everything sees no gap.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ MESSAGE_COST = wire.LENGTH.size
 MIXED_EXTRA = wire.MIXED_ENTRY.size - MESSAGE_COST  # what a message in a mixed run costs more
 END = wire.ContentType.END
 PROBE_AFTER = 0.05   # seconds a full window waits for its slowest receiver before probing
+TAIL_PROBE_AFTER = 0.02  # seconds after its last datagram an unacknowledged drained feed is probed
+                         # (receivers acknowledge every 10 ms: a receiver holding everything has
+                         # normally done so by then)
 
 
 class Run:
@@ -248,6 +255,21 @@ class Feed:
         self.moved_at = now
         self.probed_dseq = self.dseq
         return True
+
+    def tail_probe_due(self, now: float) -> bool:
+        """Everything queued is sent, the last datagram is not acknowledged by every receiver
+        `TAIL_PROBE_AFTER` after it went, and it was not probed yet: the caller re-announces
+        `dseq`."""
+        history = self.history
+        if self.pending() or self.probed_dseq >= self.dseq or not history or not self.acks \
+                or now - history[-1][2] < TAIL_PROBE_AFTER:
+            return False
+        self.probed_dseq = self.dseq
+        return True
+
+    def unprobed_tail(self) -> bool:
+        """Sent datagrams not acknowledged yet whose tail has not been probed."""
+        return bool(self.history) and self.probed_dseq < self.dseq and bool(self.acks)
 
     def _advance(self) -> tuple | None:
         """Drop what the slowest receiver acknowledged; the last datagram of it, if any."""

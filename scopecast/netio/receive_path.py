@@ -182,8 +182,15 @@ class ReceivePath:
         if pos is None:
             self._recv_pos[key] = [header.dseq, 0, 0.0, 0.0, time.monotonic()]
         elif header.dseq > pos[0]:
+            # datagrams of this channel that never came (a probe, a datagram of no runs,
+            # re-announces the last one sent: that one too): the evidence of loss that lets
+            # this member ask for a stream's tail (see RecoveryPath._tail_wanted)
+            missing = header.dseq - pos[0] - (header.count != 0)
+            if missing:
+                self.stats["channel_gaps"] += missing
+                self.loss_seen_at = time.monotonic()
             pos[0] = header.dseq
-            pos[4] = time.monotonic()  # (the ack says how long after this it went)
+            pos[4] = self.data_seen_at = time.monotonic()  # (acks say how long after it went)
 
     def _take_run(self, data: bytes, routes: list, topic: int, source: int, session: int,
                   first: int, stream: int, first_sseq: int, ctype: int, ridx: int,

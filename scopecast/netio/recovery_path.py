@@ -65,6 +65,10 @@ TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks fo
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
                                      # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
+TAIL_FALLBACK = 1.0                  # seconds a stream stands still, and no new datagram comes,
+                                     # before its tail is asked for without evidence of loss
+TAIL_FALLBACK_MAX = 5.0              # ... or it stands still this long whatever comes (see
+                                     # _tail_wanted)
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
 OWED_NOTHING = 1 << 62               # the acknowledgement of a member that takes no reliable topic
@@ -179,6 +183,9 @@ class RecoveryPath:
         self._tails = TailTable()
         self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
                                                  # summary
+        self._moved: dict[int, float] = {}       # source -> the summary that first saw it there
+        self.loss_seen_at = -INF                 # when a channel last showed a datagram lost
+        self.data_seen_at = -INF                 # when a channel's datagram last came
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
@@ -415,7 +422,11 @@ class RecoveryPath:
             if source == self.member_id:
                 continue
             seen = self._stalls[source] = self._max_seen.get(source, 0)
-            acks[source] = self._owed_of(source, record, seen, stalls.get(source) == seen, now,
+            stalled = stalls.get(source) == seen
+            if not stalled:
+                self._moved[source] = now
+            acks[source] = self._owed_of(source, record, seen,
+                                         stalled and self._tail_wanted(source, now), now,
                                          naks, streams) if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
         for source, tail_top in streams:
@@ -424,6 +435,21 @@ class RecoveryPath:
             acks[self.member_id] = self.handed  # on the wire: nothing is stable before it is sent
         naks += self._tail_naks(now)
         return acks, naks
+
+    def _tail_wanted(self, source: int, now: float) -> bool:
+        """Whether this member may ask for what `source`'s record names beyond what it received,
+        its stream having stood still since the last summary. A stream that stands still while
+        its sender has sent more is lost only if something was lost: a forwarding member that
+        pauses holds it as well. So only once a channel showed a datagram lost since the stream
+        last moved (a gap in its datagram numbers, revealed by the next datagram or by the
+        sender's tail probe, see `feed`). Without such evidence (a loss on a forwarding member's
+        channel, repaired there: repairs are not forwarded), once it stood still for
+        TAIL_FALLBACK with no new datagram on any channel (what forwarding members queued has
+        come), or for TAIL_FALLBACK_MAX."""
+        moved = self._moved.setdefault(source, now)
+        still = now - moved
+        return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \
+            or still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK
 
     def _owed_of(self, source: int, record: _Record, seen: int, stalled: bool, now: float,
                  naks: list, streams: list) -> int:
@@ -588,6 +614,8 @@ class RecoveryPath:
             record = self._records.get(source)
             if record is not None and now - record.beat_at < 3 * max(self._period, 0.05):
                 continue  # the sender lives: its own record names what is missing
+            if not self._tail_wanted(source, now):
+                continue
             asked = self._tail_asks.setdefault(source, [seen, now])
             if asked[0] != seen:
                 asked[:] = [seen, now]

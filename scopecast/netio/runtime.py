@@ -212,6 +212,8 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._last_ack = 0.0
         self._ack_now = False  # a datagram asked for an acknowledgement without delay
         self._last_housekeeping = 0.0
+        self._last_tail_probe = 0.0
+        self._tails_open = False  # a feed's last datagrams may need a tail probe (see feed)
         # hand-over from application threads
         self._publish_q: deque[tuple] = deque()
         self._ops: deque = deque()
@@ -667,6 +669,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         now = time.monotonic()
         if now - self._last_ack >= (ACK_NOW_GAP if self._ack_now else self.config.ack_period):
             self._send_acks(now)
+        if sent:
+            self._tails_open = True
+        elif self._tails_open and now - self._last_tail_probe >= self.config.ack_period:
+            self._last_tail_probe = now
+            self._tails_open = self._probe_tails(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
         # at once when a hole opens, when one NAKed is due to be asked for again, and when the
@@ -688,7 +695,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             return HOLE_DELAY
         if self._ack_now:
             timeout = ACK_NOW_GAP
-        elif any(pos[0] != pos[1] for pos in self._recv_pos.values()):
+        elif self._tails_open or any(pos[0] != pos[1] for pos in self._recv_pos.values()):
             timeout = self.config.ack_period
         else:
             timeout = min(0.1, self._period) if self._reliable or self._early else 0.1

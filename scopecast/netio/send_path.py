@@ -266,16 +266,27 @@ class SendPath:
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
                                 1, parts, frag, flags)
 
-    def _probe(self, feed: Feed) -> None:
+    def _probe(self, feed: Feed, counter: str = "window_probes") -> None:
         """Re-announce the last datagram number to `feed`'s receivers in a DATA datagram without
         runs (see `feed`): each acknowledges it once it has taken everything sent before."""
         datagram = wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
                                     EMPTY_TABLE, 0, [], flags=wire.FLAG_ACK_NOW)
         try:
             self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
-            self.stats["window_probes"] += 1
+            self.stats[counter] += 1
         except OSError:
             self.drops["send_error"] += 1  # probed again after PROBE_AFTER
+
+    def _probe_tails(self, now: float) -> bool:
+        """Probe each drained feed whose last datagrams are not acknowledged a moment after they
+        went (see `feed`); whether any feed still has such a tail to probe later."""
+        waiting = False
+        for feed in self._feeds.values():
+            if feed.tail_probe_due(now):
+                self._probe(feed, "tail_probes")
+            elif feed.unprobed_tail():
+                waiting = True
+        return waiting
 
     def _transmit(self, feed: Feed, datagram: bytes, now: float) -> bool:
         """Hand one datagram for `feed` to the socket, or add it to the batch being made for one
