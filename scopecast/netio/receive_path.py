@@ -151,6 +151,8 @@ class ReceivePath:
                         # it is, so that its messages name it from the first (runs taken already
                         # come again as duplicates, and are dropped as such)
                         self._hold(source, data)
+                        if header.ptype != wire.PacketType.REPAIR:
+                            self._note_received(header)  # (held, not lost: no gap after it)
                         return
                     if topic == MIXED:
                         self._take_mixed(data, routes, run)
@@ -191,6 +193,10 @@ class ReceivePath:
                 self.loss_seen_at = time.monotonic()
             pos[0] = header.dseq
             pos[4] = self.data_seen_at = time.monotonic()  # (acks say how long after it went)
+        elif not header.count:
+            # a full window's probe: its sender holds more for this channel (what a forwarding
+            # member queued will come: see RecoveryPath._tail_wanted)
+            self.data_seen_at = time.monotonic()
 
     def _take_run(self, data: bytes, routes: list, topic: int, source: int, session: int,
                   first: int, stream: int, first_sseq: int, ctype: int, ridx: int,

@@ -280,6 +280,8 @@ class SendPath:
     def _probe_tails(self, now: float) -> bool:
         """Probe each drained feed whose last datagrams are not acknowledged a moment after they
         went (see `feed`); whether any feed still has such a tail to probe later."""
+        if self._stalled is not None or self._batch_n:
+            return True  # datagrams still to go: a probe must not overtake them
         waiting = False
         for feed in self._feeds.values():
             if feed.tail_probe_due(now):
