@@ -260,9 +260,8 @@ class Feed:
         """Everything queued is sent, the last datagram is not acknowledged by every receiver
         `TAIL_PROBE_AFTER` after it went, and it was not probed yet: the caller re-announces
         `dseq`."""
-        history = self.history
-        if self.pending() or self.probed_dseq >= self.dseq or not history or not self.acks \
-                or now - history[-1][2] < TAIL_PROBE_AFTER:
+        if not self.unprobed_tail() or self.pending() \
+                or now - self.history[-1][2] < TAIL_PROBE_AFTER:
             return False
         self.probed_dseq = self.dseq
         return True

@@ -184,15 +184,16 @@ class ReceivePath:
         if pos is None:
             self._recv_pos[key] = [header.dseq, 0, 0.0, 0.0, time.monotonic()]
         elif header.dseq > pos[0]:
+            now = time.monotonic()
             # datagrams of this channel that never came (a probe, a datagram of no runs,
             # re-announces the last one sent: that one too): the evidence of loss that lets
             # this member ask for a stream's tail (see RecoveryPath._tail_wanted)
             missing = header.dseq - pos[0] - (header.count != 0)
             if missing:
                 self.stats["channel_gaps"] += missing
-                self.loss_seen_at = time.monotonic()
+                self.loss_seen_at = now
             pos[0] = header.dseq
-            pos[4] = self.data_seen_at = time.monotonic()  # (acks say how long after it went)
+            pos[4] = self.data_seen_at = now  # (acks say how long after it went)
         elif not header.count:
             # a full window's probe: its sender holds more for this channel (what a forwarding
             # member queued will come: see RecoveryPath._tail_wanted)
