@@ -25,7 +25,14 @@ _FAILED = pytest.StashKey[bool]()
 def pytest_runtest_makereport(item, call):
     """A failed test on the session's cluster reports each member's counters and each scope's
     recovery agents as they were: a CI failure can then be read, not only rerun."""
-    report = yield
+    try:
+        report = yield
+    except SystemError:
+        # CPython 3.11.7's ast.parse, which pytest's traceback formatting calls, can fail with
+        # "AST constructor recursion depth mismatch" (gh-106905): an INTERNALERROR then ends
+        # the whole session and hides the failure. Python's own traceback format parses nothing.
+        item.config.option.tbstyle = "native"
+        report = pytest.TestReport.from_item_and_call(item, call)
     if report.when == "call" and report.failed:
         item.stash[_FAILED] = True
         cluster = item.funcargs.get("cluster")

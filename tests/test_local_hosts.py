@@ -173,7 +173,7 @@ def test_scopes_follow_hosts_and_lans_multicast_inside_a_lan_unicast_across(host
 PROBES = """
 import json, scopecast
 from scopecast.scopes.status import walk
-cluster = scopecast.connect(address="auto", start=False)
+cluster = scopecast.connect(address="auto")  # deploys it when this test runs alone
 print(json.dumps({s["path"]: s["multicast_probe"] for s in walk(cluster.status())
                   if "multicast_probe" in s}))
 """
