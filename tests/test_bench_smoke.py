@@ -114,6 +114,9 @@ def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
     assert lossy["reference"]["min_rate"] == row["lossless_rate"] and lossy["reference"]["error"] is None
     assert len(row["pair_ratios"]) == 1 and "vs lossless right before" in results["table_markdown"]
     assert row["repairs"] and row["repair_p99_ms"] is not None, row  # every subscriber's, pooled
+    assert row["repair_p999_ms"] >= row["repair_p99_ms"], row
+    # measured by the subscribers (gaps in their channels' datagram numbers), beside the rule's
+    assert 0 < row["datagram_loss"] < 0.5 and row["datagrams_per_send_call"] >= 1, row
     curves = results["recovery_curves"]
     assert [r["members"] for r in curves["token_rounds"]] == [3]
     assert [r["in_flight_mb"] for r in curves["memory_in_flight"]] == [4]

@@ -43,6 +43,7 @@ class ReceivePath:
         size = self._recv_size
         space = GRO_SPACE if self._gro else 0
         stats = self.stats
+        opened = self.hole_opened
         for _ in range(DRAIN_BUDGET):
             try:
                 data, *ancillary = recv(size, space) if space else recv(size)
@@ -66,6 +67,10 @@ class ReceivePath:
             else:
                 stats["datagrams_in"] += 1
                 self._on_datagram(data)
+            if self.hole_opened and not opened:
+                # NAKed now, not once the rest of the backlog is taken: a full budget of large
+                # datagrams takes tens of ms, and that wait was most of the slowest repairs
+                return
 
     def _on_datagram(self, data: bytes) -> None:
         n = len(data) - self._trailer

@@ -23,6 +23,10 @@ from scopecast.scopes.routing import forward, matches
 
 log = logging.getLogger("scopecast.netio.runtime")
 EMPTY_TABLE = wire.encode_route_table([])
+# bytes one pass of the pump sends before the loop looks at its sockets again: a NAK waited
+# behind a whole window (a few MiB, ~10 ms on loopback) before; ~1 ms of sending here, and many
+# GSO batches of MTU-sized datagrams
+PUMP_BYTES = 1 << 20
 
 
 class SendPath:
@@ -217,15 +221,18 @@ class SendPath:
             return False
         active = self._active
         progressed = False
+        budget = PUMP_BYTES
         for _ in range(len(active)):
             feed = active.popleft()
             window = feed.window
-            while feed.pending() and (flight := feed.in_flight()) < window.size:
+            while budget > 0 and feed.pending() and (flight := feed.in_flight()) < window.size:
                 # receivers acknowledge every ack_period, and at once (after the burst they are
                 # taking) once the window is half full: few acks at ordinary rates, every
                 # burst's at saturation
                 flags = wire.FLAG_ACK_NOW if 2 * flight >= window.size else 0
-                if not self._transmit(feed, self._pull(feed, flags), now):
+                datagram = self._pull(feed, flags)
+                budget -= len(datagram)
+                if not self._transmit(feed, datagram, now):
                     break
                 progressed = True
             if self._batch_n and not self._want_write:

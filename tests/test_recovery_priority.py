@@ -1,0 +1,129 @@
+"""Repair does not wait behind new data (issue 40 item 5; QSM gives recovery priority, thesis
+4611-4616): a receiver stops taking its backlog when a hole opens, so the hole is NAKed at once;
+the member's own socket (NAKs, repairs, acknowledgements) is read before its multicast sockets;
+a sender's pump yields to its sockets after PUMP_BYTES. Real runtimes on real sockets; how fast
+repairs come is the loss suite's to measure."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+
+from member_pair import TOPIC, member_pair, received, wait_for
+
+from scopecast.netio.runtime import RuntimeConfig
+from scopecast.netio.send_path import PUMP_BYTES
+
+PROTOCOL = "token_ring"
+KIB = 1 << 10
+
+
+def _send_one(pub, seq: int, payload: bytes, lose: bool = False) -> None:
+    """One message, in a datagram of its own (on `pub`'s I/O thread); with `lose`, numbered and
+    built but never sent, as if the network dropped it."""
+    def step():
+        pub.publish(TOPIC, 1, seq, 0, payload)
+        pub._take_publishes()
+        feed = next(iter(pub._feeds.values()))
+        if lose:
+            pub._pull(feed)
+        else:
+            pub._pump()
+            if pub._batch_n:
+                pub._flush_batch()
+    pub.call_wait(step)
+
+
+def test_a_receiver_stops_taking_its_backlog_when_a_hole_opens():
+    with member_pair(RuntimeConfig(ack_timeout=600.0), window=True) as (pub, sub, inbox):
+        sub.call_wait(sub.install_recovery, {PROTOCOL: ("127.0.0.1", 9)}, {TOPIC: PROTOCOL})
+        go, seen = threading.Event(), {}
+
+        def backlog():  # on the receiver's I/O thread: its socket fills meanwhile
+            go.wait(10)
+            sub.hole_opened = False
+            before = sub.stats["datagrams_in"]
+            sub._drain(sub._sock)
+            seen["first pass"] = sub.stats["datagrams_in"] - before
+            seen["hole"] = sub.hole_opened
+            sub._drain(sub._sock)  # the hole is known now: the rest in one pass
+            seen["both passes"] = sub.stats["datagrams_in"] - before
+
+        paused = threading.Thread(target=sub.call_wait, args=(backlog,))
+        paused.start()
+        try:
+            _send_one(pub, 1, b"a")
+            _send_one(pub, 2, b"b", lose=True)
+            for seq in range(3, 7):
+                _send_one(pub, seq, b"c")
+            time.sleep(0.05)  # (loopback: the datagrams are in the receiver's socket)
+        finally:
+            go.set()
+            paused.join(15)
+        # 1 in order, 2 lost, 3 opens the hole: the pass ends there, 4-6 wait for the next
+        assert seen == {"first pass": 2, "hole": True, "both passes": 5}
+        got: list[int] = []
+        wait_for(lambda: got.extend(m.seq for m in received(inbox)) or got == [1], "message 1")
+        assert sub.stats["gaps"] == 0 and sub._early  # 3-6 held for the repair of 2
+
+
+def test_the_members_own_socket_is_read_before_its_multicast_sockets():
+    with member_pair(RuntimeConfig(ack_timeout=600.0)) as (pub, sub, inbox):
+        group = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        group.bind(("127.0.0.1", 0))
+        group.setblocking(False)
+        order: list[str] = []
+
+        def register():
+            sub._sel.register(group, selectors.EVENT_READ)
+            drain = sub._drain
+            sub._drain = lambda sock: (order.append("own" if sock is sub._sock else "group"),
+                                      drain(sock))
+        sub.call_wait(register)
+        try:
+            go = threading.Event()
+
+            def both_ready():  # data on the "multicast" socket first, then the own socket's
+                go.wait(10)
+                order.clear()
+                sub._poll(sub._sel, 0)
+                return list(order)
+
+            result: list = []
+            paused = threading.Thread(target=lambda: result.append(sub.call_wait(both_ready)))
+            paused.start()
+            sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sender.sendto(b"data", group.getsockname())
+            time.sleep(0.02)
+            sender.sendto(b"control", sub.address)
+            time.sleep(0.02)
+            go.set()
+            paused.join(15)
+            sender.close()
+            assert result == [["own", "group"]]
+        finally:
+            sub.call_wait(lambda: sub._sel.unregister(group))
+            group.close()
+
+
+def test_a_senders_pump_looks_at_its_sockets_again_after_pump_bytes():
+    config = RuntimeConfig(window_bytes=16 << 20, ack_timeout=600.0)
+    with member_pair(config, window=True) as (pub, sub, inbox):
+        got: list[int] = []
+        n = 3 * PUMP_BYTES // (8 * KIB)
+
+        def queue_and_pump_once():
+            for seq in range(1, n + 1):
+                pub.publish(TOPIC, 1, seq, 0, b"z" * (8 * KIB))
+            pub._take_publishes()
+            feed = next(iter(pub._feeds.values()))
+            before = feed.sent_bytes
+            pub._pump()
+            return feed.sent_bytes - before, feed.pending()
+
+        sent, pending = pub.call_wait(queue_and_pump_once)
+        assert PUMP_BYTES <= sent < PUMP_BYTES + 70 * KIB and pending  # one datagram over at most
+        wait_for(lambda: got.extend(m.seq for m in received(inbox)) or len(got) == n, "all")
+        assert got == list(range(1, n + 1))
