@@ -541,8 +541,7 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
     datagram was: a forwarding member that pauses holds it as well (taken for a lost tail, that
     cost thousands of NAKs and as many repairs per LAN in the demo, with nothing lost). The
     member asks once a channel showed a datagram lost, or, without such evidence, once nothing
-    new came on any channel for TAIL_FALLBACK (a tail repaired on a forwarding member: repairs
-    are not forwarded)."""
+    new came on any channel for TAIL_FALLBACK (a safety net)."""
     _deliver(member, 1, 200)  # T 1..200; the record names T up to 300, sent long ago
     record = {"down": {str(SOURCE): [0, [300, [[T, 1, 1, 1, 300, 300]], 7]]},
               "hi": {str(SOURCE): 0}, "period": 0.02}
@@ -564,13 +563,7 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
 def test_a_stream_that_moves_again_needs_new_evidence(member):
     """Evidence of loss counts for the stall it comes in (or just before): a loss seen while
     the stream was still moving does not make its later pause a lost tail."""
-    _deliver(member, 1, 200)
-    record = {"down": {str(SOURCE): [0, [300, [[T, 1, 1, 1, 300, 300]], 7]]},
-              "hi": {str(SOURCE): 0}, "period": 0.02}
-
-    def summary(at: float) -> list:
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(at)[1]
+    summary = _behind_its_record(member)
 
     start = time.monotonic()
     member.loss_seen_at = member.data_seen_at = start
@@ -580,3 +573,32 @@ def test_a_stream_that_moves_again_needs_new_evidence(member):
     member.data_seen_at = start + 1.0
     # ... and stalls, with no new loss seen
     assert member.call_wait(summary, start + 1.05) == []
+
+
+def test_a_member_leaving_is_evidence_that_a_stalled_streams_tail_is_lost(member):
+    """What a member that left held for this one to forward is gone (a forwarding member that
+    failed): the stalled stream's tail is asked for then, not after a safety-net timer."""
+    summary = _behind_its_record(member)
+
+    start = time.monotonic()
+    member.data_seen_at = start
+    assert [member.call_wait(summary, start + 0.03 * i) for i in range(3)] == [[]] * 3
+    forwarder = MemberInfo(11, "forwarder", "127.0.0.1", 11)
+    sender = MemberInfo(SOURCE, "src", "127.0.0.1", 9)
+    member.call_wait(member.install_members, [sender, forwarder])
+    assert member.call_wait(summary, start + 0.4) == []  # one joined: no evidence
+    member.call_wait(member.install_members, [sender])  # the forwarder left
+    assert member.call_wait(summary, start + 0.5) == [[SOURCE, T, 1, 201, 300, 201, 300]]
+
+
+def _behind_its_record(member):
+    """The member has T 1..200 of SOURCE, whose record names T up to 300; its summary at a
+    given time: the NAKs it would send then."""
+    _deliver(member, 1, 200)
+    record = {"down": {str(SOURCE): [0, [300, [[T, 1, 1, 1, 300, 300]], 7]]},
+              "hi": {str(SOURCE): 0}, "period": 0.02}
+
+    def summary(at: float) -> list:
+        member._on_instructions(record, PROTOCOL)
+        return member._owed(at)[1]
+    return summary

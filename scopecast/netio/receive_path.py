@@ -18,7 +18,7 @@ from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
-from scopecast.netio.recovery_path import CachedRun
+from scopecast.netio.recovery_path import REPAIR_RECORD, CachedRun
 from scopecast.netio.udp_batch import GRO_SPACE, segments
 
 log = logging.getLogger("scopecast.netio.runtime")
@@ -388,8 +388,16 @@ class ReceivePath:
                                        route) for seq, payload in enumerate(payloads, first)],
                         sum(lengths) + MESSAGE_COST * count)
         if forwards:
-            self._forward_run(topic, source, session, first, stream, first_sseq, ctype, route,
-                              payloads)
+            if route == REPAIR_RECORD:
+                # a run this member lost, repaired: on along the stream's own path, where the
+                # members downstream miss it too. Else they would see no gap when it was a
+                # burst's last, and could tell their stall from a pause only by a timer
+                route = self._stream_paths.get(key)
+            else:
+                self._stream_paths[key] = route
+            if route is not None:
+                self._forward_run(topic, source, session, first, stream, first_sseq, ctype,
+                                  route, payloads)
         if topic in self._reliable:
             top = self._last_sseq[key] = first_sseq + count - 1
             self._stream_taken(source, first_sseq, top)
@@ -406,6 +414,7 @@ class ReceivePath:
         if self._early_bytes + size > self.config.reorder_bytes:
             if key[0] in self._reliable:
                 self.drops["reorder_full"] += len(run[10])  # not acknowledged: NAKed later
+                self.loss_seen_at = time.monotonic()  # (a tail dropped here shows no other gap)
                 return True
             if key in self._early:  # out of room: what is held goes first, with its gaps
                 self._release_early(key, give_up=True)

@@ -24,8 +24,10 @@ to, its NAKs, and (as a sender) its record. The agent's reply carries stability 
   replays everything not yet stable. It is *light* until it holds everything from its start up to
   the join point, then *regular*.
 
-Repairs travel as REPAIR datagrams under a routing record no channel matches, so they are delivered
-but never forwarded (downstream members that miss them ask for themselves).
+Repairs travel as REPAIR datagrams under a routing record no channel matches: a repair goes only
+where it was asked for. A forwarding member that was repaired forwards the runs it got along the
+stream's own path (the record its other runs came with), as it would have forwarded them: the
+members below it missed them too, and a lost tail would otherwise show them no gap at all.
 """
 
 from __future__ import annotations
@@ -65,10 +67,11 @@ TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks fo
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
                                      # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
-TAIL_FALLBACK = 1.0                  # seconds a stream stands still, and no new datagram comes,
+TAIL_FALLBACK = 2.0                  # seconds a stream stands still, and no new datagram comes,
                                      # before its tail is asked for without evidence of loss
-TAIL_FALLBACK_MAX = 5.0              # ... or it stands still this long whatever comes (see
-                                     # _tail_wanted)
+TAIL_FALLBACK_MAX = 5.0              # ... or it stands still this long whatever comes: a
+                                     # forwarding member this far behind (catching up after a
+                                     # stall) would hold its stream's stability, and a flush
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
 OWED_NOTHING = 1 << 62               # the acknowledgement of a member that takes no reliable topic
@@ -442,10 +445,12 @@ class RecoveryPath:
         its sender has sent more is lost only if something was lost: a forwarding member that
         pauses holds it as well. So only once a channel showed a datagram lost since the stream
         last moved (a gap in its datagram numbers, revealed by the next datagram or by the
-        sender's tail probe, see `feed`). Without such evidence (a loss on a forwarding member's
-        channel, repaired there: repairs are not forwarded), once it stood still for
-        TAIL_FALLBACK with no new datagram on any channel (what forwarding members queued has
-        come), or for TAIL_FALLBACK_MAX."""
+        sender's tail probe, see `feed`), a run this member had no room to hold, or a member
+        that left (what it held to forward is gone). What a forwarding member lost and was
+        repaired it forwards. A stall without such evidence is a pause (a forwarding member
+        working through its queue, or not scheduled): asked for only once it stood still for
+        TAIL_FALLBACK with no new datagram on any channel, or for TAIL_FALLBACK_MAX (a
+        forwarding member that far behind is not waited for: the sender still holds it all)."""
         moved = self._moved.setdefault(source, now)
         still = now - moved
         return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \

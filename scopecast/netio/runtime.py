@@ -189,6 +189,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self.stream_ends: dict[tuple[int, int], int] = {}
         self._routes: dict[int, Sequence[Route]] = {}
         self._plans: dict[tuple, list] = {}
+        # (topic, source, session) -> the routing record its runs came with, for forwarding the
+        # runs a repair brings (see ReceivePath._accept)
+        self._stream_paths: dict[tuple, tuple] = {}
         self._own_plans: dict[int, tuple] = {}  # see SendPath._own_plan
         self._own_alike: dict[tuple, tuple] = {}  # see SendPath._own_plan
         self._route_tables: dict[tuple, tuple] = {}  # record -> (it, encoded); SendPath._plan
@@ -417,6 +420,10 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
     # ------------------------------------------------------------- control installs (I/O thread)
 
     def install_members(self, members: list[MemberInfo]) -> None:
+        if self._members.keys() - {m.id for m in members}:
+            # what a member that left held for this one to forward is gone: evidence of loss for
+            # asking for the tails of stalled streams (RecoveryPath._tail_wanted)
+            self.loss_seen_at = time.monotonic()
         self._members = {m.id: m for m in members}
         names = self._names
         for m in members:
