@@ -159,7 +159,10 @@ def datagram_loss(run: dict) -> dict:
     """What the subscribers of a run measured of the loss: the share of the publisher's data
     datagrams that never came (each subscriber counts the gaps in its channels' datagram
     numbers), and the datagrams per send call (GSO batches: netfilter may drop a batch as one
-    packet, so a drop would cost that many datagrams; 1 means loss was per datagram)."""
+    packet, so a drop would cost that many datagrams; 1 means loss was per datagram). The
+    share assumes one feed that reaches every subscriber (a multicast group, as on loopback):
+    where the publisher also sends unicast copies (hosts in several LANs) its datagrams_out
+    counts each copy, and the share comes out too low."""
     sent = ((run.get("sender") or {}).get("stats") or {})
     out, calls = sent.get("datagrams_out") or 0, sent.get("send_calls") or 0
     gaps = [(r.get("stats") or {}).get("channel_gaps", 0) for r in run.get("receivers", ())]
