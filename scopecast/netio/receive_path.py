@@ -61,12 +61,14 @@ class ReceivePath:
                 return
             stats["recv_calls"] += 1
             if space and ancillary[0] and (parts := segments(data, ancillary[0])) is not None:
+                stats["datagrams_in"] += len(parts)
                 for part in parts:
-                    stats["datagrams_in"] += 1
                     self._on_datagram(part)
             else:
                 stats["datagrams_in"] += 1
                 self._on_datagram(data)
+            if self._touched:  # what the call brought, to the applications as one batch each
+                self._deliver()
             if self.hole_opened and not opened:
                 # NAKed now, not once the rest of the backlog is taken: a full budget of large
                 # datagrams takes tens of ms, and that wait was most of the slowest repairs
@@ -132,6 +134,7 @@ class ReceivePath:
             if sender in self._members:
                 header = wire.unpack_header(data)
                 self._dispatch(header, data, len(data) - self._trailer - header.pad)
+                self._deliver()
             elif now - t < self.config.unknown_sender_grace:
                 self._held.append((t, sender, data))
                 self._held_bytes += len(data)
@@ -139,43 +142,42 @@ class ReceivePath:
                 self._drop("unknown_sender")
 
     def _on_data(self, header: wire.Header, body: memoryview, data: bytes) -> None:
+        """Take a data datagram's runs into the inboxes (the caller delivers them: once per
+        receive call, not per datagram of a batch)."""
         routes, off = wire.decode_routes(body, HEADER.size)
-        try:
-            if header.flags & wire.FLAG_FRAGMENT:
-                self._on_fragment(header, body, routes, off)
-            else:
-                # runs are validated as they are read: the runs before a malformed one in an
-                # authenticated datagram are kept
-                names, me = self._names, self.member_id
-                by_source, sessions = self._next_seq.by_source, self._sessions
-                in_order = not self._early  # else every run goes by _take_run (held runs)
-                for run in wire.iter_runs(body, off, header.count, len(routes)):
-                    topic, source, session, first = run[0], run[1], run[2], run[3]
-                    if source not in names and source != me:
-                        # a source never known yet (forwarded from another scope): held until
-                        # it is, so that its messages name it from the first (runs taken already
-                        # come again as duplicates, and are dropped as such)
-                        self._hold(source, data)
-                        if header.ptype != wire.PacketType.REPAIR:
-                            self._note_received(header)  # (held, not lost: no gap after it)
-                        return
-                    if topic == MIXED:
-                        self._take_mixed(data, routes, run)
-                        in_order = not self._early
-                        continue
-                    topics = by_source.get((source, session))
-                    if in_order and topics is not None and topics.get(topic) == first \
-                            and session <= sessions.get(topic, session):
-                        # the common case, checked here rather than in a call per run: next in
-                        # order, of an announced session
-                        lengths = run[8]
-                        topics[topic] = first + len(lengths)
-                        self._accept(data, routes, (topic, source, session), first, run[4],
-                                     run[5], run[6], run[7], lengths, run[9])
-                    else:
-                        self._take_run(data, routes, *run)
-        finally:
-            self._deliver()
+        if header.flags & wire.FLAG_FRAGMENT:
+            self._on_fragment(header, body, routes, off)
+        else:
+            # runs are validated as they are read: the runs before a malformed one in an
+            # authenticated datagram are kept
+            names, me = self._names, self.member_id
+            by_source, sessions = self._next_seq.by_source, self._sessions
+            in_order = not self._early  # else every run goes by _take_run (held runs)
+            for run in wire.iter_runs(body, off, header.count, len(routes)):
+                topic, source, session, first = run[0], run[1], run[2], run[3]
+                if source not in names and source != me:
+                    # a source never known yet (forwarded from another scope): held until
+                    # it is, so that its messages name it from the first (runs taken already
+                    # come again as duplicates, and are dropped as such)
+                    self._hold(source, data)
+                    if header.ptype != wire.PacketType.REPAIR:
+                        self._note_received(header)  # (held, not lost: no gap after it)
+                    return
+                if topic == MIXED:
+                    self._take_mixed(data, routes, run)
+                    in_order = not self._early
+                    continue
+                topics = by_source.get((source, session))
+                if in_order and topics is not None and topics.get(topic) == first \
+                        and session <= sessions.get(topic, session):
+                    # the common case, checked here rather than in a call per run: next in
+                    # order, of an announced session
+                    lengths = run[8]
+                    topics[topic] = first + len(lengths)
+                    self._accept(data, routes, (topic, source, session), first, run[4],
+                                 run[5], run[6], run[7], lengths, run[9])
+                else:
+                    self._take_run(data, routes, *run)
         if header.ptype == wire.PacketType.REPAIR:
             self.stats["repair_datagrams_in"] += 1
         else:

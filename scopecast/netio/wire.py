@@ -38,6 +38,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import msgpack
 
@@ -94,8 +95,9 @@ class DecodeError(Exception):
         self.reason = reason
 
 
-@dataclass(slots=True, frozen=True)
-class Header:
+class Header(NamedTuple):
+    """A datagram's fixed header, as read (a tuple: one is made per datagram received)."""
+
     ptype: int
     flags: int
     count: int
@@ -189,16 +191,27 @@ def decode_routes(view: memoryview, offset: int) -> tuple[list[tuple], int]:
     offset += ROUTE_LEN.size
     if offset + n > len(view):
         raise DecodeError("truncated", "routing table")
-    try:
-        raw = msgpack.unpackb(view[offset:offset + n], use_list=True, max_array_len=MAX_ROUTES,
-                              max_bin_len=0, max_map_len=0, max_ext_len=0,
-                              max_str_len=MAX_ROUTE_NAME)
-        routes = [_record(r) for r in raw]
-    except DecodeError:
-        raise
-    except Exception as exc:  # malformed msgpack: untrusted input
-        raise DecodeError("bad_routes", type(exc).__name__) from None
+    raw = bytes(view[offset:offset + n])
+    routes = _decoded_tables.get(raw)
+    if routes is None:
+        try:
+            routes = [_record(r) for r in msgpack.unpackb(
+                raw, use_list=True, max_array_len=MAX_ROUTES, max_bin_len=0, max_map_len=0,
+                max_ext_len=0, max_str_len=MAX_ROUTE_NAME)]
+        except DecodeError:
+            raise
+        except Exception as exc:  # malformed msgpack: untrusted input
+            raise DecodeError("bad_routes", type(exc).__name__) from None
+        if len(_decoded_tables) >= DECODED_TABLES:
+            _decoded_tables.clear()
+        _decoded_tables[raw] = routes
     return routes, offset + n
+
+
+# A stream's datagrams mostly carry one routing table: decoded once (a msgpack decode and its
+# checks cost more than the rest of a small datagram's header). Callers must not change the list.
+DECODED_TABLES = 1024
+_decoded_tables: dict[bytes, list[tuple]] = {}
 
 
 def _record(raw) -> tuple:
