@@ -18,4 +18,6 @@ Modules, one job each:
     analysis    rates, losses, CPU per message, ratios and targets from the processes' summaries
     report      the markdown table and the PNG plot
     machine     what machine (and which code) the numbers were measured on
+    datagram_cost  CPU per datagram of one member's receive and send paths, no sockets' noise
+                (`python -m benchmarks.datagram_cost`)
 """

@@ -200,6 +200,21 @@ class Feed:
         c, self.open = self.open, None
         return c
 
+    def take_plain(self, most: int) -> list[Chunk]:
+        """Up to `most` chunks from the head of the queue that are each one plain run under one
+        routing table (what `_datagram_batch.BatchSealer` builds), taken as `take` would."""
+        out: list[Chunk] = []
+        table = None
+        while len(out) < most:
+            c = self.chunks[0] if self.chunks else self.open
+            if c is None or c.oversized or c.end_of_stream or len(c.runs) != 1 \
+                    or c.runs[0].__class__ is not Run \
+                    or (table is not None and c.table is not table and c.table != table):
+                break
+            table = c.table
+            out.append(self.take())
+        return out
+
     def first_own(self) -> int:
         """Stream seq of the first own message not yet handed to the socket (0: none queued)."""
         if self.frag is not None:

@@ -19,7 +19,7 @@ from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
 from scopecast.netio.recovery_path import REPAIR_RECORD, CachedRun
-from scopecast.netio.udp_batch import GRO_SPACE, segments
+from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
@@ -60,10 +60,9 @@ class ReceivePath:
                 log.debug("recv failed: %s", exc)
                 return
             stats["recv_calls"] += 1
-            if space and ancillary[0] and (parts := segments(data, ancillary[0])) is not None:
-                stats["datagrams_in"] += len(parts)
-                for part in parts:
-                    self._on_datagram(part)
+            if space and ancillary[0] and (segment := segment_size(data, ancillary[0])):
+                stats["datagrams_in"] += -(-len(data) // segment)
+                self._take_segments(data, segment)
             else:
                 stats["datagrams_in"] += 1
                 self._on_datagram(data)
@@ -73,6 +72,50 @@ class ReceivePath:
                 # NAKed now, not once the rest of the backlog is taken: a full budget of large
                 # datagrams takes tens of ms, and that wait was most of the slowest repairs
                 return
+
+    def _take_segments(self, data: bytes, size: int) -> None:
+        """The datagrams of one GRO receive call (segments of `size` bytes, the last may be
+        shorter): consecutive plain runs of one stream as one run, read in C; the rest one by
+        one."""
+        scan = self._scanner.scan if self._scanner is not None else None
+        pos, end = 0, len(data)
+        while pos < end:
+            got = scan(data, size, pos) if scan is not None else None
+            if got is not None and self._take_scanned(got):
+                pos = got[0]
+                continue
+            stop = got[0] if got is not None else pos + size
+            while pos < stop:  # (what the fast path leaves: the slow path counts or handles)
+                self._on_datagram(data[pos:pos + size])
+                pos += size
+
+    def _take_scanned(self, got: tuple) -> bool:
+        """Take consecutive plain runs of one stream from authentic datagrams, as `_on_data`
+        takes one run (see _datagram_batch.c); False if they need the slow path (a sender or source
+        not known yet, this member's own, a routing table that does not decode)."""
+        (_, _, sender, channel, first_dseq, last_dseq, flags, table, topic, source, session,
+         first, stream, first_sseq, ctype, lengths, payloads) = got
+        if sender == self.member_id or sender not in self._members \
+                or (source not in self._names and source != self.member_id):
+            return False
+        try:
+            routes = wire.decode_table(table)
+        except wire.DecodeError:
+            return False
+        if not routes:
+            return False
+        topics = self._next_seq.by_source.get((source, session))
+        if not self._early and topics is not None and topics.get(topic) == first \
+                and session <= self._sessions.get(topic, session):
+            topics[topic] = first + len(lengths)
+            self._accept(payloads, routes, (topic, source, session), first, stream, first_sseq,
+                         ctype, 0, lengths, 0)
+        else:
+            self._take_run(payloads, routes, topic, source, session, first, stream, first_sseq,
+                           ctype, 0, lengths, 0)
+        self._note_channel(sender, channel, first_dseq, last_dseq, 1, flags)
+        self.stats["datagrams_scanned"] += got[1]
+        return True
 
     def _on_datagram(self, data: bytes) -> None:
         n = len(data) - self._trailer
@@ -184,24 +227,31 @@ class ReceivePath:
             self._note_received(header)
 
     def _note_received(self, header: wire.Header) -> None:
-        if header.flags & wire.FLAG_ACK_NOW:
+        self._note_channel(header.sender, header.channel, header.dseq, header.dseq, header.count,
+                           header.flags)
+
+    def _note_channel(self, sender: int, channel: int, first: int, last: int, count: int,
+                      flags: int) -> None:
+        """Datagrams `first`..`last` of a sender's channel came (`count`: runs in each; 0 for a
+        probe)."""
+        if flags & wire.FLAG_ACK_NOW:
             self._ack_now = True
-        key = (header.sender, header.channel)
+        key = (sender, channel)
         pos = self._recv_pos.get(key)
         if pos is None:
-            self._recv_pos[key] = [header.dseq, 0, 0.0, 0.0, time.monotonic()]
-        elif header.dseq > pos[0]:
+            self._recv_pos[key] = [last, 0, 0.0, 0.0, time.monotonic()]
+        elif last > pos[0]:
             now = time.monotonic()
             # datagrams of this channel that never came (a probe, a datagram of no runs,
             # re-announces the last one sent: that one too): the evidence of loss that lets
             # this member ask for a stream's tail (see RecoveryPath._tail_wanted)
-            missing = header.dseq - pos[0] - (header.count != 0)
-            if missing:
+            missing = first - pos[0] - (count != 0)
+            if missing > 0:
                 self.stats["channel_gaps"] += missing
                 self.loss_seen_at = now
-            pos[0] = header.dseq
+            pos[0] = last
             pos[4] = self.data_seen_at = now  # (acks say how long after it went)
-        elif not header.count:
+        elif not count:
             # a full window's probe: its sender holds more for this channel (what a forwarding
             # member queued will come: see RecoveryPath._tail_wanted)
             self.data_seen_at = time.monotonic()

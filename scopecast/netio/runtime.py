@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from scopecast.actors.errors import InvalidConfig, WindowFull
 from scopecast.netio import wire
+from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
 from scopecast.netio.auth import authenticator
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
@@ -155,6 +156,12 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                                  gro=tcfg.gro and found.gro and enable_gro(self._sock))
         self._gso = self.offloads.gso
         self._gro = self.offloads.gro
+        # a GRO call's consecutive plain runs read in C, a GSO call's built there (GMAC only: see
+        # _datagram_batch.c)
+        gmac = self.config.mac == "gmac"
+        self._scanner = BatchScanner(key) if self._gro and gmac else None
+        self._sealer = BatchSealer(key) if self._gso and gmac else None
+        self._plain_most = batch_limit(self._datagram)  # datagrams of one sealed batch
         self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
         self._batch_n = 0
         self._batch_address: tuple[str, int] = ("", 0)
@@ -569,7 +576,11 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 "datagrams_per_send": round(st["datagrams_out"] / st["send_calls"], 2)
                 if st["send_calls"] else None,
                 "datagrams_per_receive": round(st["datagrams_in"] / st["recv_calls"], 2)
-                if st["recv_calls"] else None}
+                if st["recv_calls"] else None,
+                # datagrams built in C as plain-run batches, and received ones read there as
+                # part of a batch's plain runs (see _datagram_batch.c)
+                "datagrams_sealed": st["datagrams_sealed"],
+                "datagrams_scanned": st["datagrams_scanned"]}
 
     # -------------------------------------------------------------------------- the I/O loop
 

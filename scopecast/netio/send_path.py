@@ -222,6 +222,7 @@ class SendPath:
         active = self._active
         progressed = False
         budget = PUMP_BYTES
+        sealer = self._sealer
         for _ in range(len(active)):
             feed = active.popleft()
             window = feed.window
@@ -230,6 +231,13 @@ class SendPath:
                 # taking) once the window is half full: few acks at ordinary rates, every
                 # burst's at saturation
                 flags = wire.FLAG_ACK_NOW if 2 * flight >= window.size else 0
+                if sealer is not None and self._gso and feed.frag is None \
+                        and (sent := self._send_plain(feed, flags, window.size - flight, now)):
+                    budget -= sent
+                    progressed = True
+                    if self._want_write:
+                        break
+                    continue
                 datagram = self._pull(feed, flags)
                 budget -= len(datagram)
                 if not self._transmit(feed, datagram, now):
@@ -246,6 +254,38 @@ class SendPath:
         if progressed:
             self._update_handed()
         return progressed
+
+    def _send_plain(self, feed: Feed, flags: int, room: int, now: float) -> int:
+        """Send the chunks at the head of `feed` that are one plain run each, as far as `room`
+        bytes of window go (one batch's worth at most), as one GSO call whose datagrams are
+        built and signed in C (`_datagram_batch`); the bytes sent (0: the head is no such
+        chunk)."""
+        chunks = feed.take_plain(min(self._plain_most, 1 + room // self._datagram))
+        if not chunks:
+            return 0
+        n = len(chunks)
+        queued = 0
+        runs = []
+        for c in chunks:
+            queued += c.size - c.headers  # (Chunk.queued: no mixed runs here)
+            r = c.runs[0]
+            runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
+                         r.ctype, r.payloads))
+        self.feed_bytes -= queued
+        if self._batch_n:  # datagrams made before these go first
+            self._flush_batch()
+        first = feed.dseq + 1
+        feed.dseq += n
+        data, segment = self._sealer.seal(self.member_id, feed.channel, first, flags,
+                                          chunks[0].table, runs)
+        feed.sent_bytes += len(data)
+        feed.history.append((feed.dseq, feed.sent_bytes, now))
+        if not feed.acks:
+            feed.base_bytes = feed.sent_bytes
+        self.stats["datagrams_out"] += n
+        self.stats["datagrams_sealed"] += n
+        self._send(feed.address, [data], segment)
+        return len(data)
 
     def _pull(self, feed: Feed, flags: int = 0) -> bytes:
         """Build the next datagram for `feed`, just in time."""
@@ -339,8 +379,9 @@ class SendPath:
         return self._send(self._batch_address, parts, self._batch_segment if n > 1 else 0)
 
     def _send(self, address: tuple[str, int], parts: list, segment: int) -> bool:
-        """Send the datagrams in `parts` ([datagram, MAC] pairs): with one call when `segment`
-        (their GSO segment size) is set, else one call each. False when the socket's send buffer
+        """Send the datagrams in `parts` ([datagram, MAC] pairs, or one buffer of datagrams
+        signed and cut at `segment` already): with one call when `segment` (their GSO segment
+        size) is set, else one call each. False when the socket's send buffer
         is full: what did not go goes first once it is writable."""
         stats = self.stats
         try:
@@ -356,6 +397,10 @@ class SendPath:
                     stats["gso_refused"] += 1
                     log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
                                 "from now on", *address, exc)
+                    if len(parts) == 1:  # a batch built in C (_send_plain): cut into datagrams
+                        data = parts[0]
+                        parts = [x for i in range(0, len(data), segment)
+                                 for x in (data[i:i + segment], b"")]
             while parts:
                 try:
                     self._sock.sendmsg(parts[:2], (), 0, address)

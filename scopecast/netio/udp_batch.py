@@ -81,14 +81,15 @@ def enable_gro(sock: socket.socket) -> bool:
         return False
 
 
-def segments(data: bytes, ancillary: list) -> list[bytes] | None:
-    """The datagrams in what one `recvmsg` returned on a GRO socket (None: it was one)."""
+def segment_size(data: bytes, ancillary: list) -> int:
+    """The size of the datagrams in what one `recvmsg` returned on a GRO socket, each that
+    size but the last (0: it was one datagram)."""
     for level, kind, value in ancillary:
         if level == SOL_UDP and kind == UDP_GRO and len(value) >= GRO_SIZE.size:
             size = GRO_SIZE.unpack_from(value)[0]
             if 0 < size < len(data):
-                return [data[i:i + size] for i in range(0, len(data), size)]
-    return None
+                return size
+    return 0
 
 
 def batch_limit(segment: int) -> int:

@@ -191,7 +191,11 @@ def decode_routes(view: memoryview, offset: int) -> tuple[list[tuple], int]:
     offset += ROUTE_LEN.size
     if offset + n > len(view):
         raise DecodeError("truncated", "routing table")
-    raw = bytes(view[offset:offset + n])
+    return decode_table(bytes(view[offset:offset + n])), offset + n
+
+
+def decode_table(raw: bytes) -> list[tuple]:
+    """The records of a routing table's msgpack bytes (the same list for the same bytes)."""
     routes = _decoded_tables.get(raw)
     if routes is None:
         try:
@@ -205,7 +209,7 @@ def decode_routes(view: memoryview, offset: int) -> tuple[list[tuple], int]:
         if len(_decoded_tables) >= DECODED_TABLES:
             _decoded_tables.clear()
         _decoded_tables[raw] = routes
-    return routes, offset + n
+    return routes
 
 
 # A stream's datagrams mostly carry one routing table: decoded once (a msgpack decode and its

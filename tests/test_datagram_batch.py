@@ -1,0 +1,130 @@
+"""Batches of plain-run datagrams in C. The scan of a GRO receive call: consecutive authentic
+plain runs of one stream become one run; anything else (a forged or damaged datagram, a datagram
+that does not continue the one before, a control datagram, a mixed run, a fragment, garbage) ends
+the scan, for the slow path to count or handle. The sealer's GSO batch: datagrams that `wire`
+decodes and `auth` accepts, each padded to one segment but the last."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from scopecast.netio import wire
+from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
+from scopecast.netio.auth import GmacAuthenticator
+
+KEY = os.urandom(32)
+TABLE = wire.encode_route_table([(("lan0", "h1"),)])
+SEGMENT = 400
+
+
+def datagram(dseq: int, seq: int, payloads: list[bytes], topic: int = 3, key: bytes = KEY,
+             table: bytes = TABLE, ptype: int = wire.PacketType.DATA) -> bytes:
+    """A signed single-run datagram, padded to SEGMENT as a GSO batch's are."""
+    parts = wire.run_parts(topic, 9, 1, seq, 9, seq, 0, 0, payloads)
+    body = wire.padded(wire.encode_data(ptype, 9, 1, dseq, table, 1, parts), SEGMENT - 28)
+    return body + GmacAuthenticator(key).sign(body)
+
+
+def stream(n: int, per: int = 2) -> list[bytes]:
+    return [datagram(d, 1 + (d - 1) * per, [b"%d" % (d * 10 + i) for i in range(per)])
+            for d in range(1, n + 1)]
+
+
+def test_consecutive_plain_runs_are_one_run():
+    got = BatchScanner(KEY).scan(b"".join(stream(5)), SEGMENT, 0)
+    (end, n, sender, channel, first_dseq, last_dseq, flags, table, topic, source, session, first,
+     stream_, first_sseq, ctype, lengths, payloads) = got
+    assert (end, n, sender, channel, first_dseq, last_dseq) == (5 * SEGMENT, 5, 9, 1, 1, 5)
+    assert (topic, source, session, first, stream_, first_sseq, ctype) == (3, 9, 1, 1, 9, 1, 0)
+    assert table == TABLE[2:]
+    want = [b"%d" % (d * 10 + i) for d in range(1, 6) for i in range(2)]
+    assert lengths == tuple(map(len, want)) and payloads == b"".join(want)
+
+
+def test_a_shorter_last_segment_is_read():
+    short = datagram(3, 5, [b"x"])
+    body = short[:-28].rstrip(b"\0")  # unpadded: a GSO batch's last datagram
+    body = body[:wire.PAD_AT] + b"\0\0" + body[wire.PAD_AT + 2:]
+    last = body + GmacAuthenticator(KEY).sign(body)
+    got = BatchScanner(KEY).scan(b"".join(stream(2)) + last, SEGMENT, 0)
+    assert got[1] == 3 and got[0] == 2 * SEGMENT + len(last) and got[16].endswith(b"x")
+
+
+@pytest.mark.parametrize("spoil", ["mac", "key", "seq", "dseq", "topic", "table", "type"])
+def test_the_scan_ends_before_a_datagram_that_does_not_continue(spoil):
+    segs = stream(4)
+    third = {"mac": lambda: bytes([segs[2][0]]) + segs[2][1:-1] + bytes([segs[2][-1] ^ 1]),
+             "key": lambda: datagram(3, 5, [b"30", b"31"], key=os.urandom(32)),
+             "seq": lambda: datagram(3, 6, [b"30", b"31"]),
+             "dseq": lambda: datagram(4, 5, [b"30", b"31"]),
+             "topic": lambda: datagram(3, 5, [b"30", b"31"], topic=4),
+             "table": lambda: datagram(3, 5, [b"30", b"31"],
+                                       table=wire.encode_route_table([(("lan1", "h1"),)])),
+             "type": lambda: datagram(3, 5, [b"30", b"31"], ptype=wire.PacketType.REPAIR),
+             }[spoil]()
+    buf = b"".join([segs[0], segs[1], third, segs[3]])
+    scanner = BatchScanner(KEY)
+    got = scanner.scan(buf, SEGMENT, 0)
+    assert got[:2] == (2 * SEGMENT, 2)
+    restarted = scanner.scan(buf, SEGMENT, 2 * SEGMENT)
+    if spoil in ("mac", "key", "type"):
+        assert restarted is None  # the slow path takes it (and counts a forged one)
+    else:  # authentic, only not next: a scan of its own
+        assert restarted[1] >= 1
+
+
+def test_other_datagrams_and_garbage_are_left_to_the_slow_path():
+    signer = GmacAuthenticator(KEY)
+    control = wire.encode_control(wire.PacketType.CONTROL, 9, ["ack", 1, 2, 0])
+    mixed_msgs = [wire.WireMessage(t, 9, 1, 1, 9, 1 + i, 0, (("a", "b"),), b"p")
+                  for i, t in enumerate((3, 4))]
+    mixed = wire.encode_datagram(wire.PacketType.DATA, 9, 1, 1, mixed_msgs)
+    two_runs = wire.encode_datagram(wire.PacketType.DATA, 9, 1, 1, [
+        wire.WireMessage(3, 9, 1, 1, 9, 1, 0, (("a", "b"),), b"p"),
+        wire.WireMessage(3, 9, 1, 1, 8, 1, 0, (("a", "b"),), b"q")])
+    scanner = BatchScanner(KEY)
+    for body in (control, mixed, two_runs):
+        assert scanner.scan(body + signer.sign(body), SEGMENT, 0) is None
+    for junk in (b"", b"SC", os.urandom(SEGMENT), bytes(SEGMENT), stream(1)[0][:60]):
+        assert scanner.scan(junk, SEGMENT, 0) is None
+    with pytest.raises(ValueError):
+        scanner.scan(stream(1)[0], 0, 0)
+    with pytest.raises(ValueError):
+        BatchScanner(b"short")
+
+
+def test_a_sealed_batch_is_what_wire_and_auth_make():
+    runs = [(3, 9, 1, 1, 9, 1, 0, [b"a" * 100, b"b" * 7]), (3, 9, 1, 3, 9, 3, 0, [b"c" * 300]),
+            (3, 9, 1, 4, 9, 4, 0, [b"d" * 10])]
+    sealer = BatchSealer(KEY)
+    data, segment = sealer.seal(9, 1, 5, wire.FLAG_ACK_NOW, TABLE, runs)
+    largest = wire.HEADER.size + len(TABLE) + wire.RUN.size + 4 + 300 + 28
+    assert segment == largest and len(data) > 2 * segment
+    checker = GmacAuthenticator(KEY)
+    seen = []
+    for i in range(0, len(data), segment):
+        d = data[i:i + segment]
+        assert checker.check(d, len(d) - 28)
+        header, messages = wire.decode_data(memoryview(d)[:len(d) - 28])
+        assert (header.sender, header.channel, header.flags) == (9, 1, wire.FLAG_ACK_NOW)
+        seen += [(header.dseq, m.topic_id, m.seq, m.stream_seq, m.route, m.payload)
+                 for m in messages]
+    assert seen == [(5, 3, 1, 1, (("lan0", "h1"),), b"a" * 100), (5, 3, 2, 2, (("lan0", "h1"),),
+                    b"b" * 7), (6, 3, 3, 3, (("lan0", "h1"),), b"c" * 300),
+                    (7, 3, 4, 4, (("lan0", "h1"),), b"d" * 10)]
+    got = BatchScanner(KEY).scan(data, segment, 0)  # and the receiver reads it as one run
+    assert got[1] == 3 and got[15] == (100, 7, 300, 10)
+    again, _ = sealer.seal(9, 1, 5, 0, TABLE, runs)
+    assert again[-28:-16] != data[-28:-16]  # a fresh nonce per datagram
+    one, no_segment = sealer.seal(9, 1, 8, 0, TABLE, runs[:1])
+    assert no_segment == 0 and checker.check(one, len(one) - 28)
+
+
+def test_the_sealer_refuses_what_is_not_a_batch_of_plain_runs():
+    sealer = BatchSealer(KEY)
+    for runs in ([], [(3, 9, 1, 1, 9, 1, 0, [])], [(3, 9, 1, 1, 9, 1, 0, ["text"])],
+                 [(3, 9, 1, 1, 9, 1, 0, [bytes(70_000)])], [(3, 9)]):
+        with pytest.raises((ValueError, TypeError)):
+            sealer.seal(9, 1, 1, 0, TABLE, runs)
