@@ -120,11 +120,16 @@ def test_a_sealed_batch_is_what_wire_and_auth_make():
     assert again[-28:-16] != data[-28:-16]  # a fresh nonce per datagram
     one, no_segment = sealer.seal(9, 1, 8, 0, TABLE, runs[:1])
     assert no_segment == 0 and checker.check(one, len(one) - 28)
+    # payloads may be views (the DataFrame publisher queues them): the same datagram's content
+    viewed, _ = sealer.seal(9, 1, 8, 0, TABLE, [(3, 9, 1, 1, 9, 1, 0, [
+        memoryview(b"xa" * 100)[1::1][1:101], bytearray(b"b" * 7)])])
+    header, messages = wire.decode_data(memoryview(viewed)[:len(viewed) - 28])
+    assert [m.payload for m in messages] == [(b"xa" * 100)[2:102], b"b" * 7]
 
 
 def test_the_sealer_refuses_what_is_not_a_batch_of_plain_runs():
     sealer = BatchSealer(KEY)
-    for runs in ([], [(3, 9, 1, 1, 9, 1, 0, [])], [(3, 9, 1, 1, 9, 1, 0, ["text"])],
+    for runs in ([], [(3, 9, 1, 1, 9, 1, 0, [])], [(3, 9, 1, 1, 9, 1, 0, [17])],
                  [(3, 9, 1, 1, 9, 1, 0, [bytes(70_000)])], [(3, 9)]):
         with pytest.raises((ValueError, TypeError)):
             sealer.seal(9, 1, 1, 0, TABLE, runs)

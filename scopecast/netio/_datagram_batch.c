@@ -336,6 +336,28 @@ sign(BatchSealer *self, unsigned char *data, Py_ssize_t n)
         && EVP_CIPHER_CTX_ctrl(self->ctx, EVP_CTRL_GCM_GET_TAG, TAG, data + n + NONCE) == 1;
 }
 
+/* A payload's size, copied to `to` unless NULL: a bytes object, or any contiguous buffer (the
+ * DataFrame publisher queues views); -1 with an exception set for anything else. */
+static Py_ssize_t
+payload_copy(PyObject *payload, unsigned char *to)
+{
+    Py_buffer view;
+    Py_ssize_t size;
+    if (PyBytes_Check(payload)) {
+        size = PyBytes_GET_SIZE(payload);
+        if (to != NULL)
+            memcpy(to, PyBytes_AS_STRING(payload), size);
+        return size;
+    }
+    if (PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    size = view.len;
+    if (to != NULL)
+        memcpy(to, view.buf, size);
+    PyBuffer_Release(&view);
+    return size;
+}
+
 PyDoc_STRVAR(seal_doc,
 "seal(sender, channel, first_dseq, flags, table, runs) -> (buffer, segment)\n\n"
 "The data datagrams of `runs` (each (topic, source, session, first seq, stream, first stream\n"
@@ -375,12 +397,10 @@ seal(BatchSealer *self, PyObject *args)
         }
         r->size = HEADER_SIZE + table.len + RUN_SIZE + 4 * count;
         for (Py_ssize_t j = 0; j < count; j++) {
-            PyObject *p = PyList_GET_ITEM(r->payloads, j);
-            if (!PyBytes_Check(p)) {
-                PyErr_SetString(PyExc_TypeError, "payloads are bytes");
+            Py_ssize_t size = payload_copy(PyList_GET_ITEM(r->payloads, j), NULL);
+            if (size < 0)
                 goto done;
-            }
-            r->size += PyBytes_GET_SIZE(p);
+            r->size += size;
         }
         if (r->size + TRAILER > MAX_DATAGRAM) {
             PyErr_SetString(PyExc_ValueError, "a run larger than a datagram");
@@ -419,12 +439,18 @@ seal(BatchSealer *self, PyObject *args)
             p[33] = 0;
             put16(p + 34, (uint16_t)count);
             p += RUN_SIZE;
-            for (Py_ssize_t j = 0; j < count; j++, p += 4)
-                put32(p, (uint32_t)PyBytes_GET_SIZE(PyList_GET_ITEM(r->payloads, j)));
-            for (Py_ssize_t j = 0; j < count; j++) {
-                PyObject *q = PyList_GET_ITEM(r->payloads, j);
-                memcpy(p, PyBytes_AS_STRING(q), PyBytes_GET_SIZE(q));
-                p += PyBytes_GET_SIZE(q);
+            {
+                unsigned char *lengths = p;
+                p += 4 * count;
+                for (Py_ssize_t j = 0; j < count; j++) {
+                    Py_ssize_t size = payload_copy(PyList_GET_ITEM(r->payloads, j), p);
+                    if (size < 0) {
+                        Py_CLEAR(out);
+                        goto done;
+                    }
+                    put32(lengths + 4 * j, (uint32_t)size);
+                    p += size;
+                }
             }
             memset(p, 0, body - r->size);
             if (!sign(self, d, body)) {
