@@ -26,6 +26,14 @@ def _received(sub: Subscription, n: int, timeout: float = 10.0) -> list:
     return out
 
 
+def _take(rt: MemberRuntime, datagram: bytes) -> None:
+    """Hand the member one datagram as its receive loop does (which delivers after each call)."""
+    def take() -> None:
+        rt._on_datagram(datagram)
+        rt._deliver()
+    rt.call_wait(take)
+
+
 def test_runs_of_a_source_not_known_yet_are_delivered_under_its_name_once_it_is_known():
     rt = MemberRuntime(1, "m", os.urandom(32), RuntimeConfig())
     try:
@@ -37,8 +45,8 @@ def test_runs_of_a_source_not_known_yet_are_delivered_under_its_name_once_it_is_
         msgs = [wire.WireMessage(T, SOURCE, 1, seq, SOURCE, seq, 0, (("A", "A"),), b"m%d" % seq)
                 for seq in (1, 2, 3)]
         body = wire.encode_datagram(wire.PacketType.DATA, FORWARDER, 1, 1, msgs)
-        rt.call_wait(rt._on_datagram, body + rt._auth.sign(body))
-        assert not sub.queue  # (delivery happens within _on_datagram: nothing came)
+        _take(rt, body + rt._auth.sign(body))
+        assert not sub.queue  # (held: nothing came)
         assert SOURCE in rt.call_wait(rt.held_senders)  # the control thread looks it up
         rt.call_wait(rt.install_members, [forwarder, MemberInfo(SOURCE, "publisher", "127.0.0.1", 10)])
         got = _received(sub, 3)
@@ -48,7 +56,7 @@ def test_runs_of_a_source_not_known_yet_are_delivered_under_its_name_once_it_is_
         rt.call_wait(rt.install_members, [forwarder])
         late = wire.WireMessage(T, SOURCE, 1, 4, SOURCE, 4, 0, (("A", "A"),), b"m4")
         body = wire.encode_datagram(wire.PacketType.REPAIR, FORWARDER, 0, 0, [late])
-        rt.call_wait(rt._on_datagram, body + rt._auth.sign(body))
+        _take(rt, body + rt._auth.sign(body))
         assert [(m.source, m.seq) for m in _received(sub, 1)] == [("publisher", 4)]
     finally:
         rt.close()
