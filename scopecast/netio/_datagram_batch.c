@@ -15,7 +15,7 @@
  * datagram, a fragment, several runs, a mixed run, an end marker, malformed) ends the scan; the
  * caller takes it the slow way, which counts its drop or handles it.
  *
- * BatchSealer (send, see send_path._pump_sealed): the datagrams of consecutive plain chunks of a
+ * BatchSealer (send, see send_path._send_plain): the datagrams of consecutive plain chunks of a
  * feed (one run each), padded to one segment size but the last (see wire.padded) and signed as
  * auth.GmacAuthenticator signs, in one buffer for one GSO send call.
  *

@@ -104,7 +104,10 @@ class Chunk:
 
     def queued(self) -> int:
         """Bytes of its messages as the send path counts them: payload and MESSAGE_COST each."""
-        mixed = sum(len(r.messages) for r in self.runs if r.__class__ is MixedRun)
+        mixed = 0
+        for r in self.runs:  # (a loop, not sum() of a generator: once a datagram, mostly 1 run)
+            if r.__class__ is MixedRun:
+                mixed += len(r.messages)
         return self.size - self.headers - mixed * MIXED_EXTRA
 
 
@@ -228,6 +231,14 @@ class Feed:
         return len(self.chunks) + (self.open is not None)
 
     # ------------------------------------------------------------------------------ window
+
+    def sent(self, nbytes: int, now: float) -> None:
+        """Datagrams up to `dseq` went, `nbytes` on the wire: they are in flight (unless no
+        receiver holds the window) until acknowledged."""
+        self.sent_bytes += nbytes
+        self.history.append((self.dseq, self.sent_bytes, now))
+        if not self.acks:
+            self.base_bytes = self.sent_bytes
 
     def in_flight(self) -> int:
         return self.sent_bytes - self.base_bytes

@@ -264,24 +264,19 @@ class SendPath:
         if not chunks:
             return 0
         n = len(chunks)
-        queued = 0
         runs = []
         for c in chunks:
-            queued += c.size - c.headers  # (Chunk.queued: no mixed runs here)
+            self.feed_bytes -= c.queued()  # what _take_publishes added
             r = c.runs[0]
             runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
                          r.ctype, r.payloads))
-        self.feed_bytes -= queued
         if self._batch_n:  # datagrams made before these go first
             self._flush_batch()
         first = feed.dseq + 1
         feed.dseq += n
         data, segment = self._sealer.seal(self.member_id, feed.channel, first, flags,
                                           chunks[0].table, runs)
-        feed.sent_bytes += len(data)
-        feed.history.append((feed.dseq, feed.sent_bytes, now))
-        if not feed.acks:
-            feed.base_bytes = feed.sent_bytes
+        feed.sent(len(data), now)
         self.stats["datagrams_out"] += n
         self.stats["datagrams_sealed"] += n
         self._send(feed.address, [data], segment)
@@ -347,10 +342,7 @@ class SendPath:
         else:
             size = len(datagram) + self._trailer
             sent = self._send(feed.address, [datagram, self._auth.sign(datagram)], 0)
-        feed.sent_bytes += size
-        feed.history.append((feed.dseq, feed.sent_bytes, now))
-        if not feed.acks:
-            feed.base_bytes = feed.sent_bytes
+        feed.sent(size, now)
         self.stats["datagrams_out"] += 1
         return sent
 
