@@ -84,8 +84,10 @@ def test_the_members_own_socket_is_read_before_its_multicast_sockets():
         sub.call_wait(register)
         try:
             go = threading.Event()
+            holding = threading.Event()
 
             def both_ready():  # data on the "multicast" socket first, then the own socket's
+                holding.set()  # the I/O thread is held here: nothing is read before _poll below
                 go.wait(10)
                 order.clear()
                 sub._poll(sub._sel, 0)
@@ -94,6 +96,7 @@ def test_the_members_own_socket_is_read_before_its_multicast_sockets():
             result: list = []
             paused = threading.Thread(target=lambda: result.append(sub.call_wait(both_ready)))
             paused.start()
+            assert holding.wait(10)
             sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sender.sendto(b"data", group.getsockname())
             time.sleep(0.02)
