@@ -24,11 +24,11 @@ import time
 
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
+from scopecast.netio.channel import UnicastEndpoint
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.netio.transport import TransportConfig
-from scopecast.scopes.channel import UnicastEndpoint
-from scopecast.scopes.routing import RoutingLabel
 from scopecast.netio.udp_batch import batch_limit
 
 TOPIC, SOURCE, ME = 3, 9, 1

@@ -16,9 +16,9 @@ import os
 import socket
 import time
 
+from scopecast.netio.channel import UnicastEndpoint
+from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
-from scopecast.scopes.channel import UnicastEndpoint
-from scopecast.scopes.routing import RoutingLabel
 
 WARMUP = 20_000
 ROUND = 2_000       # messages between releases

@@ -9,6 +9,8 @@ agents; QuickSilver's fast multicast), data over UDP, control through Ray actors
         print(sub.receive(timeout=5.0))
 """
 
+from typing import TYPE_CHECKING
+
 from scopecast.actors.errors import (
     CollectIncomplete,
     ControlTimeout,
@@ -28,14 +30,49 @@ from scopecast.actors.errors import (
     TopicNotFound,
     WindowFull,
 )
-from scopecast.netio.message import Message
-from scopecast.netio.pubsub import Publisher, Subscriber
-from scopecast.netio.runtime import RuntimeConfig
-from scopecast.netio.transport import TransportConfig
-from scopecast.policies.api import Connect, Disconnect, ForwardingPolicy, PolicyContext
-from scopecast.policies.registry import PluginRef
-from scopecast.ray_cluster.cluster import Cluster, connect
-from scopecast.scopes.topics import TopicInfo
+
+# The rest of the public API loads on first use (PEP 562), so that importing one layer (the data
+# plane in a member process, say) does not load the others, Ray's driver API among them.
+_LAZY = {
+    "Message": "scopecast.netio.message",
+    "Publisher": "scopecast.netio.pubsub",
+    "Subscriber": "scopecast.netio.pubsub",
+    "RuntimeConfig": "scopecast.netio.runtime",
+    "TransportConfig": "scopecast.netio.transport",
+    "Connect": "scopecast.policies.api",
+    "Disconnect": "scopecast.policies.api",
+    "ForwardingPolicy": "scopecast.policies.api",
+    "PolicyContext": "scopecast.policies.api",
+    "PluginRef": "scopecast.policies.registry",
+    "Cluster": "scopecast.ray_cluster.cluster",
+    "connect": "scopecast.ray_cluster.cluster",
+    "TopicInfo": "scopecast.scopes.topics",
+}
+
+if TYPE_CHECKING:
+    from scopecast.netio.message import Message
+    from scopecast.netio.pubsub import Publisher, Subscriber
+    from scopecast.netio.runtime import RuntimeConfig
+    from scopecast.netio.transport import TransportConfig
+    from scopecast.policies.api import Connect, Disconnect, ForwardingPolicy, PolicyContext
+    from scopecast.policies.registry import PluginRef
+    from scopecast.ray_cluster.cluster import Cluster, connect
+    from scopecast.scopes.topics import TopicInfo
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scopecast' has no attribute {name!r}")
+    import importlib
+
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -7,10 +7,10 @@ import contextlib
 import os
 import time
 
+from scopecast.netio.channel import UnicastEndpoint
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
-from scopecast.scopes.channel import UnicastEndpoint
-from scopecast.scopes.routing import RoutingLabel
 
 TOPIC = 7
 

@@ -18,10 +18,10 @@ import pytest
 
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
+from scopecast.netio.channel import MulticastGroup, UnicastEndpoint
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
-from scopecast.scopes.channel import MulticastGroup, UnicastEndpoint
-from scopecast.scopes.routing import RoutingLabel
 
 pytestmark = pytest.mark.timeout(60)
 

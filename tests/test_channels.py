@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scopecast.policies.filters import ModuloFilter, OriginFilter, TopicFilter
-from scopecast.scopes.channel import (
+from scopecast.netio.channel import (
     FilteredChannel,
     MulticastGroup,
     UnicastEndpoint,
     endpoints,
     resolve,
 )
+from scopecast.netio.filters import ModuloFilter, OriginFilter, TopicFilter
 
 A = UnicastEndpoint("127.0.0.1", 5001, member=1)
 B = UnicastEndpoint("127.0.0.1", 5002, member=2)

@@ -7,9 +7,9 @@ import time
 import pytest
 import ray
 
+from scopecast.netio.topic_names import topic_matcher
 from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.status import members
-from scopecast.scopes.topics import topic_matcher
 
 pytestmark = pytest.mark.ray
 

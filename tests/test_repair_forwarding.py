@@ -10,10 +10,10 @@ import os
 
 from member_pair import TOPIC, received, wait_for
 
+from scopecast.netio.channel import UnicastEndpoint
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
-from scopecast.scopes.channel import UnicastEndpoint
-from scopecast.scopes.routing import RoutingLabel
 
 PROTOCOL = "token_ring"
 

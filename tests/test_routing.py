@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from scopecast.netio.channel import UnicastEndpoint
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.routing import RoutingLabel, forward, matches, origin_record
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route
-from scopecast.scopes.channel import UnicastEndpoint
-from scopecast.scopes.routing import RoutingLabel, forward, matches, origin_record
 
 T = 7  # topic id of topic T
 

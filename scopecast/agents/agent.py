@@ -34,9 +34,8 @@ from collections import Counter, deque
 
 import ray
 
-from scopecast.agents.ack_tree import AckTree
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
-from scopecast.agents.token_ring import TokenRing
+from scopecast.agents.builtin import BUILTIN_PROTOCOLS
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.transport import TransportConfig, unicast_socket
@@ -47,7 +46,6 @@ log = logging.getLogger(__name__)
 TICK = 0.005
 IDLE_WAIT = 0.1  # a host without agents only waits for the next one
 MAX_STATE_CHARS = 8192  # of a protocol's describe() in status
-BUILTIN: dict[str, type[RecoveryProtocol]] = {"token_ring": TokenRing, "ack_tree": AckTree}
 
 
 class RecoveryAgent:
@@ -193,7 +191,7 @@ class AgentHost:
         version it was sent (a scope restarted by Ray goes on from there)."""
         agent = self._agents.get(spec["name"])
         if agent is None:
-            protocol = self._plugin or BUILTIN[spec["protocol"]]
+            protocol = self._plugin or BUILTIN_PROTOCOLS[spec["protocol"]]
             agent = self._agents[spec["name"]] = RecoveryAgent(spec, self._interface, protocol)
             self._ops.append(("add", agent))
             log.info("recovery agent %s (%s) at %s:%d", agent.domain, agent.protocol.name,

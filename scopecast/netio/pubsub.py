@@ -16,8 +16,8 @@ import msgpack
 from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClosed, WindowFull
 from scopecast.netio.message import Message
 from scopecast.netio.runtime import Subscription
+from scopecast.netio.topic_names import Advertised, is_pattern, topic_matcher
 from scopecast.netio.wire import ContentType
-from scopecast.scopes.topics import Advertised, is_pattern, topic_matcher
 
 log = logging.getLogger(__name__)
 

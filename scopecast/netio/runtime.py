@@ -37,6 +37,7 @@ from scopecast.actors.errors import InvalidConfig, WindowFull
 from scopecast.netio import wire
 from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
 from scopecast.netio.auth import authenticator
+from scopecast.netio.channel import Channel
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
 from scopecast.netio.interrupts import GUARD
@@ -44,11 +45,10 @@ from scopecast.netio.key_table import KeyTable
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ACK_NOW_GAP, ReceivePath
 from scopecast.netio.recovery_path import IDLE_FROM, INF, RecoveryPath
+from scopecast.netio.routing import RoutingLabel, origin_record
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
 from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detect, enable_gro
-from scopecast.scopes.channel import Channel
-from scopecast.scopes.routing import RoutingLabel, origin_record
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import selectors
 import time
 
 from scopecast.netio import wire
+from scopecast.netio.channel import FilteredChannel, endpoints, resolve
 from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
 from scopecast.netio.message import Message
+from scopecast.netio.routing import forward, matches
 from scopecast.netio.udp_batch import batch_limit, send_batch
-from scopecast.scopes.channel import FilteredChannel, endpoints, resolve
-from scopecast.scopes.routing import forward, matches
 
 log = logging.getLogger("scopecast.netio.runtime")
 EMPTY_TABLE = wire.encode_route_table([])

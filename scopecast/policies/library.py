@@ -26,8 +26,11 @@ VALIDATE_CPU_SECONDS = 30
 
 
 class PluginLibrary:
-    def __init__(self, store, trusted_keys: list[str] | None = None) -> None:
+    def __init__(self, store, validator: str, trusted_keys: list[str] | None = None) -> None:
+        """`validator`: the module that checks a submission in a process of its own (`python -m
+        <validator> DIR MODULE`, printing one JSON line; see `scopecast.scopes.plugin_check`)."""
         self._store = store
+        self._validator = validator
         self._trusted = [trust.public_key(k) for k in trusted_keys or ()]
         self._by_sha = {p["sha256"]: p for p in store.plugins()}
 
@@ -39,7 +42,7 @@ class PluginLibrary:
         module = check_files(files)
         sha = digest(files)
         signer = trust.check(sha, signature, self._trusted)  # before running any of its code
-        manifest = await _validate(files, module)
+        manifest = await _validate(files, module, self._validator)
         record = {"sha256": sha, "module": module, "manifest": manifest,
                   "kind": manifest["kind"], "name": manifest["name"],
                   "version": manifest["version"], "submitted": time.time(), "signer": signer,
@@ -167,11 +170,11 @@ def _limits() -> None:  # runs in the validator's process before it starts
     resource.setrlimit(resource.RLIMIT_CPU, (VALIDATE_CPU_SECONDS, VALIDATE_CPU_SECONDS))
 
 
-async def _validate(files: dict[str, bytes], module: str) -> dict:
+async def _validate(files: dict[str, bytes], module: str, validator: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="scopecast-validate-") as tmp:
         write_package(files, Path(tmp), module)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scopecast.policies.validate", tmp, module,
+            sys.executable, "-m", validator, tmp, module,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, preexec_fn=_limits)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), VALIDATE_TIMEOUT)

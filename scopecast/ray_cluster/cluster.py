@@ -16,17 +16,23 @@ from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber, close_publishers
 from scopecast.netio.runtime import RuntimeConfig
+from scopecast.netio.topic_names import name_filter
 from scopecast.netio.transport import TransportConfig
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
 from scopecast.ray_cluster import publisher_pool
-from scopecast.ray_cluster.local_hosts import namespace_node_ip
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call
 from scopecast.scopes.paths import scope_actor
-from scopecast.scopes.topics import TopicInfo, name_filter
+from scopecast.scopes.topics import TopicInfo
 
 log = logging.getLogger(__name__)
+
+# The address of the Ray node a driver attaches to, when one machine holds several Ray nodes in
+# network namespaces of their own (`scopecast cluster local` sets it for every process it starts
+# inside a host): Ray prefers the head's raylet, and a driver inside another host would bind its
+# members to an address its namespace does not have.
+NODE_IP_ENV = "SCOPECAST_NODE_IP"
 
 EMBEDDED_OBJECT_STORE = 1 << 30
 WORKER_REGISTER_TIMEOUT = 300
@@ -115,7 +121,7 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
         _use_ray_token()
         try:
             ray.init(address=target, namespace=declare.NAMESPACE, logging_level=logging.WARNING,
-                     _node_ip_address=namespace_node_ip())
+                     _node_ip_address=os.environ.get(NODE_IP_ENV) or None)
         except ConnectionError as exc:
             raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
                                "`scopecast up`") from None

@@ -22,6 +22,7 @@ from scopecast.actors.errors import (
     InvalidConfig,
     TopicNotFound,
 )
+from scopecast.netio.topic_names import check_topic_name, is_pattern, topic_matcher
 from scopecast.netio.wire import ContentType
 from scopecast.ray_cluster.dataframe_codec import (
     END_TAG,
@@ -30,7 +31,6 @@ from scopecast.ray_cluster.dataframe_codec import (
     cast_table,
     from_msgpack_rows,
 )
-from scopecast.scopes.topics import check_topic_name, is_pattern, topic_matcher
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -31,6 +31,7 @@ from scopecast.actors.errors import (
     typed_cause,
 )
 from scopecast.netio.runtime import RuntimeConfig
+from scopecast.netio.topic_names import MAX_TOPIC_NAME, check_topic_name
 from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.dataframe_codec import (
     CHAR_TYPES,
@@ -44,7 +45,6 @@ from scopecast.ray_cluster.dataframe_codec import (
     wire_schema,
 )
 from scopecast.scopes.cluster_manager import MAX_SCHEMA_BYTES
-from scopecast.scopes.topics import MAX_TOPIC_NAME, check_topic_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

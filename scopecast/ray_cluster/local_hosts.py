@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scopecast.actors.errors import InvalidConfig, ScopecastError
+from scopecast.ray_cluster.cluster import NODE_IP_ENV
 from scopecast.scopes.cluster_manager import LAN_LABEL
 
 RAY_PORT = 6379
@@ -183,15 +184,20 @@ class LocalHosts:
         env.update(extra or {})
         return env
 
+    @staticmethod
+    def _inside(host: Host, env: dict) -> dict:
+        """`env` for a process in `host`: a driver there attaches to its own host's Ray node."""
+        return {**env, NODE_IP_ENV: host.address}
+
     def run(self, host: Host, cmd: list[str], capture: bool = False,
             extra_env: dict | None = None, timeout: float | None = 300.0):
         """Run `cmd` inside `host`'s namespace (to completion)."""
-        return subprocess.run(in_netns(host.name, cmd), env=self.env(extra_env),
+        return subprocess.run(in_netns(host.name, cmd), env=self._inside(host, self.env(extra_env)),
                               capture_output=capture, text=True, timeout=timeout)
 
     def popen(self, host: Host, cmd: list[str], **kwargs) -> subprocess.Popen:
         """Start `cmd` inside `host`'s namespace."""
-        kwargs.setdefault("env", self.env())
+        kwargs["env"] = self._inside(host, kwargs.get("env") or self.env())
         return subprocess.Popen(in_netns(host.name, cmd), **kwargs)
 
     def kill_host(self, host: Host) -> int:
@@ -280,33 +286,6 @@ class LocalHosts:
 def in_netns(netns: str, cmd: list[str]) -> list[str]:
     """`cmd` run inside network namespace `netns` ("": this process's own)."""
     return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
-
-
-def namespace_node_ip() -> str | None:
-    """The address of the Ray node in this process's network namespace, when this machine's Ray
-    nodes live in several namespaces (the hosts above); else None.
-
-    A driver attaching by address lets Ray pick among every raylet of the machine, and Ray prefers
-    the head: a driver inside another host would become a driver of the head's node, and its
-    members would bind to an address their namespace does not have."""
-    import psutil
-
-    try:
-        mine = os.readlink("/proc/self/ns/net")
-    except OSError:
-        return None
-    nodes: dict[str, str] = {}
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        if proc.info["name"] != "raylet":
-            continue
-        try:
-            netns = os.readlink(f"/proc/{proc.pid}/ns/net")
-        except OSError:  # gone, or another user's process without root
-            continue
-        for arg in proc.info["cmdline"] or ():
-            if arg.startswith("--node_ip_address="):
-                nodes[netns] = arg.split("=", 1)[1]
-    return nodes.get(mine) if len(nodes) > 1 else None
 
 
 def _check_root() -> None:

@@ -30,18 +30,20 @@ import ray
 
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
+from scopecast.agents.builtin import RECOVERY_NAMES
 from scopecast.netio.auth import new_cluster_key
+from scopecast.netio.topic_names import check_topic_name, name_filter
 from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
+from scopecast.scopes import plugin_check
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager, pinned
 from scopecast.scopes.state import ScopeStore
-from scopecast.scopes.topics import HISTORIES, TopicInfo, check_topic_name, name_filter
+from scopecast.scopes.topics import HISTORIES, TopicInfo
 
 log = logging.getLogger(__name__)
 
-KNOWN_RECOVERY = ("token_ring", "ack_tree", "none")
 DEFAULT_LAN = "lan0"
 LAN_LABEL = "scopecast-lan"  # the Ray node label naming a host's LAN when no `levels` are set
 NODE_CHECK_PERIOD = 2.0
@@ -90,7 +92,8 @@ class ClusterScopeManager(ScopeManager):
                          for t in self._store.topics()})
         self._topics_changed()
         self._directory = {m["id"]: m for m in self._store.members()}
-        self._library = PluginLibrary(self._store, cluster.get("trusted_keys"))
+        self._library = PluginLibrary(self._store, plugin_check.__name__,
+                                      cluster.get("trusted_keys"))
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
         self._last_node_check = 0.0
         self._making = asyncio.Lock()  # user scopes are made and retired one at a time
@@ -293,7 +296,7 @@ class ClusterScopeManager(ScopeManager):
         """"" for a built-in forwarding policy or recovery protocol (`kind`), else the digest of
         the plug-in of that kind `ref` names."""
         builtins, what = ((BUILTIN_POLICIES, "forwarding policy") if kind == "policy"
-                          else (KNOWN_RECOVERY, "recovery protocol"))
+                          else (RECOVERY_NAMES, "recovery protocol"))
         if ref in builtins:
             return ""
         if not isinstance(ref, str) or ("@" not in ref and not ref.startswith("sha256:")):

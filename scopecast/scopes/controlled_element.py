@@ -20,12 +20,12 @@ from dataclasses import replace
 import ray
 
 from scopecast.actors.errors import ControlTimeout, MemberExpired, ScopeRetired, typed_cause
+from scopecast.netio.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
+from scopecast.netio.filters import ModuloFilter
+from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 from scopecast.netio.transport import member_interface
-from scopecast.policies.filters import ModuloFilter
-from scopecast.scopes.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.scopes.paths import scope_actor
-from scopecast.scopes.routing import RoutingLabel
 from scopecast.scopes.topic_table import TopicTable
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,8 @@ from scopecast.actors.errors import (
     actor_fault,
     typed_cause,
 )
+from scopecast.agents.builtin import NO_RECOVERY
+from scopecast.netio.topic_names import Advertised, is_pattern, name_filter, topic_matcher
 from scopecast.netio.transport import member_interface
 from scopecast.policies.api import MULTICAST
 from scopecast.policies.host import PolicyHost
@@ -49,7 +51,7 @@ from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.recovery_domain import GONE, AgentRecord, RecoveryDomains, agent_name
 from scopecast.scopes.topic_table import TopicTable, position
-from scopecast.scopes.topics import Advertised, TopicInfo, is_pattern, name_filter, topic_matcher
+from scopecast.scopes.topics import TopicInfo
 
 log = logging.getLogger(__name__)
 
@@ -495,7 +497,7 @@ class ScopeManager:
         member.regular = True
         self._kick()
         await self._settle()
-        return [Advertised(i.id, i.session, i.recovery != "none") for i in infos]
+        return [Advertised(i.id, i.session, i.recovery != NO_RECOVERY) for i in infos]
 
     async def unadvertise(self, member_id: int, names: list[str]) -> None:
         member = self._member(member_id, missing_ok=True)
@@ -1119,7 +1121,7 @@ class ScopeManager:
         published, with a recovery protocol), each with its protocol's domain key."""
         mine = {t for t, role in member.subs.items() if role == "member"} | member.pubs
         return {t: key for t in mine if t in self.topics
-                and (key := self.topics[t].recovery_key) != "none"}
+                and (key := self.topics[t].recovery_key) != NO_RECOVERY}
 
     def _domain_members(self) -> dict[str, list[tuple[str, int]]]:
         """Per protocol, the children in its domain with their regions, in ring order: children

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scopecast.policies.filters import Filter
+from scopecast.netio.filters import Filter
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,8 +1,10 @@
 """Validation of a submitted plug-in, in a process of its own (`python -m
-scopecast.policies.validate DIR MODULE`, run by the cluster scope manager under CPU and memory
-limits): the module imports, its manifest is well formed for this API version, it defines exactly the
-classes the manifest lists, and each passes a self-check on a synthetic scope. Prints one JSON line:
-{"ok": true, "manifest": ...} or {"ok": false, "error": "..."}.
+scopecast.scopes.plugin_check DIR MODULE`, run by the cluster scope manager's plug-in library under
+CPU and memory limits). It knows every plug-in kind (forwarding policies and recovery protocols), so
+it sits above both packages that define them. The module imports, its manifest is well formed for
+this API version, it defines exactly the classes the manifest lists, and each passes a self-check
+on a synthetic scope. Prints one JSON line: {"ok": true, "manifest": ...} or
+{"ok": false, "error": "..."}.
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""The package's layers: no import cycle between its subpackages, the data plane below the control
+plane, and what a user's `import` and `connect()` load."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "scopecast"
+# each subpackage may import only from those listed after it here (and from itself)
+LAYERS = ["ray_cluster", "scopes", "agents", "policies", "netio", "actors"]
+
+
+def _imports(path: Path) -> set[str]:
+    """The scopecast modules a file imports, wherever in the file (functions included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("scopecast.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.startswith("scopecast"):
+            if node.module == "scopecast":
+                out |= {f"scopecast.{a.name}" for a in node.names}
+            else:
+                out.add(node.module)
+    return out
+
+
+def subpackage_graph() -> dict[str, set[str]]:
+    """subpackage -> the other subpackages its modules import."""
+    graph: dict[str, set[str]] = {}
+    for sub in (p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+        edges = graph.setdefault(sub.name, set())
+        for path in sub.rglob("*.py"):
+            for module in _imports(path):
+                parts = module.split(".")
+                if len(parts) > 1 and parts[1] != sub.name and (PACKAGE / parts[1]).is_dir():
+                    edges.add(parts[1])
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph`, or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_cycle_finder_finds_a_cycle_and_accepts_a_dag():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_between_subpackages():
+    graph = subpackage_graph()
+    assert set(LAYERS) <= set(graph)
+    assert cycle(graph) is None, f"import cycle: {' -> '.join(cycle(graph))}"
+
+
+@pytest.mark.parametrize("sub", LAYERS)
+def test_each_subpackage_imports_only_layers_below_it(sub):
+    below = set(LAYERS[LAYERS.index(sub) + 1:])
+    assert subpackage_graph()[sub] <= below, f"{sub} imports {subpackage_graph()[sub] - below}"
+
+
+def _benchmark_imports(nodes) -> list[str]:
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return [n for n in names if n.split(".")[0] == "benchmarks"]
+
+
+def test_the_library_never_imports_the_benchmarks_and_the_cli_only_for_bench():
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        if path.name == "cli.py":  # `scopecast bench` loads them when it runs, nothing else does
+            outside = [n for n in tree.body if not isinstance(n, ast.FunctionDef)]
+            bench = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cmd_bench")
+            others = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n is not bench]
+            assert not _benchmark_imports(ast.walk(ast.Module(outside + others, []))), path
+            assert _benchmark_imports(ast.walk(bench))  # (the check above looks at the right file)
+        else:
+            assert not _benchmark_imports(ast.walk(tree)), f"{path} imports benchmarks"
+
+
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json\n"
+                          "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
+                          "('scopecast', 'benchmarks')))))"],
+                         capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_importing_the_data_plane_loads_no_control_plane():
+    loaded = _loaded_after("import scopecast.netio.runtime, scopecast.netio.pubsub")
+    assert "scopecast.netio.runtime" in loaded
+    control = {m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in
+               ("scopes", "agents", "policies", "ray_cluster")}
+    assert not control, control
+
+
+def test_connect_loads_neither_the_local_hosts_tooling_nor_the_benchmarks(ray_address):
+    loaded = _loaded_after(f"import scopecast\nc = scopecast.connect(address={ray_address!r})\n"
+                           "c.shutdown()")
+    assert "scopecast.ray_cluster.cluster" in loaded
+    assert "scopecast.ray_cluster.local_hosts" not in loaded
+    assert not any(m.startswith("benchmarks") for m in loaded)
