@@ -16,6 +16,7 @@ from scopecast.netio.recovery_path import (
     SETTLE_FOR,
     SETTLE_REPORT,
     TAIL_FALLBACK,
+    TAIL_FALLBACK_MAX,
     TAIL_SEQ,
     _named_topics,
 )
@@ -558,6 +559,34 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.5) == tail  # quiet that long
     member.loss_seen_at = start + TAIL_FALLBACK + 0.6  # a channel shows a loss at once
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.62) == tail
+
+
+def test_the_safety_nets_spell_counts_from_when_the_sender_sent_more(member):
+    """A stream that stands still because its sender does (held by its window for seconds) is
+    owed nothing: the safety net's spell starts when the sender's record first names more than
+    the member saw, not when the stream last moved here. (The demo took a publisher's pause,
+    followed by a forwarding member's moment of catching up, for a lost tail, and asked for tens
+    of thousands of messages the forwarding member was about to send.)"""
+    _deliver(member, 1, 200)
+    beat = iter(range(10, 1000))
+
+    def summary(top: int, at: float) -> list:
+        member.data_seen_at = at  # datagrams keep coming (of other streams)
+        member._on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]],
+                                                            next(beat)]]},
+                                 "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
+        return member._owed(at)[1]
+
+    start = time.monotonic()
+    # the sender sends nothing for longer than the safety net's spell: nothing is owed
+    assert [member.call_wait(summary, 200, start + t) for t in (0, 1, 3, TAIL_FALLBACK_MAX + 1)] \
+        == [[]] * 4
+    sent = start + TAIL_FALLBACK_MAX + 2  # then it sends 201..300; the forwarding member lags
+    assert [member.call_wait(summary, 300, sent + t) for t in (0, 0.05, 1, TAIL_FALLBACK_MAX - 1)] \
+        == [[]] * 4
+    # still nothing a whole spell after the sender sent it: asked for (the safety net)
+    assert member.call_wait(summary, 300, sent + TAIL_FALLBACK_MAX + 0.1) \
+        == [[SOURCE, T, 1, 201, 300, 201, 300]]
 
 
 def test_a_stream_that_moves_again_needs_new_evidence(member):

@@ -187,6 +187,8 @@ class RecoveryPath:
         self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
                                                  # summary
         self._moved: dict[int, float] = {}       # source -> the summary that first saw it there
+        self._behind: dict[int, float] = {}      # source -> since when its record names more
+                                                 # than this member saw, the stream standing still
         self.loss_seen_at = -INF                 # when a channel last showed a datagram lost
         self.data_seen_at = -INF                 # when a channel's datagram last came
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
@@ -428,9 +430,13 @@ class RecoveryPath:
             stalled = stalls.get(source) == seen
             if not stalled:
                 self._moved[source] = now
-            acks[source] = self._owed_of(source, record, seen,
-                                         stalled and self._tail_wanted(source, now), now,
-                                         naks, streams) if owes else OWED_NOTHING
+            if record.top <= seen:
+                self._behind.pop(source, None)
+            elif not stalled or source not in self._behind:
+                self._behind[source] = now
+            wanted = stalled and self._tail_wanted(source, now, self._behind.get(source, now))
+            acks[source] = self._owed_of(source, record, seen, wanted, now, naks, streams) \
+                if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
         for source, tail_top in streams:
             self._stream_naks(source, tail_top, naks)
@@ -439,7 +445,7 @@ class RecoveryPath:
         naks += self._tail_naks(now)
         return acks, naks
 
-    def _tail_wanted(self, source: int, now: float) -> bool:
+    def _tail_wanted(self, source: int, now: float, since: float) -> bool:
         """Whether this member may ask for what `source`'s record names beyond what it received,
         its stream having stood still since the last summary. A stream that stands still while
         its sender has sent more is lost only if something was lost: a forwarding member that
@@ -450,9 +456,12 @@ class RecoveryPath:
         repaired it forwards. A stall without such evidence is a pause (a forwarding member
         working through its queue, or not scheduled): asked for only once it stood still for
         TAIL_FALLBACK with no new datagram on any channel, or for TAIL_FALLBACK_MAX (a
-        forwarding member that far behind is not waited for: the sender still holds it all)."""
+        forwarding member that far behind is not waited for: the sender still holds it all).
+        Those spells count from `since`: when the sender was first known to have sent more than
+        this member saw, not when the stream last moved here (a sender held by its window sends
+        nothing for seconds; what it sends after that is in flight, not late)."""
         moved = self._moved.setdefault(source, now)
-        still = now - moved
+        still = now - since
         return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \
             or still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK
 
@@ -619,7 +628,7 @@ class RecoveryPath:
             record = self._records.get(source)
             if record is not None and now - record.beat_at < 3 * max(self._period, 0.05):
                 continue  # the sender lives: its own record names what is missing
-            if not self._tail_wanted(source, now):
+            if not self._tail_wanted(source, now, self._moved.setdefault(source, now)):
                 continue
             asked = self._tail_asks.setdefault(source, [seen, now])
             if asked[0] != seen:
@@ -708,6 +717,7 @@ class RecoveryPath:
     def _expire_records(self, now: float) -> None:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
             del self._records[source]
+            self._behind.pop(source, None)
 
     def _on_instructions(self, ins: dict, key: str) -> None:
         """Agent `key`'s reply: stability and records from above, repairs to push."""
