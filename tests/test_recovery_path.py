@@ -280,7 +280,7 @@ def test_a_dense_stream_is_acknowledged_and_repaired_by_stream_position(member):
     """A member that took every topic the sender sent on (the keys' digests agree) is owed every
     stream seq: it acknowledges its contiguous position and asks for the hole by stream seq,
     whatever its topic."""
-    from scopecast.netio.recovery_path import ANY_TOPIC
+    from scopecast.netio.repair_server import ANY_TOPIC
     from scopecast.netio.stream_position import KeyDigest
     sent = KeyDigest()
     sent.add(T, 1)
@@ -339,14 +339,14 @@ def test_a_nak_of_any_topic_is_served_with_each_topics_messages_in_runs_of_their
     """The sender answers a stream-seq NAK with every message it holds in the range, in runs
     that never join two topics (a run is one topic's consecutive seqs)."""
     from scopecast.netio import wire
-    from scopecast.netio.recovery_path import ANY_TOPIC
+    from scopecast.netio.repair_server import ANY_TOPIC
     sent: list[bytes] = []
     u = T + 1
 
     def serve():
         member._cache[:] = [(5, T, 1, 4, 0, b"t4"), (6, u, 1, 5, 0, b"u5"), (7, T, 1, 5, 0, b"t5")]
         member._cache_head = 0
-        member._transmit_repair = lambda datagram, address: sent.append(datagram)
+        member._repairs.send = lambda datagram, address: sent.append(datagram)
         member._serve(member.member_id, [ANY_TOPIC, 0, 5, TAIL_SEQ, 5, 7], ("127.0.0.1", 9))
     member.call_wait(serve)
     got = [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
@@ -360,7 +360,7 @@ def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_ru
     copy per message; a peer's NAK gets just the messages it names, cut out of them, also when
     its range starts or ends inside a run."""
     from scopecast.netio import wire
-    from scopecast.netio.recovery_path import ANY_TOPIC
+    from scopecast.netio.repair_server import ANY_TOPIC
     sent: list[bytes] = []
     member._cacher = True
     _deliver(member, 1, 4)
@@ -368,8 +368,8 @@ def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_ru
 
     def serve(nak):
         sent.clear()
-        member._repair_used.clear()
-        member._transmit_repair = lambda datagram, address: sent.append(datagram)
+        member._repairs.new_period()
+        member._repairs.send = lambda datagram, address: sent.append(datagram)
         member._serve(SOURCE, nak, ("127.0.0.1", 9))
         return [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
                 for d in sent for m in wire.decode_data(d)[1]]

@@ -11,7 +11,7 @@ import pytest
 
 from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
-from scopecast.netio.recovery_path import cached_messages
+from scopecast.netio.repair_server import cached_messages
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
 T, U, SOURCE = 3, 4, 9

@@ -18,7 +18,7 @@ from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
-from scopecast.netio.recovery_path import REPAIR_RECORD, CachedRun
+from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun
 from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 
 log = logging.getLogger("scopecast.netio.runtime")

@@ -38,18 +38,15 @@ import time
 from collections import deque
 from collections.abc import Set
 from dataclasses import dataclass
-from itertools import islice, repeat
 from operator import itemgetter
-from typing import NamedTuple
 
 from scopecast.netio import wire
 from scopecast.netio._tail_table import TailTable
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
+from scopecast.netio.repair_server import ANY_TOPIC, CachedRun, RepairServer
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 
-REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
-REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
 RECORD_ENTRY = struct.Struct("<IIQQQQ")  # a named topic in a record: topic, session, first seq,
@@ -58,11 +55,6 @@ RECORD_ENTRY = struct.Struct("<IIQQQQ")  # a named topic in a record: topic, ses
                                          # integers each time cost them most of their CPU)
 RECORD_SCAN = 4096                   # own unstable messages looked at for the record's horizon
 MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per summary
-ANY_TOPIC = 0                        # a NAK's topic: every message in its stream seq range
-REPAIR_BURST = 1 << 20               # bytes of repair one requester gets per summary period (the
-REPAIR_ENTRY_COST = 64               # rest: at its next NAK), counting a cost per message sent and
-REPAIR_SCAN_COST = 16                # per cached message looked at, so that serving never stalls
-                                     # the loop (a storm of NAKs once kept it busy for seconds)
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
@@ -90,35 +82,7 @@ def _sseq(entry: tuple) -> int:
     return entry[0]
 
 
-class CachedRun(NamedTuple):
-    """A run a caching member keeps until stable, as it came: the datagram and where the run's
-    payloads are in it (one object per run; the payloads are cut out only to repair)."""
-
-    first_sseq: int
-    last_sseq: int
-    data: bytes
-    topic: int          # wire.MIXED: `lengths` is the mixed run's count (see wire.iter_runs)
-    session: int
-    first_seq: int
-    ctype: int
-    lengths: tuple | int
-    offset: int         # of the first payload in `data`
-
-
 _last_sseq = itemgetter(1)  # of a CachedRun
-
-
-def cached_messages(runs):
-    """The messages of cached runs, as own cache entries: (stream seq, topic, session, seq,
-    content type, payload)."""
-    for first_sseq, _last, data, topic, session, seq, ctype, lengths, off in runs:
-        if topic == wire.MIXED:
-            entries = wire.mixed_entries(data, off, lengths)
-        else:
-            entries = zip(repeat(topic), range(seq, seq + len(lengths)), lengths)
-        for sseq, (t, q, n) in enumerate(entries, first_sseq):
-            yield sseq, t, session, q, ctype, data[off:off + n]
-            off += n
 
 
 def _named_topics(runs) -> dict[tuple[int, int], list[int]]:
@@ -224,7 +188,7 @@ class RecoveryPath:
         self._join_points: dict[int, dict] = {}  # receiver -> {(topic, session): first owed seq}
         self._starts: dict[tuple, int] = {}      # key -> join point, until caught up with it
         self._asks: dict[tuple, list] = {}       # key -> [asks sent, last sent]
-        self._repair_used: dict[tuple, int] = {}  # requester -> repair budget used this period
+        self._repairs = RepairServer(self.member_id, self._capacity, self._send_repair, self.stats)
 
     # ------------------------------------------------------------------- control installs
 
@@ -646,7 +610,7 @@ class RecoveryPath:
     def _recovery_tick(self, now: float) -> None:
         """Every token period (and at once when a hole opens): summary to the agent, NAKs to
         senders for holes not NAKed within the last period."""
-        self._repair_used.clear()
+        self._repairs.new_period()
         if not (self._reliable or self._early):
             return
         self._last_summary = now
@@ -839,90 +803,14 @@ class RecoveryPath:
 
     def _serve(self, source: int, nak, address: tuple[str, int]) -> None:
         """Send the messages of `source` named by `nak` [topic, session, lo, hi, lo_sseq,
-        hi_sseq] that this member holds, as REPAIR datagrams to `address`."""
-        topic, session, lo, hi, lo_sseq, hi_sseq = (int(v) for v in nak)
+        hi_sseq] that this member holds (its own, or a peer's it caches) to `address`."""
         if source == self.member_id:
-            cache, head = self._cache, self._cache_head
+            self._repairs.serve_own(self._cache, self._cache_head, nak, address)
         else:
-            cache, head = self._peer_cache.get(source), self._peer_heads.get(source, 0)
-            if not cache:
-                self.stats["repair_misses"] += 1
-                return
-        budget = REPAIR_BURST - self._repair_used.get(address, 0)
-        if budget <= 0:
-            self.stats["repairs_deferred"] += 1
-            return
-        if source == self.member_id:
-            messages = islice(cache, bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq), None)
-        else:  # the run that may hold `lo_sseq`, and those after it
-            i = bisect.bisect_right(cache, lo_sseq, lo=head, key=_sseq)
-            messages = cached_messages(islice(cache, max(head, i - 1), None))
-        picked: list[tuple] = []
-        left = budget
-        for e in messages:
-            if e[0] > hi_sseq or left <= 0:
-                break
-            left -= REPAIR_SCAN_COST
-            if e[0] >= lo_sseq and (topic == ANY_TOPIC or e[1] == topic and e[2] == session
-                                    and lo <= e[3] <= hi):
-                picked.append(e)
-                left -= len(e[5]) + REPAIR_ENTRY_COST
-        self._repair_used[address] = REPAIR_BURST - left
-        if picked:
-            self._send_repair(source, picked, address)
+            self._repairs.serve_cached(source, self._peer_cache.get(source),
+                                       self._peer_heads.get(source, 0), nak, address)
 
-    def _send_repair(self, source: int, entries: list[tuple], address: tuple[str, int]) -> None:
-        room = self._capacity - wire.HEADER.size - len(REPAIR_TABLE)
-        parts: list = []
-        runs = size = 0
-        run: list = []
-
-        def close_run() -> None:
-            nonlocal runs
-            first = run[0]
-            parts.extend(wire.run_parts(first[1], source, first[2], first[3], source, first[0],
-                                        first[4], 0, [e[5] for e in run]))
-            runs += 1
-            run.clear()
-
-        def flush() -> None:
-            nonlocal runs, size
-            if run:
-                close_run()
-            if runs:
-                self._transmit_repair(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
-                                                       REPAIR_TABLE, runs, parts), address)
-            parts.clear()
-            runs = size = 0
-
-        for e in entries:
-            n = len(e[5]) + MESSAGE_COST
-            if wire.RUN.size + n > room:  # larger than a datagram: on its own, in fragments
-                flush()
-                self._repair_fragments(source, e, address)
-                continue
-            extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 \
-                and e[1:3] == run[-1][1:3] and e[4] == run[-1][4]
-            if size + n + (0 if extends else wire.RUN.size) > room:
-                flush()
-                extends = False
-            if not extends and run:
-                close_run()
-            size += n + (0 if extends else wire.RUN.size)
-            run.append(e)
-        flush()
-        self.stats["repairs_sent"] += len(entries)
-
-    def _repair_fragments(self, source: int, e: tuple, address: tuple[str, int]) -> None:
-        sseq, topic, session, seq, ctype, payload = e
-        chunk = self._capacity - wire.HEADER.size - len(REPAIR_TABLE) - wire.FRAGMENT.size \
-            - wire.run_size(1, 0)
-        for frag, piece in wire.fragments(payload, chunk):
-            parts = wire.run_parts(topic, source, session, seq, source, sseq, ctype, 0, [piece])
-            self._transmit_repair(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
-                                                   REPAIR_TABLE, 1, parts, frag), address)
-
-    def _transmit_repair(self, datagram: bytes, address: tuple[str, int]) -> None:
+    def _send_repair(self, datagram: bytes, address: tuple[str, int]) -> None:
         try:
             self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, address)
         except OSError:

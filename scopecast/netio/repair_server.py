@@ -1,0 +1,166 @@
+"""Serving repairs (thesis 3.2.12, a member as the source of repairs): a NAK names a stream seq
+range (and a topic's seq range, or any topic); the server cuts those messages out of a cache and
+sends them as REPAIR datagrams to the asker only, under a routing record no channel matches.
+
+Two caches are served: a sender's own unstable messages (entries `(sseq, topic, session, seq,
+ctype, payload)`) and the runs a caching member keeps of a peer's stream (`CachedRun`s, the
+payloads cut out only to repair). Each requester gets REPAIR_BURST bytes of repair per recovery
+period, counting a cost per message sent and per cached message looked at, so that a storm of NAKs
+never stalls the I/O loop (once one kept it busy for seconds); the rest it gets at its next NAK.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterable
+from itertools import islice, repeat
+from typing import NamedTuple
+
+from scopecast.netio import wire
+from scopecast.netio.feed import MESSAGE_COST
+
+REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
+REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
+ANY_TOPIC = 0                        # a NAK's topic: every message in its stream seq range
+REPAIR_BURST = 1 << 20               # bytes of repair one requester gets per period
+REPAIR_ENTRY_COST = 64               # ... counting this per message sent
+REPAIR_SCAN_COST = 16                # ... and this per cached message looked at
+
+
+class CachedRun(NamedTuple):
+    """A run a caching member keeps until stable, as it came: the datagram and where the run's
+    payloads are in it (one object per run; the payloads are cut out only to repair)."""
+
+    first_sseq: int
+    last_sseq: int
+    data: bytes
+    topic: int          # wire.MIXED: `lengths` is the mixed run's count (see wire.iter_runs)
+    session: int
+    first_seq: int
+    ctype: int
+    lengths: tuple | int
+    offset: int         # of the first payload in `data`
+
+
+def _sseq(entry: tuple) -> int:
+    return entry[0]
+
+
+def cached_messages(runs: Iterable[CachedRun]):
+    """The messages of cached runs, as own cache entries: (stream seq, topic, session, seq,
+    content type, payload)."""
+    for first_sseq, _last, data, topic, session, seq, ctype, lengths, off in runs:
+        if topic == wire.MIXED:
+            entries = wire.mixed_entries(data, off, lengths)
+        else:
+            entries = zip(repeat(topic), range(seq, seq + len(lengths)), lengths)
+        for sseq, (t, q, n) in enumerate(entries, first_sseq):
+            yield sseq, t, session, q, ctype, data[off:off + n]
+            off += n
+
+
+class RepairServer:
+    """One member's repair serving. `send(datagram, address)` signs and sends one datagram;
+    `capacity` is the bytes a datagram may carry before its MAC."""
+
+    def __init__(self, member_id: int, capacity: int, send: Callable[[bytes, tuple], None],
+                 stats: Counter) -> None:
+        self.member_id = member_id
+        self.capacity = capacity
+        self.send = send
+        self._stats = stats
+        self._used: dict[tuple, int] = {}  # requester -> budget used this period
+
+    def new_period(self) -> None:
+        """A recovery period begins: every requester's budget is whole again."""
+        self._used.clear()
+
+    def serve_own(self, cache: list[tuple], head: int, nak, address: tuple[str, int]) -> None:
+        """Serve `nak` [topic, session, lo, hi, lo_sseq, hi_sseq] out of this member's own
+        unstable messages `cache[head:]` (ordered by stream seq)."""
+        lo_sseq = int(nak[4])
+        start = bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq)
+        self._serve(self.member_id, islice(cache, start, None), nak, address)
+
+    def serve_cached(self, source: int, runs: list[CachedRun], head: int, nak,
+                     address: tuple[str, int]) -> None:
+        """Serve `nak` out of the runs of `source` this member keeps, `runs[head:]`."""
+        if not runs:
+            self._stats["repair_misses"] += 1
+            return
+        at = bisect.bisect_right(runs, int(nak[4]), lo=head, key=_sseq)  # the run that may
+        self._serve(source, cached_messages(islice(runs, max(head, at - 1), None)), nak, address)
+
+    def _serve(self, source: int, messages, nak, address: tuple[str, int]) -> None:
+        topic, session, lo, hi, lo_sseq, hi_sseq = (int(v) for v in nak)
+        budget = REPAIR_BURST - self._used.get(address, 0)
+        if budget <= 0:
+            self._stats["repairs_deferred"] += 1
+            return
+        picked: list[tuple] = []
+        left = budget
+        for e in messages:
+            if e[0] > hi_sseq or left <= 0:
+                break
+            left -= REPAIR_SCAN_COST
+            if e[0] >= lo_sseq and (topic == ANY_TOPIC or e[1] == topic and e[2] == session
+                                    and lo <= e[3] <= hi):
+                picked.append(e)
+                left -= len(e[5]) + REPAIR_ENTRY_COST
+        self._used[address] = REPAIR_BURST - left
+        if picked:
+            self._send_entries(source, picked, address)
+
+    def _send_entries(self, source: int, entries: list[tuple], address: tuple[str, int]) -> None:
+        """Pack `entries` into REPAIR datagrams: runs of one topic's consecutive seqs, as many as
+        fit in a datagram; a message larger than a datagram in fragments of its own."""
+        room = self.capacity - wire.HEADER.size - len(REPAIR_TABLE)
+        parts: list = []
+        runs = size = 0
+        run: list = []
+
+        def close_run() -> None:
+            nonlocal runs
+            first = run[0]
+            parts.extend(wire.run_parts(first[1], source, first[2], first[3], source, first[0],
+                                        first[4], 0, [e[5] for e in run]))
+            runs += 1
+            run.clear()
+
+        def flush() -> None:
+            nonlocal runs, size
+            if run:
+                close_run()
+            if runs:
+                self.send(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
+                                           REPAIR_TABLE, runs, parts), address)
+            parts.clear()
+            runs = size = 0
+
+        for e in entries:
+            n = len(e[5]) + MESSAGE_COST
+            if wire.RUN.size + n > room:  # larger than a datagram: on its own, in fragments
+                flush()
+                self._send_fragments(source, e, address)
+                continue
+            extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 \
+                and e[1:3] == run[-1][1:3] and e[4] == run[-1][4]
+            if size + n + (0 if extends else wire.RUN.size) > room:
+                flush()
+                extends = False
+            if not extends and run:
+                close_run()
+            size += n + (0 if extends else wire.RUN.size)
+            run.append(e)
+        flush()
+        self._stats["repairs_sent"] += len(entries)
+
+    def _send_fragments(self, source: int, e: tuple, address: tuple[str, int]) -> None:
+        sseq, topic, session, seq, ctype, payload = e
+        chunk = self.capacity - wire.HEADER.size - len(REPAIR_TABLE) - wire.FRAGMENT.size \
+            - wire.run_size(1, 0)
+        for frag, piece in wire.fragments(payload, chunk):
+            parts = wire.run_parts(topic, source, session, seq, source, sseq, ctype, 0, [piece])
+            self.send(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
+                                       REPAIR_TABLE, 1, parts, frag), address)
