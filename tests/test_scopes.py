@@ -279,10 +279,10 @@ def _alive(pid: int) -> bool:
 
 def test_an_unused_member_leaves_and_its_empty_scope_retires_until_named_again(cluster,
                                                                                monkeypatch):
-    """This process's member in retire/a leaves once it has had no subscriber there for LINGER;
+    """This process's member in retire/a leaves once it has had no subscriber there for IDLE_MEMBER_LINGER;
     retire/a, empty, retires (its process ends, its parent forgets it), then so does retire; a
     member naming retire/a again has it made anew, and it delivers."""
-    monkeypatch.setattr(controlled_element, "LINGER", 1.0)
+    monkeypatch.setattr(controlled_element, "IDLE_MEMBER_LINGER", 1.0)
     info = cluster.create_topic("retire/T")
     sub = cluster.subscriber(info.name, scope="retire/a")
     # (the tree in status is what the scopes reported up: retire/a's report may be on its way)
@@ -302,9 +302,9 @@ def test_an_unused_member_leaves_and_its_empty_scope_retires_until_named_again(c
 
 
 def test_a_member_stays_while_its_first_subscribe_is_under_way(cluster, monkeypatch):
-    """A subscribe that takes longer than LINGER (one over thousands of topics on a loaded
+    """A subscribe that takes longer than IDLE_MEMBER_LINGER (one over thousands of topics on a loaded
     machine did) does not find its member gone: a member is not unused while it subscribes."""
-    monkeypatch.setattr(controlled_element, "LINGER", 0.2)
+    monkeypatch.setattr(controlled_element, "IDLE_MEMBER_LINGER", 0.2)
     real = controlled_element.call
 
     def slow(method, *args, **kwargs):

@@ -58,7 +58,7 @@ MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per sum
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
-                                     # giving up (20 tries, 0.8 s at 40 ms, ran out under load)
+                                     # giving up (a few tries run out on a loaded machine)
 TAIL_FALLBACK = 2.0                  # seconds a stream stands still, and no new datagram comes,
                                      # before its tail is asked for without evidence of loss
 TAIL_FALLBACK_MAX = 5.0              # ... or it stands still this long whatever comes: a

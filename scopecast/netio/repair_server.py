@@ -6,7 +6,7 @@ Two caches are served: a sender's own unstable messages (entries `(sseq, topic, 
 ctype, payload)`) and the runs a caching member keeps of a peer's stream (`CachedRun`s, the
 payloads cut out only to repair). Each requester gets REPAIR_BURST bytes of repair per recovery
 period, counting a cost per message sent and per cached message looked at, so that a storm of NAKs
-never stalls the I/O loop (once one kept it busy for seconds); the rest it gets at its next NAK.
+never stalls the I/O loop; the rest it gets at its next NAK.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ it sleeps. The loop goes QSM-style: drain every readable socket fully (inbound f
 queued publishes, then let each writable destination *pull* its next datagram, built just in time
 from queued messages, as long as that destination's bytes-bounded window is open.
 
-Flow control (until the Reliability issue ties the window to stability): receivers acknowledge the
-highest datagram number they took from each sender's channel, and withhold acknowledgements while
-their application lags behind by more than `max_backlog_bytes`, so a slow consumer slows the sender
-instead of overflowing a socket buffer.
+Flow control: receivers acknowledge the highest datagram number they took from each sender's
+channel, and withhold acknowledgements while their application lags behind by more than
+`max_backlog_bytes`, so a slow consumer slows the sender instead of overflowing a socket buffer.
+Above that, a publisher holds at most `stable_window_bytes` of reliable messages not yet stable
+(see `recovery_path`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detec
 
 log = logging.getLogger(__name__)
 
-LINGER = 0.0005  # seconds the I/O loop waits for more publishes after a wake-up
+PUBLISH_LINGER = 0.0005  # seconds the I/O loop waits for more publishes after a wake-up
 PARK = 0.002     # while an application thread leads, the I/O thread looks this often whether it
                  # has left receive() (then the I/O thread leads again)
 HANDOVER_WAIT = 0.01  # how long a receiving thread waits for the lead before waiting as before
@@ -665,7 +666,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             if self._wake_pending:
                 # woken by a publisher a moment ago: linger, so that a burst of publishes
                 # costs one wake-up per linger period instead of one per message
-                self._poll(sel, min(LINGER, left))
+                self._poll(sel, min(PUBLISH_LINGER, left))
                 self._wake_pending = False
             else:
                 self._poll(sel, min(self._idle_timeout(), left))

@@ -19,7 +19,7 @@ channel leaving the scope is delegated.
 Policies are plain Python with no access to the scope manager: everything they know comes through
 `PolicyContext` and the events, and everything they do is the operations they return, which the
 container validates (an operation naming a non-member is ignored and counted). Built-in policies use
-this same API; plug-ins (the Plug-ins issue) subclass `ForwardingPolicy` too.
+this same API; plug-ins subclass `ForwardingPolicy` too.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ def embedded_ray_options() -> dict:
     """How an embedded local Ray is started: more logical CPUs than cores (our actors and Spark's
     executors must never starve each other), a capped object store, everything on loopback, and
     worker processes waited for: a burst of actors on a small machine can take more than Ray's
-    60 s to register, and Ray then starts them again, adding load (CI: Ray counted 94 worker
-    starts while 32 actors started, and the test timed out)."""
+    60 s to register, and Ray then starts them again, adding load to a machine already short of
+    it."""
     cores = os.cpu_count() or 2
     # address="local": a new Ray even when `ray start` left an address behind (Ray would attach)
     return dict(address="local", num_cpus=max(8, 4 * cores),
@@ -219,7 +219,7 @@ class Cluster:
 
     def _leave(self, element: ControlledElement) -> None:
         """This process's member in a scope had no publisher or subscriber there for a while
-        (`controlled_element.LINGER`): it leaves the scope (a later use joins again)."""
+        (`controlled_element.IDLE_MEMBER_LINGER`): it leaves the scope (a later use joins again)."""
         with self._lock:  # (_member hands elements out under it, touching them; and a new
             if self._elements.get(element.scope) is not element or not element.lingered_out():
                 return   # member of the same name waits until this one has left)
@@ -367,7 +367,7 @@ class Cluster:
             except Exception as exc:
                 log.warning("closing %r failed: %s", handle, exc)
         self._handles.clear()
-        with self._lock:  # (an element may be leaving by itself: LINGER)
+        with self._lock:  # (an element may be leaving by itself: IDLE_MEMBER_LINGER)
             elements = list(self._elements.values())
             self._elements.clear()
         for element in elements:

@@ -1,5 +1,5 @@
 """Several Ray hosts on one machine: each host a network namespace with its own address, hosts of a
-LAN on one Linux bridge, LANs joined by a routed namespace (issue 8).
+LAN on one Linux bridge, LANs joined by a routed namespace.
 
 Layout for `LocalHosts(hosts=N, lans=K, prefix=P)` (root only)::
 

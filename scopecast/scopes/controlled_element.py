@@ -39,7 +39,7 @@ COUNTERS_WAIT = 0.5  # how long a heartbeat waits for fresh counters from the I/
 # a member without publishers or subscribers stays this long (repairing what it sent, its counters
 # readable), then leaves its scope: a process would otherwise stay a member, with an I/O thread,
 # of every scope it ever used (and keep each of them from retiring)
-LINGER = 30.0
+IDLE_MEMBER_LINGER = 30.0
 # the member's scope manager ended for good (an empty user scope retires; see ScopeManager.retire)
 SCOPE_GONE = (ScopeRetired, ray.exceptions.ActorDiedError)
 
@@ -187,8 +187,9 @@ class ControlledElement:
     @contextlib.contextmanager
     def _in_use(self):
         """A subscribe or advertise under way: the member is not unused meanwhile (over thousands
-        of topics on a loaded machine one took longer than LINGER, and the member left its scope
-        in the middle of it); unused again after it only if it failed and nothing else is open."""
+        of topics on a loaded machine one can take longer than IDLE_MEMBER_LINGER, and the member
+        must not leave its scope in the middle of it); unused again after it only if it failed and
+        nothing else is open."""
         self.unused_since = None
         try:
             yield
@@ -212,14 +213,14 @@ class ControlledElement:
             self.unused_since = time.monotonic()
 
     def touch(self) -> None:
-        """About to be used again: an unused member lingers a whole LINGER more."""
+        """About to be used again: an unused member lingers a whole IDLE_MEMBER_LINGER more."""
         if self.unused_since is not None:
             self.unused_since = time.monotonic()
 
     def lingered_out(self) -> bool:
-        """Unused for LINGER, and everything it sent is stable (nobody needs a repair from it)."""
+        """Unused for IDLE_MEMBER_LINGER, and everything it sent is stable (nobody needs a repair from it)."""
         since, latest = self.unused_since, self._latest or {}
-        return (since is not None and time.monotonic() - since > LINGER
+        return (since is not None and time.monotonic() - since > IDLE_MEMBER_LINGER
                 and latest.get("recovery", {}).get("window_bytes") == 0)
 
     # ------------------------------------------------------------------------- view installs
@@ -355,7 +356,7 @@ class ControlledElement:
             return
         self._stop.set()
         self.runtime.unknown_sender.set()
-        if threading.current_thread() is not self._thread:  # (it may close itself: LINGER)
+        if threading.current_thread() is not self._thread:  # (it may close itself: IDLE_MEMBER_LINGER)
             self._thread.join(5.0)
         try:
             call(self.manager.unregister_member, self.member_id, timeout=10.0)

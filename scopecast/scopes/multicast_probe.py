@@ -1,4 +1,4 @@
-"""Does IP multicast pass between the hosts of a LAN scope? (issue 8 item 5)
+"""Does IP multicast pass between the hosts of a LAN scope?
 
 Most clouds and container networks drop IP multicast. A LAN scope with several hosts therefore
 lays unicast channels (its policies see `multicast=False`) until a probe shows that multicast
