@@ -13,9 +13,11 @@ token are ignored, and logged with their count: the probe port is as open as any
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
@@ -111,3 +113,77 @@ def decide(heard: dict[str, int]) -> bool:
 def probe_port(port: int) -> int:
     return port + 1 if port < 0xFFFF else port - 1
 
+
+
+class LanProbe:
+    """A LAN scope's side of the probe: when to probe (its hosts changed, or it is unicast-only
+    and RETRY passed), running one probe through the host scopes' actors, and the verdict,
+    which goes to `set_multicast` (False while a probe runs: nothing goes by multicast until it
+    is seen to pass)."""
+
+    def __init__(self, path: str, set_multicast: Callable[[bool], None]) -> None:
+        self.path = path
+        self.state = ProbeState()
+        self._set_multicast = set_multicast
+        self._running: asyncio.Task | None = None
+
+    def tick(self, hosts: dict[str, object], group: tuple[str, int]) -> None:
+        """`hosts`: the LAN's host scopes by name (their actor handles); `group`: the LAN's
+        multicast group and data port. Runs on the scope's event loop."""
+        if self._running is not None and not self._running.done():
+            return
+        names = frozenset(hosts)
+        p = self.state
+        if len(names) <= 1:
+            p.state = "single host"
+            self._set_multicast(True)
+        elif not names <= p.verified and (names != p.probed or p.state != "unicast-only"
+                                          or time.time() - p.at > RETRY):
+            self._set_multicast(False)
+            p.state = "probing"
+            self._running = asyncio.get_running_loop().create_task(self._run(dict(hosts), group))
+
+    async def _run(self, hosts: dict[str, object], group: tuple[str, int]) -> None:
+        address, port = group[0], probe_port(group[1])
+        token = new_token()
+        first, second, *rest = sorted(hosts)
+
+        async def probe(sender: str, listeners: list[str]) -> dict[str, int]:
+            ears = [hosts[n] for n in listeners]
+            await asyncio.gather(*(h.probe_join.remote(address, port, token) for h in ears))
+            await hosts[sender].probe_send.remote(address, port, token)
+            heard = await asyncio.gather(*(h.probe_heard.remote(token) for h in ears))
+            return dict(zip(listeners, heard, strict=True))
+
+        p = self.state
+        try:  # every host hears one other: the first all the others, then the second the first
+            heard = await asyncio.wait_for(probe(first, [second, *rest]), 10.0)
+            heard.update(await asyncio.wait_for(probe(second, [first]), 10.0))
+        except Exception as exc:  # a host scope gone meanwhile: probed again next tick
+            log.warning("scope %r: multicast probe failed (again next tick): %r", self.path, exc)
+            p.state = "retry"
+            return
+        passes = decide(heard)
+        p.heard, p.at, p.probed = heard, time.time(), frozenset(hosts)
+        p.verified = frozenset(hosts) if passes else frozenset()
+        p.state = "passes" if passes else "unicast-only"
+        log.info("scope %r: IP multicast %s between its %d hosts (%s)", self.path,
+                 "passes" if passes else "does NOT pass: unicast channels only", len(hosts), heard)
+        self._set_multicast(passes)
+
+
+class ProbeEars:
+    """A host scope's side: the listeners of the probes under way, by token."""
+
+    def __init__(self) -> None:
+        self._listening: dict[bytes, Listener] = {}
+
+    def join(self, interface: str, group: str, port: int, token: bytes) -> None:
+        for old in [t for t, ear in self._listening.items()
+                    if time.monotonic() - ear.born > STALE]:
+            self._listening.pop(old).close()
+        self._listening[token] = Listener(interface, group, port, token)
+
+    async def heard(self, token: bytes) -> int:
+        ear = self._listening.pop(token, None)
+        return 0 if ear is None else await asyncio.to_thread(ear.heard)

@@ -168,9 +168,8 @@ class ScopeManager:
         self.recovery = RecoveryDomains(path, top=parent is None)
         self._hello: dict | None = None
         self._delegated: dict[str, dict] = {}   # the last layout's part for each child
-        self._probe = multicast_probe.ProbeState()  # a LAN scope: does multicast pass?
-        self._probing: asyncio.Task | None = None
-        self._listening: dict[bytes, multicast_probe.Listener] = {}  # a host scope: by token
+        self._probe = multicast_probe.LanProbe(path, self._set_multicast)  # a LAN scope
+        self._ears = multicast_probe.ProbeEars()  # a host scope
         self._empty_since: float | None = time.monotonic()  # a user's scope: see _retire_if_empty
         self._retiring: asyncio.Task | None = None
         self.retired = False
@@ -319,49 +318,9 @@ class ScopeManager:
     # ------------------------------------------------------- multicast in a LAN (probe)
 
     def _probe_tick(self) -> None:
-        """Probe whether IP multicast passes between this LAN's hosts when they change (and
-        again now and then while it does not); unicast channels meanwhile (see multicast_probe)."""
-        if self._probing is not None and not self._probing.done():
-            return
-        hosts = frozenset(n for n, c in self.children.items() if c.kind == "scope")
-        p = self._probe
-        if len(hosts) <= 1:
-            p.state = "single host"
-            self._set_multicast(True)
-        elif not hosts <= p.verified and (hosts != p.probed or p.state != "unicast-only"
-                                          or time.time() - p.at > multicast_probe.RETRY):
-            self._set_multicast(False)  # nothing goes by multicast until it is seen to pass
-            p.state = "probing"
-            self._probing = asyncio.get_running_loop().create_task(self._run_probe(hosts))
-
-    async def _run_probe(self, hosts: frozenset) -> None:
-        group, port = self._group()
-        port = multicast_probe.probe_port(port)
-        token = multicast_probe.new_token()
-        first, second, *rest = sorted(hosts)
-
-        async def probe(sender: str, listeners: list[str]) -> dict[str, int]:
-            ears = [self.children[n].handle for n in listeners]
-            await asyncio.gather(*(h.probe_join.remote(group, port, token) for h in ears))
-            await self.children[sender].handle.probe_send.remote(group, port, token)
-            heard = await asyncio.gather(*(h.probe_heard.remote(token) for h in ears))
-            return dict(zip(listeners, heard, strict=True))
-
-        p = self._probe
-        try:  # every host hears one other: the first all the others, then the second the first
-            heard = await asyncio.wait_for(probe(first, [second, *rest]), 10.0)
-            heard.update(await asyncio.wait_for(probe(second, [first]), 10.0))
-        except Exception as exc:  # a host scope gone meanwhile: probed again next tick
-            log.warning("scope %r: multicast probe failed (again next tick): %r", self.path, exc)
-            p.state = "retry"
-            return
-        passes = multicast_probe.decide(heard)
-        p.heard, p.at, p.probed = heard, time.time(), hosts
-        p.verified = hosts if passes else frozenset()
-        p.state = "passes" if passes else "unicast-only"
-        log.info("scope %r: IP multicast %s between its %d hosts (%s)", self.path,
-                 "passes" if passes else "does NOT pass: unicast channels only", len(hosts), heard)
-        self._set_multicast(passes)
+        """Probe whether IP multicast passes between this LAN's hosts (see multicast_probe)."""
+        self._probe.tick({n: c.handle for n, c in self.children.items() if c.kind == "scope"},
+                         self._group())
 
     def _set_multicast(self, on: bool) -> None:
         if on == self.multicast:
@@ -373,15 +332,11 @@ class ScopeManager:
     async def probe_join(self, group: str, port: int, token: bytes) -> None:
         """(A host scope) join a LAN probe's group on this node's interface; returns once joined."""
         interface = member_interface((await self._cluster_hello()).get("interface"))
-        for old in [t for t, ear in self._listening.items()
-                    if time.monotonic() - ear.born > multicast_probe.STALE]:
-            self._listening.pop(old).close()
-        self._listening[token] = multicast_probe.Listener(interface, group, port, token)
+        self._ears.join(interface, group, port, token)
 
     async def probe_heard(self, token: bytes) -> int:
         """(A host scope) how many of the probe's datagrams this node heard since it joined."""
-        ear = self._listening.pop(token, None)
-        return 0 if ear is None else await asyncio.to_thread(ear.heard)
+        return await self._ears.heard(token)
 
     async def probe_send(self, group: str, port: int, token: bytes) -> None:
         """(A host scope) send a LAN probe from this node's interface."""
@@ -660,7 +615,7 @@ class ScopeManager:
                 "node": _node_id(), "incarnation": f"{self.incarnation:012x}",
                 "delegation_version": self.applied, "depth": self._depth(),
                 "multicast": self._group() if self.multicast else None,
-                **({"multicast_probe": self._probe.record()} if self.kind == "lan" else {}),
+                **({"multicast_probe": self._probe.state.record()} if self.kind == "lan" else {}),
                 "members": [c.record(topics) for c in self.children.values()
                             if c.kind == "member"],
                 **({"topics": self.container.describe(),
