@@ -188,7 +188,7 @@ class RecoveryPath:
         self._join_points: dict[int, dict] = {}  # receiver -> {(topic, session): first owed seq}
         self._starts: dict[tuple, int] = {}      # key -> join point, until caught up with it
         self._asks: dict[tuple, list] = {}       # key -> [asks sent, last sent]
-        self._repairs = RepairServer(self.member_id, self._capacity, self._send_repair, self.stats)
+        self._repairs = RepairServer(self._capacity, self._send_repair, self.stats)
 
     # ------------------------------------------------------------------- control installs
 
@@ -805,9 +805,9 @@ class RecoveryPath:
         """Send the messages of `source` named by `nak` [topic, session, lo, hi, lo_sseq,
         hi_sseq] that this member holds (its own, or a peer's it caches) to `address`."""
         if source == self.member_id:
-            self._repairs.serve_own(self._cache, self._cache_head, nak, address)
+            self._repairs.serve_own(self.member_id, self._cache, self._cache_head, nak, address)
         else:
-            self._repairs.serve_cached(source, self._peer_cache.get(source),
+            self._repairs.serve_cached(self.member_id, source, self._peer_cache.get(source),
                                        self._peer_heads.get(source, 0), nak, address)
 
     def _send_repair(self, datagram: bytes, address: tuple[str, int]) -> None:

@@ -62,11 +62,11 @@ def cached_messages(runs: Iterable[CachedRun]):
 
 class RepairServer:
     """One member's repair serving. `send(datagram, address)` signs and sends one datagram;
-    `capacity` is the bytes a datagram may carry before its MAC."""
+    `capacity` is the bytes a datagram may carry before its MAC. The member's id is given with
+    each NAK served (`me`): a member learns it only once its scope registered it."""
 
-    def __init__(self, member_id: int, capacity: int, send: Callable[[bytes, tuple], None],
+    def __init__(self, capacity: int, send: Callable[[bytes, tuple], None],
                  stats: Counter) -> None:
-        self.member_id = member_id
         self.capacity = capacity
         self.send = send
         self._stats = stats
@@ -76,23 +76,25 @@ class RepairServer:
         """A recovery period begins: every requester's budget is whole again."""
         self._used.clear()
 
-    def serve_own(self, cache: list[tuple], head: int, nak, address: tuple[str, int]) -> None:
-        """Serve `nak` [topic, session, lo, hi, lo_sseq, hi_sseq] out of this member's own
+    def serve_own(self, me: int, cache: list[tuple], head: int, nak,
+                  address: tuple[str, int]) -> None:
+        """Serve `nak` [topic, session, lo, hi, lo_sseq, hi_sseq] out of member `me`'s own
         unstable messages `cache[head:]` (ordered by stream seq)."""
         lo_sseq = int(nak[4])
         start = bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq)
-        self._serve(self.member_id, islice(cache, start, None), nak, address)
+        self._serve(me, me, islice(cache, start, None), nak, address)
 
-    def serve_cached(self, source: int, runs: list[CachedRun], head: int, nak,
+    def serve_cached(self, me: int, source: int, runs: list[CachedRun], head: int, nak,
                      address: tuple[str, int]) -> None:
-        """Serve `nak` out of the runs of `source` this member keeps, `runs[head:]`."""
+        """Serve `nak` out of the runs of `source` member `me` keeps, `runs[head:]`."""
         if not runs:
             self._stats["repair_misses"] += 1
             return
         at = bisect.bisect_right(runs, int(nak[4]), lo=head, key=_sseq)  # the run that may
-        self._serve(source, cached_messages(islice(runs, max(head, at - 1), None)), nak, address)
+        self._serve(me, source, cached_messages(islice(runs, max(head, at - 1), None)), nak,
+                    address)
 
-    def _serve(self, source: int, messages, nak, address: tuple[str, int]) -> None:
+    def _serve(self, me: int, source: int, messages, nak, address: tuple[str, int]) -> None:
         topic, session, lo, hi, lo_sseq, hi_sseq = (int(v) for v in nak)
         budget = REPAIR_BURST - self._used.get(address, 0)
         if budget <= 0:
@@ -110,9 +112,10 @@ class RepairServer:
                 left -= len(e[5]) + REPAIR_ENTRY_COST
         self._used[address] = REPAIR_BURST - left
         if picked:
-            self._send_entries(source, picked, address)
+            self._send_entries(me, source, picked, address)
 
-    def _send_entries(self, source: int, entries: list[tuple], address: tuple[str, int]) -> None:
+    def _send_entries(self, me: int, source: int, entries: list[tuple],
+                      address: tuple[str, int]) -> None:
         """Pack `entries` into REPAIR datagrams: runs of one topic's consecutive seqs, as many as
         fit in a datagram; a message larger than a datagram in fragments of its own."""
         room = self.capacity - wire.HEADER.size - len(REPAIR_TABLE)
@@ -133,8 +136,8 @@ class RepairServer:
             if run:
                 close_run()
             if runs:
-                self.send(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
-                                           REPAIR_TABLE, runs, parts), address)
+                self.send(wire.encode_data(wire.PacketType.REPAIR, me, 0, 0, REPAIR_TABLE, runs,
+                                           parts), address)
             parts.clear()
             runs = size = 0
 
@@ -142,7 +145,7 @@ class RepairServer:
             n = len(e[5]) + MESSAGE_COST
             if wire.RUN.size + n > room:  # larger than a datagram: on its own, in fragments
                 flush()
-                self._send_fragments(source, e, address)
+                self._send_fragments(me, source, e, address)
                 continue
             extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 \
                 and e[1:3] == run[-1][1:3] and e[4] == run[-1][4]
@@ -156,11 +159,11 @@ class RepairServer:
         flush()
         self._stats["repairs_sent"] += len(entries)
 
-    def _send_fragments(self, source: int, e: tuple, address: tuple[str, int]) -> None:
+    def _send_fragments(self, me: int, source: int, e: tuple, address: tuple[str, int]) -> None:
         sseq, topic, session, seq, ctype, payload = e
         chunk = self.capacity - wire.HEADER.size - len(REPAIR_TABLE) - wire.FRAGMENT.size \
             - wire.run_size(1, 0)
         for frag, piece in wire.fragments(payload, chunk):
             parts = wire.run_parts(topic, source, session, seq, source, sseq, ctype, 0, [piece])
-            self.send(wire.encode_data(wire.PacketType.REPAIR, self.member_id, 0, 0,
-                                       REPAIR_TABLE, 1, parts, frag), address)
+            self.send(wire.encode_data(wire.PacketType.REPAIR, me, 0, 0, REPAIR_TABLE, 1, parts,
+                                       frag), address)
