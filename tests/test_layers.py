@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,14 @@ def test_connect_loads_neither_the_local_hosts_tooling_nor_the_benchmarks(ray_ad
     assert "scopecast.ray_cluster.cluster" in loaded
     assert "scopecast.ray_cluster.local_hosts" not in loaded
     assert not any(m.startswith("benchmarks") for m in loaded)
+
+
+def test_a_driver_finds_its_own_hosts_ray_node_in_the_map_the_local_hosts_tooling_passes_down():
+    """Without scanning processes: the map names each host's network namespace (inode) and node
+    address; a process inherits it into whichever host it is started in and looks itself up."""
+    from scopecast.ray_cluster.cluster import NODE_IPS_ENV, namespace_node_ip
+
+    mine = os.readlink("/proc/self/ns/net").partition("[")[2].rstrip("]")
+    assert namespace_node_ip({NODE_IPS_ENV: f"1=10.0.0.1,{mine}=10.9.9.9"}) == "10.9.9.9"
+    assert namespace_node_ip({NODE_IPS_ENV: "1=10.0.0.1"}) is None  # not a host of it
+    assert namespace_node_ip({}) is None

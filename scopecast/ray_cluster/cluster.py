@@ -28,11 +28,29 @@ from scopecast.scopes.topics import TopicInfo
 
 log = logging.getLogger(__name__)
 
-# The address of the Ray node a driver attaches to, when one machine holds several Ray nodes in
-# network namespaces of their own (`scopecast cluster local` sets it for every process it starts
-# inside a host): Ray prefers the head's raylet, and a driver inside another host would bind its
-# members to an address its namespace does not have.
-NODE_IP_ENV = "SCOPECAST_NODE_IP"
+# The Ray node a driver attaches to, when one machine holds several Ray nodes in network namespaces
+# of their own: Ray prefers the head's raylet, and a driver inside another host would bind its
+# members to an address its namespace does not have. `scopecast cluster local` puts the map of its
+# hosts (network namespace inode=node address, comma-separated) in the environment of every
+# process it starts, and the processes those start inherit it, whichever host they end up in.
+NODE_IPS_ENV = "SCOPECAST_NODE_IPS"
+
+
+def namespace_node_ip(environ=os.environ) -> str | None:
+    """This process's Ray node address from NODE_IPS_ENV, by its network namespace; None when
+    the variable is unset or does not name this namespace."""
+    hosts = environ.get(NODE_IPS_ENV)
+    if not hosts:
+        return None
+    try:
+        mine = os.readlink("/proc/self/ns/net").partition("[")[2].rstrip("]")
+    except OSError:
+        return None
+    for entry in hosts.split(","):
+        inode, _, address = entry.partition("=")
+        if inode == mine and address:
+            return address
+    return None
 
 EMBEDDED_OBJECT_STORE = 1 << 30
 WORKER_REGISTER_TIMEOUT = 300
@@ -121,7 +139,7 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
         _use_ray_token()
         try:
             ray.init(address=target, namespace=declare.NAMESPACE, logging_level=logging.WARNING,
-                     _node_ip_address=os.environ.get(NODE_IP_ENV) or None)
+                     _node_ip_address=namespace_node_ip())
         except ConnectionError as exc:
             raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
                                "`scopecast up`") from None

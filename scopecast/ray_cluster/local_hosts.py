@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scopecast.actors.errors import InvalidConfig, ScopecastError
-from scopecast.ray_cluster.cluster import NODE_IP_ENV
+from scopecast.ray_cluster.cluster import NODE_IPS_ENV
 from scopecast.scopes.cluster_manager import LAN_LABEL
 
 RAY_PORT = 6379
@@ -179,25 +179,35 @@ class LocalHosts:
     # ----------------------------------------------------------------------------- use
 
     def env(self, extra: dict | None = None) -> dict:
-        """The environment of a process inside a host: this cluster's Ray, no token auth."""
+        """The environment of a process inside a host: this cluster's Ray, no token auth, and
+        where each host's Ray node is (a driver attaches to its own host's: see
+        cluster.namespace_node_ip)."""
         env = dict(os.environ, RAY_ADDRESS=self.address, RAY_AUTH_MODE="disabled")
+        nodes = self.node_ips()
+        if nodes:
+            env[NODE_IPS_ENV] = nodes
         env.update(extra or {})
         return env
 
-    @staticmethod
-    def _inside(host: Host, env: dict) -> dict:
-        """`env` for a process in `host`: a driver there attaches to its own host's Ray node."""
-        return {**env, NODE_IP_ENV: host.address}
+    def node_ips(self) -> str:
+        """NODE_IPS_ENV's value: "inode=address" per host whose namespace exists."""
+        out = []
+        for host in self.hosts:
+            try:
+                out.append(f"{os.stat(f'/run/netns/{host.name}').st_ino}={host.address}")
+            except OSError:
+                continue
+        return ",".join(out)
 
     def run(self, host: Host, cmd: list[str], capture: bool = False,
             extra_env: dict | None = None, timeout: float | None = 300.0):
         """Run `cmd` inside `host`'s namespace (to completion)."""
-        return subprocess.run(in_netns(host.name, cmd), env=self._inside(host, self.env(extra_env)),
+        return subprocess.run(in_netns(host.name, cmd), env=self.env(extra_env),
                               capture_output=capture, text=True, timeout=timeout)
 
     def popen(self, host: Host, cmd: list[str], **kwargs) -> subprocess.Popen:
         """Start `cmd` inside `host`'s namespace."""
-        kwargs["env"] = self._inside(host, kwargs.get("env") or self.env())
+        kwargs.setdefault("env", self.env())
         return subprocess.Popen(in_netns(host.name, cmd), **kwargs)
 
     def kill_host(self, host: Host) -> int:
