@@ -9,6 +9,7 @@ header, a one-record routing table and the runs of one chunk."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import selectors
 import time
@@ -23,6 +24,10 @@ from scopecast.netio.udp_batch import batch_limit, send_batch
 
 log = logging.getLogger("scopecast.netio.runtime")
 EMPTY_TABLE = wire.encode_route_table([])
+# a batch send failing with these lost its datagrams (netfilter dropped them, a route or a
+# neighbour is missing for now), not for being a batch: the interface still takes batches
+TRANSIENT_SEND_ERRORS = frozenset({errno.EPERM, errno.ENOBUFS, errno.ECONNREFUSED,
+                                   errno.EHOSTUNREACH, errno.ENETUNREACH})
 # bytes one pass of the pump sends before the loop looks at its sockets again: a NAK waited
 # behind a whole window (a few MiB, ~10 ms on loopback) before; ~1 ms of sending here, and many
 # GSO batches of MTU-sized datagrams
@@ -384,7 +389,11 @@ class SendPath:
                     return True
                 except BlockingIOError:
                     raise
-                except OSError as exc:  # the interface refuses batches after all
+                except OSError as exc:
+                    if exc.errno in TRANSIENT_SEND_ERRORS:  # (a firewall's drop, no route yet:
+                        self.drops["send_error"] += 1      # lost, recovery repairs it; GSO
+                        return True                       # itself works)
+                    # the interface refuses batches after all
                     self._gso = False
                     stats["gso_refused"] += 1
                     log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
