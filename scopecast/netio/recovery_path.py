@@ -394,11 +394,12 @@ class RecoveryPath:
             stalled = stalls.get(source) == seen
             if not stalled:
                 self._moved[source] = now
+            moved = self._moved.setdefault(source, now)
             if record.top <= seen:
                 self._behind.pop(source, None)
             elif not stalled or source not in self._behind:
                 self._behind[source] = now
-            wanted = stalled and self._tail_wanted(source, now, self._behind.get(source, now))
+            wanted = stalled and self._tail_wanted(source, now, self._behind.get(source, moved))
             acks[source] = self._owed_of(source, record, seen, wanted, now, naks, streams) \
                 if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
@@ -423,7 +424,9 @@ class RecoveryPath:
         forwarding member that far behind is not waited for: the sender still holds it all).
         Those spells count from `since`: when the sender was first known to have sent more than
         this member saw, not when the stream last moved here (a sender held by its window sends
-        nothing for seconds; what it sends after that is in flight, not late)."""
+        nothing for seconds; what it sends after that is in flight, not late); from the move
+        when the record names no more than that (a topic's tail lost below later messages of
+        other topics)."""
         moved = self._moved.setdefault(source, now)
         still = now - since
         return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \
