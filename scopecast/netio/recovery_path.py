@@ -44,7 +44,7 @@ from scopecast.netio import wire
 from scopecast.netio._tail_table import TailTable
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
-from scopecast.netio.repair_server import ANY_TOPIC, CachedRun, RepairServer
+from scopecast.netio.repair_server import ANY_TOPIC, CachedRun, RepairServer, entry_sseq
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 
 MAX_NAKS = 64
@@ -76,10 +76,6 @@ SETTLE_REPORT, SETTLE_FOR = 0.02, 1.0  # an idle member holding what is not stab
                                      # this often, for up to SETTLE_FOR after its stream moved
 IDLE_FROM = 0.1                      # a token period this long is the idle one
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
-
-
-def _sseq(entry: tuple) -> int:
-    return entry[0]
 
 
 _last_sseq = itemgetter(1)  # of a CachedRun
@@ -211,7 +207,7 @@ class RecoveryPath:
         if stable <= self.stable_sseq:
             return
         cache, head, tails = self._cache, self._cache_head, self._tails
-        stop = bisect.bisect_right(cache, stable, lo=head, key=_sseq)
+        stop = bisect.bisect_right(cache, stable, lo=head, key=entry_sseq)
         freed = tails.release(cache, head, stop) + MESSAGE_COST * (stop - head)
         cache[head:stop] = [None] * (stop - head)
         head = stop
@@ -366,7 +362,7 @@ class RecoveryPath:
             # runs held early and released after later ones: put in stream order (repairs and
             # pruning look runs up by stream seq)
             head = self._peer_heads[source]
-            cache.insert(bisect.bisect(cache, run[0], lo=head, key=_sseq), run)
+            cache.insert(bisect.bisect(cache, run[0], lo=head, key=entry_sseq), run)
             return
         cache.append(run)
 
@@ -394,12 +390,11 @@ class RecoveryPath:
             stalled = stalls.get(source) == seen
             if not stalled:
                 self._moved[source] = now
-            moved = self._moved.setdefault(source, now)
             if record.top <= seen:
                 self._behind.pop(source, None)
             elif not stalled or source not in self._behind:
                 self._behind[source] = now
-            wanted = stalled and self._tail_wanted(source, now, self._behind.get(source, moved))
+            wanted = stalled and self._tail_wanted(source, now, self._behind.get(source))
             acks[source] = self._owed_of(source, record, seen, wanted, now, naks, streams) \
                 if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
@@ -410,7 +405,7 @@ class RecoveryPath:
         naks += self._tail_naks(now)
         return acks, naks
 
-    def _tail_wanted(self, source: int, now: float, since: float) -> bool:
+    def _tail_wanted(self, source: int, now: float, since: float | None = None) -> bool:
         """Whether this member may ask for what `source`'s record names beyond what it received,
         its stream having stood still since the last summary. A stream that stands still while
         its sender has sent more is lost only if something was lost: a forwarding member that
@@ -422,13 +417,13 @@ class RecoveryPath:
         working through its queue, or not scheduled): asked for only once it stood still for
         TAIL_FALLBACK with no new datagram on any channel, or for TAIL_FALLBACK_MAX (a
         forwarding member that far behind is not waited for: the sender still holds it all).
-        Those spells count from `since`: when the sender was first known to have sent more than
-        this member saw, not when the stream last moved here (a sender held by its window sends
-        nothing for seconds; what it sends after that is in flight, not late); from the move
-        when the record names no more than that (a topic's tail lost below later messages of
-        other topics)."""
+        Those spells count from `since`, when given: when the sender was first known to have
+        sent more than this member saw, not when the stream last moved here (a sender held by
+        its window sends nothing for seconds; what it sends after that is in flight, not late);
+        else from the move (the record names no more than that: a topic's tail lost below later
+        messages of other topics)."""
         moved = self._moved.setdefault(source, now)
-        still = now - since
+        still = now - (moved if since is None else since)
         return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \
             or still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK
 
@@ -595,7 +590,7 @@ class RecoveryPath:
             record = self._records.get(source)
             if record is not None and now - record.beat_at < 3 * max(self._period, 0.05):
                 continue  # the sender lives: its own record names what is missing
-            if not self._tail_wanted(source, now, self._moved.setdefault(source, now)):
+            if not self._tail_wanted(source, now):
                 continue
             asked = self._tail_asks.setdefault(source, [seen, now])
             if asked[0] != seen:

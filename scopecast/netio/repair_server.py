@@ -43,7 +43,8 @@ class CachedRun(NamedTuple):
     offset: int         # of the first payload in `data`
 
 
-def _sseq(entry: tuple) -> int:
+def entry_sseq(entry: tuple) -> int:
+    """The stream seq an own cache entry or a CachedRun starts at (a bisect key of both caches)."""
     return entry[0]
 
 
@@ -81,7 +82,7 @@ class RepairServer:
         """Serve `nak` [topic, session, lo, hi, lo_sseq, hi_sseq] out of member `me`'s own
         unstable messages `cache[head:]` (ordered by stream seq)."""
         lo_sseq = int(nak[4])
-        start = bisect.bisect_left(cache, lo_sseq, lo=head, key=_sseq)
+        start = bisect.bisect_left(cache, lo_sseq, lo=head, key=entry_sseq)
         self._serve(me, me, islice(cache, start, None), nak, address)
 
     def serve_cached(self, me: int, source: int, runs: list[CachedRun], head: int, nak,
@@ -90,7 +91,7 @@ class RepairServer:
         if not runs:
             self._stats["repair_misses"] += 1
             return
-        at = bisect.bisect_right(runs, int(nak[4]), lo=head, key=_sseq)  # the run that may
+        at = bisect.bisect_right(runs, int(nak[4]), lo=head, key=entry_sseq)  # the run that may
         self._serve(me, source, cached_messages(islice(runs, max(head, at - 1), None)), nak,
                     address)
 
