@@ -5,6 +5,7 @@ off; the datagram size follows the interface's MTU."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import time
 import pytest
 import ray
 import ray.cloudpickle
-from member_pair import TOPIC, member_pair, received
+from member_pair import TOPIC, member_pair, received, wait_for
 
 from benchmarks.loss import available, dropped, udp_loss
 from scopecast import RuntimeConfig
@@ -61,6 +62,26 @@ def test_mtu_sized_datagrams_carry_runs_and_fragments_ordered_and_complete(batch
     else:
         assert sent["datagrams_per_send"] == took["datagrams_per_receive"] == 1
         assert sent["datagrams_sealed"] == took["datagrams_scanned"] == 0
+
+
+@needs_root
+def test_a_batch_the_firewall_drops_is_a_lost_send_and_batching_stays_on():
+    """netfilter's OUTPUT drop fails a GSO send with EPERM: its datagrams are lost (recovery
+    repairs them), the interface still takes batches."""
+    if not detect("127.0.0.1").gso:
+        pytest.skip("the kernel refuses UDP GSO on loopback")
+    with member_pair(config(True)) as (a, b, _inbox):
+        rule = ["OUTPUT", "-o", "lo", "-p", "udp", "--dport", str(b.address[1]), "-m", "comment",
+                "--comment", f"scopecast-test-{os.getpid()}", "-j", "DROP"]
+        subprocess.run(["iptables", "-A", *rule], check=True)
+        try:
+            for i in range(1, 2001):
+                a.publish(TOPIC, 1, i, 0, payload(i))
+            wait_for(lambda: a.call_wait(lambda: a.drops["send_error"]) > 0, "a lost send")
+        finally:
+            subprocess.run(["iptables", "-D", *rule], check=True)
+        assert a.call_wait(a._offload_status)["gso"] is True
+        assert a.call_wait(lambda: a.stats["gso_refused"]) == 0
 
 
 class BatchPublisher:
