@@ -67,7 +67,7 @@ def test_hierarchy_from_node_labels_late_nodes_and_dead_host_scopes(tmp_path):
     got = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     head, late = got["head"], got["late"]
     host_a, host_b = f"east/a/host-{head[:8]}", f"east/b/host-{late[:8]}"
-    assert got["kinds"]["/"] == "cluster" and got["kinds"]["east"] == "region"
+    assert got["kinds"]["/"] == "cluster" and got["kinds"]["east"] == "level"
     assert got["kinds"]["east/a"] == got["kinds"]["east/b"] == "lan"
     assert got["kinds"][host_a] == got["kinds"][host_b] == "host"
     assert got["nodes"][host_a] == head and got["nodes"][host_b] == late  # pinned to their node

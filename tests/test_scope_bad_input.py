@@ -14,6 +14,7 @@ from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.cluster_manager import _check_settings
 from scopecast.scopes.controlled_element import call
 from scopecast.scopes.paths import scope_actor_name
+from scopecast.scopes.reports import ScopeReport
 from scopecast.scopes.status import members, scope
 
 pytestmark = pytest.mark.ray
@@ -92,12 +93,17 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
     # a malformed table position: the whole table (the piece starts at its base)
     view = ray.get(manager.watch.remote(member["id"], 1, 0, None, ["x", {}]))
     assert view["topics"][3] == view["topics"][2]
-    # reports that are not from a child scope, or malformed, are ignored (logged)
-    assert ray.get(manager.report.remote("L", {"incarnation": 1}, None)) is True
+    # reports that are not from a child scope, malformed or of another version are dropped
+    # (logged and counted)
+    beat = ScopeReport(1, 1, 0, None).to_wire()
+    assert ray.get(manager.report.remote("L", beat, None)) is True
     assert ray.get(manager.report.remote("zz", {"incarnation": "x", "depth": []}, None)) is True
+    assert ray.get(manager.report.remote("zz", {**beat, "v": 99}, None)) is True
+    assert ray.get(manager.report.remote("zz", {**beat, "state": {"subs": {"1": "boss"}}},
+                                         None)) is True
+    assert scope(cluster.status(), "bad/ok")["dropped"] == {"malformed_report": 3}
     # a heartbeat naming a state this scope does not have asks for the state (False)
-    assert ray.get(manager.report.remote("zz", {"incarnation": 1, "acked": 0, "rev": 1},
-                                         None)) is False
+    assert ray.get(manager.report.remote("zz", beat, None)) is False
     assert "zz" not in {s["name"] for s in scope(cluster.status(), "bad/ok")["scopes"]}
     still_delivers(cluster, listener)
 

@@ -18,6 +18,7 @@ from scopecast.scopes import controlled_element
 from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
 from scopecast.scopes.status import members, scope, walk
+from scopecast.scopes.views import MemberView
 
 pytestmark = pytest.mark.ray
 
@@ -239,9 +240,10 @@ def test_a_channel_serving_many_topics_reaches_its_member_as_one_route(cluster):
     with cluster.subscriber("alike/*", scope="alike/R") as sub:  # (another member)
         pubs = cluster.publishers([i.name for i in infos], scope="alike/S")
         element = pubs[0]._element
-        view = ray.get(element.manager.watch.remote(element.member_id, 0, 0))
-        assert len(view["routes"]) == 1
-        assert sorted(view["routes"][0]["topics"]) == sorted(i.id for i in infos)
+        _version, view, _piece = MemberView.from_wire(
+            ray.get(element.manager.watch.remote(element.member_id, 0, 0)))
+        assert len(view.routes) == 1
+        assert sorted(view.routes[0].topics) == sorted(i.id for i in infos)
         for p in pubs:
             p.publish(b"x")
         got = {sub.receive(timeout=30).topic for _ in infos}

@@ -127,19 +127,21 @@ def _scope(name="lan0", kind="lan", parent=""):
 
 
 def test_a_scope_brings_its_topics_in_line_key_by_key_as_a_full_rebuild_would():
+    from scopecast.scopes.topic_view import ScopeTopics
+
     root = _root()
-    scope = _scope()
-    _send(root, scope.table)
-    scope._topics_changed(scope.table.changed)
+    topics = ScopeTopics()
+    _send(root, topics.table)
+    topics.follow(topics.table.changed)
     for key, body in [("6", _body(6)), ("2", None), ("6", {**_body(6), "name": "t/six"})]:
         root.change(key, body)
-        _send(root, scope.table)
-        scope._topics_changed(scope.table.changed)
-        fresh = _scope()
+        _send(root, topics.table)
+        topics.follow(topics.table.changed)
+        fresh = ScopeTopics()
         _send(root, fresh.table)
-        fresh._topics_changed(None)
-        assert scope.topics == fresh.topics and scope._named == fresh._named
-    assert "t/6" not in scope._named and scope._named["t/six"].id == 6
+        fresh.follow(None)
+        assert topics.by_id == fresh.by_id and topics.by_name == fresh.by_name
+    assert "t/6" not in topics.by_name and topics.by_name["t/six"].id == 6
 
 
 def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_yet():
@@ -149,29 +151,29 @@ def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_y
     stable."""
     import asyncio
 
-    from scopecast.scopes.scope_manager import Child
+    from scopecast.scopes.membership import Child
     from scopecast.scopes.topics import TopicInfo
 
     root = _root()
     scope = _scope("lan0/host-x", "host", "lan0")
-    _send(root, scope.table)
-    scope._topics_changed(None)
+    _send(root, scope.topics.table)
+    scope.topics.follow(None)
 
     async def root_call(method, name):
         assert method == "topic"
         return TopicInfo(name=name, id=9)
     scope._root_call = root_call
-    publisher = scope.children["m"] = Child("m", "member", id=7)
+    publisher = scope.members.children["m"] = Child("m", "member", id=7)
     publisher.pubs.add(asyncio.run(scope._topic("t/new")).id)  # as `advertise` does
-    assert scope._reliable_topics(publisher) == {9: "token_ring"}
+    assert scope.planner.reliable_topics(publisher) == {9: "token_ring"}
 
     for i in range(10, 10 + REBASE_MIN + 2):  # the parent's table, rebased, without it yet
         root.change(str(i), _body(i))
-    _send(root, scope.table)
-    scope._table_changed(scope.table.changed)
-    assert scope._reliable_topics(publisher) == {9: "token_ring"}
+    _send(root, scope.topics.table)
+    scope._table_changed(scope.topics.table.changed)
+    assert scope.planner.reliable_topics(publisher) == {9: "token_ring"}
 
     root.change("9", TopicInfo(name="t/new", id=9).to_dict())  # ... caught up
-    _send(root, scope.table)
-    scope._table_changed(scope.table.changed)
-    assert scope.table.early == {} and scope._reliable_topics(publisher) == {9: "token_ring"}
+    _send(root, scope.topics.table)
+    scope._table_changed(scope.topics.table.changed)
+    assert scope.topics.table.early == {} and scope.planner.reliable_topics(publisher) == {9: "token_ring"}

@@ -40,11 +40,12 @@ from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.transport import TransportConfig, unicast_socket
 from scopecast.policies.host import PLUGIN_MEMORY, confine
+from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
 
-TICK = 0.005
-IDLE_WAIT = 0.1  # a host without agents only waits for the next one
+TICK = TIMING.agent_tick
+IDLE_WAIT = TIMING.agent_idle_wait
 MAX_STATE_CHARS = 8192  # of a protocol's describe() in status
 
 

@@ -27,10 +27,12 @@ Caching members: the first `cachers` of each partition (so partition leaders cac
 from __future__ import annotations
 
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
+from scopecast.timing import TIMING
 
 MAX_TOKEN_NAKS = 64
 LOST_PERIODS = 4   # a token not back within this many periods (or rounds as long as the last one)
-LOST_MAX = 5.0     # is lost; twice as long after each loss in a row, up to this many seconds
+                   # is lost; twice as long after each loss in a row, up to LOST_MAX seconds
+LOST_MAX = TIMING.token_lost_max
 STATE_STREAMS = 16  # streams status shows the state of (describe)
 MAX_OPEN_ROUNDS = 16  # rounds a leader waits for at once (taken as lost, a token may come back)
 

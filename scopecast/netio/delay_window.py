@@ -12,8 +12,10 @@ the configured ceiling.
 
 from __future__ import annotations
 
+from scopecast.timing import TIMING
+
 INF = float("inf")
-EPOCH = 5.0          # the least round trip is remembered for one to two epochs (routes change)
+EPOCH = TIMING.delay_epoch
 FLOOR = 128 << 10
 
 

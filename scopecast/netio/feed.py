@@ -27,15 +27,14 @@ from collections import deque
 
 from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
+from scopecast.timing import TIMING
 
 RUN_COST = wire.RUN.size
 MESSAGE_COST = wire.LENGTH.size
 MIXED_EXTRA = wire.MIXED_ENTRY.size - MESSAGE_COST  # what a message in a mixed run costs more
 END = wire.ContentType.END
-PROBE_AFTER = 0.05   # seconds a full window waits for its slowest receiver before probing
-TAIL_PROBE_AFTER = 0.02  # seconds after its last datagram an unacknowledged drained feed is probed
-                         # (receivers acknowledge every 10 ms: a receiver holding everything has
-                         # normally done so by then)
+PROBE_AFTER = TIMING.window_probe_after
+TAIL_PROBE_AFTER = TIMING.tail_probe_after
 
 
 class Run:

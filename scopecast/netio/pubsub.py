@@ -18,6 +18,7 @@ from scopecast.netio.message import Message
 from scopecast.netio.runtime import Subscription
 from scopecast.netio.topic_names import Advertised, is_pattern, topic_matcher
 from scopecast.netio.wire import ContentType
+from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def _arrow_ipc(batch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-END_WAIT = 5.0  # seconds close() waits for its end marker to be stable, beyond the data
+END_WAIT = TIMING.end_wait
 
 
 class Publisher:

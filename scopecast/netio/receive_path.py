@@ -20,12 +20,13 @@ from scopecast.netio.message import Message
 from scopecast.netio.reassembly import ReassemblyError
 from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun
 from scopecast.netio.udp_batch import GRO_SPACE, segment_size
+from scopecast.timing import TIMING
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
 MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
-ACK_NOW_GAP = 0.0005  # acknowledgements asked for without delay go at most this often
+ACK_NOW_GAP = TIMING.ack_now_gap
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
 
 

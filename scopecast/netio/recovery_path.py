@@ -46,6 +46,7 @@ from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.repair_server import ANY_TOPIC, CachedRun, RepairServer, entry_sseq
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
+from scopecast.timing import TIMING
 
 MAX_NAKS = 64
 MAX_RECORD_TOPICS = 256
@@ -57,24 +58,18 @@ RECORD_SCAN = 4096                   # own unstable messages looked at for the r
 MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per summary
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
-TAIL_PATIENCE = 30.0                 # seconds of tail NAKs for one sender without progress before
-                                     # giving up (a few tries run out on a loaded machine)
-TAIL_FALLBACK = 2.0                  # seconds a stream stands still, and no new datagram comes,
-                                     # before its tail is asked for without evidence of loss
-TAIL_FALLBACK_MAX = 5.0              # ... or it stands still this long whatever comes: a
-                                     # forwarding member this far behind (catching up after a
-                                     # stall) would hold its stream's stability, and a flush
+TAIL_PATIENCE = TIMING.tail_patience
+TAIL_FALLBACK = TIMING.tail_fallback
+TAIL_FALLBACK_MAX = TIMING.tail_fallback_max
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
 OWED_NOTHING = 1 << 62               # the acknowledgement of a member that takes no reliable topic
 INF = float("inf")
-IDLE_PERIODS, IDLE_MIN = 4, 0.05     # a sender whose stream stands still this long is idle
-RETRY_MIN, RETRY_TIMES = 0.004, 2.0  # a hole is asked of its sender again after twice the recent
-                                     # repair time (at least RETRY_MIN, at most a token period)
-RECORD_TTL = 10.0                    # a sender's record not refreshed this long is forgotten
-SETTLE_REPORT, SETTLE_FOR = 0.02, 1.0  # an idle member holding what is not stable yet reports
-                                     # this often, for up to SETTLE_FOR after its stream moved
-IDLE_FROM = 0.1                      # a token period this long is the idle one
+IDLE_PERIODS, IDLE_MIN = 4, TIMING.idle_min
+RETRY_MIN, RETRY_TIMES = TIMING.repair_retry_min, 2.0
+RECORD_TTL = TIMING.record_ttl
+SETTLE_REPORT, SETTLE_FOR = TIMING.settle_report, TIMING.settle_for
+IDLE_FROM = TIMING.idle_from
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
 
 
@@ -102,7 +97,7 @@ def _named_topics(runs) -> dict[tuple[int, int], list[int]]:
 
 
 @dataclass(slots=True)
-class _Record:
+class _SenderRecord:
     """A sender's record as this member last heard it (see `agents.api`), with when it moved."""
 
     top: int                # the sender's stream is on the wire up to here
@@ -155,7 +150,7 @@ class RecoveryPath:
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
         self._last_sseq = KeyTable()  # (topic, source, session) -> last delivered sseq
-        self._records: dict[int, _Record] = {}   # source -> its record
+        self._records: dict[int, _SenderRecord] = {}   # source -> its record
         self._positions = StreamPositions()      # sseqs taken per source (for dense streams)
         self._taken_keys: dict[int, KeyDigest] = {}  # source -> keys delivered from it
         self._digested: dict[tuple, int] = {}  # (source, session) -> its keys in _taken_keys
@@ -427,7 +422,7 @@ class RecoveryPath:
         return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \
             or still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK
 
-    def _owed_of(self, source: int, record: _Record, seen: int, stalled: bool, now: float,
+    def _owed_of(self, source: int, record: _SenderRecord, seen: int, stalled: bool, now: float,
                  naks: list, streams: list) -> int:
         """How far `source`'s stream is acknowledged; its NAKs go to `naks`, and a dense
         stream's tail to ask for to `streams`."""
@@ -457,7 +452,7 @@ class RecoveryPath:
             return min(a, position)
         return min(a, record.horizon)
 
-    def _owed_by_topic(self, source: int, record: _Record, a: int, tail_upto: int, dense: bool,
+    def _owed_by_topic(self, source: int, record: _SenderRecord, a: int, tail_upto: int, dense: bool,
                        now: float, naks: list) -> int:
         """The topics `source`'s record names: each one's holes NAKed (and its tail, when the
         tail's last stream seq is at most `tail_upto`); returns how far, up to `a`, they let the
@@ -701,7 +696,7 @@ class RecoveryPath:
                 top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
                 horizon = int(record[3]) if len(record) > 3 else top
                 keys = (int(record[4]), int(record[5])) if len(record) > 5 else (0, 0)
-                self._records[source] = _Record(
+                self._records[source] = _SenderRecord(
                     top, None if self._dense(source, keys) else _named_topics(record[1]),
                     horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
@@ -735,7 +730,7 @@ class RecoveryPath:
             self._peer_heads.clear()
         self._cacher = cacher
 
-    def _top_moved(self, old: _Record | None, top: int, now: float) -> tuple[float, int]:
+    def _top_moved(self, old: _SenderRecord | None, top: int, now: float) -> tuple[float, int]:
         """(top_at, settled) of a sender's record that now says `top`."""
         if old is None:
             return now, 0

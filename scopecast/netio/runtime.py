@@ -50,18 +50,18 @@ from scopecast.netio.routing import RoutingLabel, origin_record
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
 from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detect, enable_gro
+from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
 
-PUBLISH_LINGER = 0.0005  # seconds the I/O loop waits for more publishes after a wake-up
-PARK = 0.002     # while an application thread leads, the I/O thread looks this often whether it
-                 # has left receive() (then the I/O thread leads again)
-HANDOVER_WAIT = 0.01  # how long a receiving thread waits for the lead before waiting as before
+PUBLISH_LINGER = TIMING.publish_linger
+PARK = TIMING.park
+HANDOVER_WAIT = TIMING.handover_wait
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
-HOLE_DELAY = 0.002  # a hole is NAKed this soon (runs reordered across paths come within it)
+HOLE_DELAY = TIMING.hole_delay
 MAX_MESSAGE = 0xFFFFFFFF
 MAX_NAMES = 4096   # names of members remembered, current and gone
-BEAT_EVERY = 1.0   # seconds between a waiting control thread's heartbeats (see call_wait)
+BEAT_EVERY = TIMING.beat_every
 HEADER = wire.HEADER
 
 

@@ -19,8 +19,9 @@ import msgpack
 from scopecast.actors.errors import PluginRejected
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, check_files, digest, parse_ref
+from scopecast.timing import TIMING
 
-VALIDATE_TIMEOUT = 30.0
+VALIDATE_TIMEOUT = TIMING.plugin_validate_timeout
 VALIDATE_MEMORY = 2 << 30
 VALIDATE_CPU_SECONDS = 30
 

@@ -81,20 +81,18 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet authenticator of a
     cluster deployed now, "gmac" or "hmac-sha256"; `interface` the address its members use for multicast,
-    default loopback for an embedded Ray and each node's own address otherwise). `settings`
-    (heartbeat_period, scope_timeout, member_timeout, slow_grace in seconds; slow_lag_mb in MiB) sets the
-    failure detection of a cluster deployed now (a member whose application lags more than slow_lag_mb for
-    slow_grace is demoted to client; token_period and idle_token_period, default 0.01 and 1.0 s, are the
-    recovery token's period while senders are active and when idle; empty_scope_timeout, default 60 s, how
-    long a user's scope without members lives on), and `levels` the Ray node labels that
-    group its hosts, top first, the last one the LAN (default: one LAN). `name` names this process's
-    member in its scopes (default host:pid). `trusted_keys` (Ed25519 public keys, PEM text or file paths)
-    make a cluster deployed now accept only plug-ins signed by one of them. `datagram_bytes` sets the
-    datagram size of a cluster deployed now for every member that does not set its own (default:
-    each member's interface MTU, 64 KB on loopback; up to 65000 lets the kernel fragment datagrams
-    inside a LAN, several messages per datagram even of 1 KB, where IP fragments pass and frames are
-    seldom lost). With `start=False`, raise `NotConnected` instead of starting an embedded Ray or
-    deploying."""
+    default loopback for an embedded Ray and each node's own address otherwise). `settings` sets the
+    cluster settings of a cluster deployed now: failure detection, the recovery token's periods, how
+    long an empty user scope lives, and when a slow consumer is demoted (docs/settings.md lists them
+    with their defaults; a value that does not fit the others raises InvalidConfig), and `levels` the
+    Ray node labels that group its hosts, top first, the last one the LAN (default: one LAN). `name`
+    names this process's member in its scopes (default host:pid). `trusted_keys` (Ed25519 public
+    keys, PEM text or file paths) make a cluster deployed now accept only plug-ins signed by one of
+    them. `datagram_bytes` sets the datagram size of a cluster deployed now for every member that
+    does not set its own (default: each member's interface MTU, 64 KB on loopback; up to 65000 lets
+    the kernel fragment datagrams inside a LAN, several messages per datagram even of 1 KB, where IP
+    fragments pass and frames are seldom lost). With `start=False`, raise `NotConnected` instead of
+    starting an embedded Ray or deploying."""
     if datagram_bytes is not None:
         TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)

@@ -16,7 +16,9 @@ from typing import Any
 
 import ray
 
-PING_TIMEOUT = 5.0  # seconds an idle actor has to answer before it is taken for dead
+from scopecast.timing import TIMING
+
+PING_TIMEOUT = TIMING.pool_ping_timeout
 MAX_IDLE = 8        # idle actors kept (the oldest go first)
 
 _idle: list[tuple[Any, Any]] = []  # (RuntimeConfig or None, actor), oldest first

@@ -38,17 +38,19 @@ from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
 from scopecast.scopes import plugin_check
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
-from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager, pinned
+from scopecast.scopes.placement import pinned
+from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import HISTORIES, TopicInfo
+from scopecast.timing import CLUSTER_TIMING, TIMING, check_cluster
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LAN = "lan0"
 LAN_LABEL = "scopecast-lan"  # the Ray node label naming a host's LAN when no `levels` are set
-NODE_CHECK_PERIOD = 2.0
+NODE_CHECK_PERIOD = TIMING.node_check_period
 MAX_SCHEMA_BYTES = 64 << 10  # a topic's recorded schema, as JSON
-RETIRE_WAIT = 30.0  # how long a retiring scope has to answer (ensure_scope waits meanwhile)
+RETIRE_WAIT = TIMING.retire_wait
 
 
 class ClusterScopeManager(ScopeManager):
@@ -85,12 +87,12 @@ class ClusterScopeManager(ScopeManager):
         self._mac = cluster["mac"]
         self._interface = interface
         self._levels = list(levels or [])
-        self.settings = {**DEFAULT_SETTINGS, **cluster.get("settings", {}),
-                         "group_prefix": cluster["group_prefix"], "port": cluster["port"]}
+        self.settings.update({**cluster.get("settings", {}), "group_prefix":
+                              cluster["group_prefix"], "port": cluster["port"]})
         fields = set(TopicInfo.__dataclass_fields__)
-        self.table.load({str(t["id"]): {k: v for k, v in t.items() if k in fields}
-                         for t in self._store.topics()})
-        self._topics_changed()
+        self.topics.table.load({str(t["id"]): {k: v for k, v in t.items() if k in fields}
+                                for t in self._store.topics()})
+        self.topics.follow()
         self._directory = {m["id"]: m for m in self._store.members()}
         self._library = PluginLibrary(self._store, plugin_check.__name__,
                                       cluster.get("trusted_keys"))
@@ -98,7 +100,7 @@ class ClusterScopeManager(ScopeManager):
         self._last_node_check = 0.0
         self._making = asyncio.Lock()  # user scopes are made and retired one at a time
         log.info("cluster scope manager up: cluster %x, state %s, %d topics, %d members in the "
-                 "directory", self._cluster_id, self._store.path, len(self.topics),
+                 "directory", self._cluster_id, self._store.path, len(self.topics.by_id),
                  len(self._directory))
 
     # ------------------------------------------------------------------------------ cluster
@@ -168,7 +170,7 @@ class ClusterScopeManager(ScopeManager):
             parts = [check_scope_path(str(labels.get(key) or f"{key}0")) for key in self._levels] \
                 or [check_scope_path(str(labels.get(LAN_LABEL) or DEFAULT_LAN))]
             for i in range(1, len(parts) + 1):
-                _deploy("/".join(parts[:i]), "lan" if i == len(parts) else "region")
+                _deploy("/".join(parts[:i]), "lan" if i == len(parts) else "level")
             host = "/".join(parts + [f"host-{node['NodeID'][:8]}"])
             _deploy(host, "host", pinned(node["NodeID"]))
             self._hosts_of[node["NodeID"]] = host
@@ -212,7 +214,7 @@ class ClusterScopeManager(ScopeManager):
         if history not in HISTORIES:
             raise InvalidConfig(f"unknown history {history!r}: {' or '.join(HISTORIES)}")
         root = check_scope_path(root)
-        existing = self._topic_named(name)
+        existing = self.topics.by_name.get(name)
         if existing is not None:
             if not exist_ok or (existing.policy, existing.recovery, existing.history) \
                     != (policy, recovery, history):
@@ -264,12 +266,12 @@ class ClusterScopeManager(ScopeManager):
     def _save(self, info: TopicInfo) -> None:
         body = info.to_dict()
         self._store.put_topic(info.name, info.id, body)
-        self.table.change(str(info.id), body)
+        self.topics.table.change(str(info.id), body)
         self._table_changed({str(info.id)})
         self._kick()
 
     async def topic(self, name: str) -> TopicInfo:
-        info = self._topic_named(name)
+        info = self.topics.by_name.get(name)
         if info is None:
             raise TopicNotFound(name)
         return info
@@ -277,7 +279,7 @@ class ClusterScopeManager(ScopeManager):
     async def topics_list(self, names: list[str] | None = None) -> list[TopicInfo]:
         """Every topic, or those `names` name or match (a caller polling a few topics in a
         cluster of thousands gets only those)."""
-        topics = self.topics.values()
+        topics = self.topics.by_id.values()
         if names is not None:
             wanted = name_filter(names)
             topics = [t for t in topics if wanted(t.name)]
@@ -286,7 +288,7 @@ class ClusterScopeManager(ScopeManager):
     async def delete_topic(self, name: str) -> None:
         info = await self.topic(name)
         self._store.delete_topic(name)
-        self.table.change(str(info.id), None)
+        self.topics.table.change(str(info.id), None)
         self._table_changed({str(info.id)})
         self._kick()
 
@@ -332,7 +334,7 @@ class ClusterScopeManager(ScopeManager):
         return self._library.remove(ref, self._used_by(record["sha256"]))
 
     def _used_by(self, sha: str) -> list[str]:
-        return [t.name for t in self.topics.values() if sha in (t.plugin, t.recovery_plugin)]
+        return [t.name for t in self.topics.by_id.values() if sha in (t.plugin, t.recovery_plugin)]
 
     async def status(self, topics: bool = True, budget: float = STATUS_BUDGET) -> dict:
         tree = await super().status(topics, budget)
@@ -340,8 +342,8 @@ class ClusterScopeManager(ScopeManager):
                 "uptime_s": round(time.time() - self._started, 1),
                 "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
                 "settings": {k: v for k, v in self.settings.items() if k in DEFAULT_SETTINGS},
-                "topics": [self.table.entries[k] for k in sorted(self.table.entries, key=int)]
-                if topics else len(self.table.entries),
+                "topics": [self.topics.table.entries[k] for k in sorted(self.topics.table.entries, key=int)]
+                if topics else len(self.topics.table.entries),
                 "directory": len(self._directory), "trusted_keys": self._library.trusted,
                 "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 
@@ -381,10 +383,7 @@ def _check_settings(settings: dict) -> None:
         if not isinstance(value, (int, float)) or not 0 < value <= 3600:
             raise InvalidConfig(f"scope setting {key} must be a number in (0, 3600] (seconds; "
                                 "slow_lag_mb in MiB)")
-    s = {**DEFAULT_SETTINGS, **settings}  # what the scopes will run with
-    if s["heartbeat_period"] * 2 > min(s["scope_timeout"], s["member_timeout"]):
-        raise InvalidConfig("heartbeat timeouts must be at least twice the heartbeat period")
-    if s["token_period"] > s["idle_token_period"]:
-        raise InvalidConfig("token_period (while senders are active) must not exceed "
-                            "idle_token_period")
+    # the timing the scopes will run with, checked with every other knob (scopecast.timing)
+    check_cluster({k: v for k, v in {**DEFAULT_SETTINGS, **settings}.items()
+                   if k in CLUSTER_TIMING})
 

@@ -27,19 +27,21 @@ from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeCon
 from scopecast.netio.transport import member_interface
 from scopecast.scopes.paths import scope_actor
 from scopecast.scopes.topic_table import TopicTable
+from scopecast.scopes.views import MalformedView, MemberView, ViewRoute
+from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
 
-WATCH_PERIOD = 1.0   # a standing watch call returns at least this often (the member's heartbeat)
-POLL = 0.05          # how often the control thread looks for unknown senders meanwhile
-READY_TIMEOUT = 10.0
-CALL_TIMEOUT = 60.0  # a control call's answer; subscribe and advertise add PER_NAME a name
-PER_NAME = 0.01      # (the scope resolves and lays each of thousands of topics)
-COUNTERS_WAIT = 0.5  # how long a heartbeat waits for fresh counters from the I/O thread
+WATCH_PERIOD = TIMING.watch_period
+POLL = TIMING.control_poll
+READY_TIMEOUT = TIMING.ready_timeout
+CALL_TIMEOUT = TIMING.call_timeout
+PER_NAME = TIMING.call_per_name
+COUNTERS_WAIT = TIMING.counters_wait
 # a member without publishers or subscribers stays this long (repairing what it sent, its counters
 # readable), then leaves its scope: a process would otherwise stay a member, with an I/O thread,
 # of every scope it ever used (and keep each of them from retiring)
-IDLE_MEMBER_LINGER = 30.0
+IDLE_MEMBER_LINGER = TIMING.idle_member_linger
 # the member's scope manager ended for good (an empty user scope retires; see ScopeManager.retire)
 SCOPE_GONE = (ScopeRetired, ray.exceptions.ActorDiedError)
 
@@ -230,23 +232,31 @@ class ControlledElement:
         self._take(call(self.manager.watch, self.member_id, self._version, 0,
                         table=self._table.position))
 
-    def _take(self, view: dict | None) -> None:
+    def _take(self, answer: dict | None) -> None:
+        if answer is None:
+            return
+        try:
+            version, view, piece = MemberView.from_wire(answer)
+        except MalformedView as exc:  # (a scope of another version: fetched again next time)
+            log.warning("member %d: view from scope %r dropped: %s", self.member_id, self.scope,
+                        exc)
+            return
         with self._lock:
-            if view is None or view["version"] <= self._version:
+            if version <= self._version:
                 return
-            if view["topics"] is not None:  # the scope's topic table (fetched here: no Ray
-                piece = tuple(view["topics"])   # call on the I/O thread)
+            if piece is not None:  # the scope's topic table (fetched here: no Ray call on the
+                piece = tuple(piece)   # I/O thread)
                 base = ray.get(self._table.base_ref(piece)) if self._table.needs_base(piece) \
                     else None
                 self._table.take(piece, base)
-            self._table.take_early(view["early"])
+            self._table.take_early(view.early)
             self.runtime.call_wait(self._install, view, beat=self._beat)
-            self._version = view["version"]
+            self._version = version
 
-    def _install(self, view: dict) -> None:
+    def _install(self, view: MemberView) -> None:
         """Runs on the I/O thread: swap in the new tables."""
         rt = self.runtime
-        self._siblings = [MemberInfo(*m) for m in view["members"]]
+        self._siblings = [MemberInfo(*m) for m in view.members]
         rt.install_members(self._siblings + list(self._peers.values()))
         entries = self._table.entries  # by topic id: the dicts below share its keys
         sessions = {tid: session for tid, (_name, session) in entries.items()}
@@ -255,22 +265,21 @@ class ControlledElement:
         for tid, session in sessions.items():  # topics this process publishes move on later
             if rt.publish_sessions.get(tid, session) < session:
                 self._session_moves[tid] = session
-        rt.install_groups({(g, p) for g, p in view["groups"]})
+        rt.install_groups(set(view.groups))
         routes: dict[int, tuple[Route, ...]] = {}
-        for r in view["routes"]:  # one entry per channel, with the topics it serves
-            src, dst, origin, channel = tuple(r["src"]), tuple(r["dst"]), r["origin"], _channel(r)
-            for topic in r["topics"]:
-                route = Route(RoutingLabel(src, dst, topic, origin), channel)
+        for r in view.routes:  # one entry per channel, with the topics it serves
+            channel = _channel(r)
+            for topic in r.topics:
+                route = Route(RoutingLabel(r.src, r.dst, topic, r.origin), channel)
                 routes[topic] = routes.get(topic, ()) + (route,)  # (mostly one)
-        receivers = {_address(k): set(v) for k, v in view["receivers"].items()}
+        receivers = {_address(k): set(v) for k, v in view.receivers.items()}
         rt.install_routes(routes, receivers)
-        if view.get("demoted") and not self.demoted:
-            self.demoted = view["demoted"]
+        if view.demoted and not self.demoted:
+            self.demoted = view.demoted
             log.warning("member %d demoted to client by scope %r: %s; its publishers no longer "
                         "wait for it and it may miss messages", self.member_id, self.scope,
                         self.demoted)
-        rt.install_recovery({p: (a[0], int(a[1])) for p, a in view.get("agents", {}).items()},
-                            dict(view.get("protocols", {})), set(view.get("cached", ())))
+        rt.install_recovery(dict(view.agents), dict(view.protocols), set(view.cached))
 
     def _resolve_peers(self) -> None:
         """Look up in the directory the members whose datagrams the runtime is holding."""
@@ -365,12 +374,11 @@ class ControlledElement:
         self.runtime.close()
 
 
-def _channel(route: dict):
-    ep = route["endpoint"]
+def _channel(route: ViewRoute):
+    ep = route.endpoint
     channel = UnicastEndpoint(ep[1], ep[2], ep[3]) if ep[0] == "u" else MulticastGroup(ep[1], ep[2])
-    flt = route.get("filter")
-    if flt:
-        return FilteredChannel(((ModuloFilter(flt[1], flt[2]), channel),))
+    if route.filter:
+        return FilteredChannel(((ModuloFilter(route.filter[1], route.filter[2]), channel),))
     return channel
 
 

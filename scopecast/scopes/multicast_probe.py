@@ -21,12 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scopecast.netio.transport import TransportConfig, multicast_socket, unicast_socket
+from scopecast.timing import TIMING
 
 PROBES = 10          # datagrams one probe sends ...
-SPACING = 0.05       # ... this far apart; the listeners then wait at most
-LISTEN = 1.0         # this long for one more to come
-RETRY = 60.0         # seconds between probes of a LAN found unicast-only
-STALE = 60.0         # a listener never asked what it heard (its LAN scope died) is closed after
+SPACING = TIMING.probe_spacing
+LISTEN = TIMING.probe_listen
+RETRY = TIMING.probe_retry
+STALE = TIMING.probe_stale
 _BUFFER = 1 << 16
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 
 from ray.exceptions import ActorDiedError, ActorUnschedulableError
 
+from scopecast.timing import TIMING
+
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = "scopecast:agent:"
-PING_TIMEOUT = 0.5
-REPLACE_AFTER = 5.0  # an agent stays where it was placed at least this long
+PING_TIMEOUT = TIMING.agent_ping_timeout
+REPLACE_AFTER = TIMING.agent_replace_after
 # What a call to an agent host raises once Ray has given it up (its node is dead, or it died
 # for good); a host that is merely slow or restarting times out instead.
 GONE = (ActorDiedError, ActorUnschedulableError)

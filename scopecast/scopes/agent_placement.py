@@ -1,0 +1,116 @@
+"""Placing a scope's recovery agents (thesis 3.2.13): one per member of each recovery domain,
+delegated down to the node where it belongs.
+
+A member process's agent runs in the `AgentHost` of that member's node. A child scope's agent
+goes where the child places it: on the node of the member that leads the child's own domain of
+that protocol (the child asks its leader, down to a member). The recovery domains
+(`recovery_domain`) decide when an agent is needed or misplaced; this part places it. Placement
+runs beside the heartbeat, never in its way: a slow child scope or a burst of agents starting must
+not make the scope look dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from scopecast.scopes.membership import Membership
+from scopecast.scopes.placement import PLUGIN_PREFIX, named_actor, node_id, pinned, plugin_env
+from scopecast.scopes.planner import Planner
+from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains, agent_name
+
+log = logging.getLogger(__name__)
+
+
+class AgentPlacement:
+    """Keeps a scope's recovery domains' agents placed. `hello()` gives the cluster's key,
+    authenticator and interface; `holding()` whether the domains hold stability back (the scope
+    is rebuilding); `on_changed()` runs when agents changed (members' tables name them)."""
+
+    def __init__(self, path: str, members: Membership, planner: Planner,
+                 recovery: RecoveryDomains, settings: dict,
+                 hello: Callable[[], Awaitable[dict]], root_call,
+                 holding: Callable[[], bool], on_changed: Callable[[], None]) -> None:
+        self.path = path
+        self.name = path.rsplit("/", 1)[-1] if path else ""
+        self.members = members
+        self.planner = planner
+        self.recovery = recovery
+        self.settings = settings
+        self._hello = hello
+        self._root_call = root_call
+        self._holding = holding
+        self._on_changed = on_changed
+        self._task: asyncio.Task | None = None
+        self._again = False
+
+    def start(self) -> None:
+        """Bring the agents in line soon: every tick, and right after a re-layout (so that a new
+        subscriber holds stability back as soon as it can). One pass runs at a time; a change
+        during one makes it run again."""
+        if self._task is not None and not self._task.done():
+            self._again = True  # the running one may have missed this change
+            return
+        self._task = asyncio.get_running_loop().create_task(self._passes())
+
+    async def _passes(self) -> None:
+        self._again = True
+        while self._again:
+            self._again = False
+            await self._pass()
+
+    async def _pass(self) -> None:
+        try:
+            changed = await self.recovery.update(self.planner.domain_members(), self.place_for,
+                                                 self.planner.belongs, hold=self._holding())
+        except Exception as exc:  # a child placing an agent timed out or died: next tick again
+            log.warning("scope %r: recovery domain update failed: %r", self.path, exc)
+            return
+        if changed:
+            self._on_changed()
+
+    async def place_for(self, protocol: str, name: str) -> AgentRecord:
+        """Delegate the agent of member `name` of this scope's `protocol` domain."""
+        child = self.members.children.get(name)
+        if child is None:  # silent: its agent stays where it was, holding stability back
+            raise LookupError(f"child scope {name!r} is silent")
+        hello = await self._hello()
+        spec = {"name": agent_name(self.path, name, protocol),
+                "domain": f"{self.path or '/'}|{name}",
+                "level": 1 if child.kind == "member" else child.depth, "protocol": protocol,
+                "options": {"active_period": self.settings["token_period"],
+                            "idle_period": self.settings["idle_token_period"]},
+                "key": hello["key"], "mac": hello["mac"], "interface": hello.get("interface")}
+        if child.kind == "member":
+            return AgentRecord(await self.agent_host(child.node, protocol), spec,
+                               [self.path or "/", name])
+        host, chain = await asyncio.wait_for(child.handle.place_agent.remote(spec),
+                                             self.settings["scope_timeout"])
+        return AgentRecord(host, spec, [self.path or "/", *chain])
+
+    async def place_agent(self, spec: dict) -> list:
+        """Place an agent of the parent's domain on the host of the leader of this scope's
+        domain of the same protocol: delegated down to the child that leads, and run by the
+        AgentHost of its member's node. Returns [agent host, chain]."""
+        protocol = spec["protocol"]
+        leader = self.members.children.get(self.recovery.leader(protocol) or "")
+        if leader is not None and leader.kind == "scope":
+            host, chain = await leader.handle.place_agent.remote(spec)
+            return [host, [self.name, *chain]]
+        node = leader.node if leader is not None else node_id()
+        return [await self.agent_host(node, protocol),
+                [self.name, *([leader.name] if leader is not None else [])]]
+
+    async def agent_host(self, node: str, protocol: str):
+        """The AgentHost of `node` for `protocol` (created on first use, pinned there): the
+        built-ins share one per node; each plug-in protocol runs in one of its own."""
+        from scopecast.agents.agent import AgentHost, host_name
+
+        node = node or node_id()
+        opts = pinned(node)
+        args: tuple = ()
+        if protocol.startswith(PLUGIN_PREFIX):
+            module, cls, opts["runtime_env"] = await plugin_env(self._root_call, protocol)
+            args = (module, cls)
+        return await named_actor(AgentHost, host_name(node, protocol), *args, ray_options=opts)

@@ -1,0 +1,49 @@
+"""Where a scope's helper actors run (policy actors, agent hosts): found or made by name, pinned to
+a node, and for plug-ins with the plug-in's module shipped in their runtime_env."""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray
+
+from scopecast.actors import declare
+from scopecast.actors.errors import PluginRejected
+from scopecast.policies.library import materialize, shipped
+from scopecast.policies.registry import digest
+
+PLUGIN_PREFIX = "sha256:"
+
+
+def pinned(node: str) -> dict:
+    """Ray options that place an actor on `node`. Hard affinity: Ray's soft one did not hold for
+    actors that ask for no resources (on three nodes, most landed on another node); and an actor
+    named for a node that is gone is not wanted elsewhere (its successor is named for its new
+    node)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)} if node else {}
+
+
+async def named_actor(cls: type, name: str, *args, ray_options: dict):
+    """`declare.get_or_create` off the event loop (a named-actor lookup is a blocking GCS call)."""
+    return await asyncio.to_thread(declare.get_or_create, cls, name, *args,
+                                   ray_options=ray_options)
+
+
+async def plugin_env(root_call, ref: str) -> tuple[str, str, dict]:
+    """(module, class, runtime_env) of plug-in `ref` ("sha256:<hex>"): fetched from the root's
+    library (`root_call`), checked against its digest, shipped in the runtime_env."""
+    sha = ref[len(PLUGIN_PREFIX):]
+    module, cls, files = await root_call("plugin_files", sha)
+    if digest(files) != sha:
+        raise PluginRejected(f"plug-in {sha[:12]} does not match its digest")
+    return module, cls, shipped(materialize(files, sha, module))
+
+
+def node_id() -> str:
+    """The Ray node this process runs on ("" outside Ray)."""
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return ""

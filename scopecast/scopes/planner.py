@@ -1,0 +1,328 @@
+"""What a scope lays and hands down, computed from what it knows (thesis 3.2.4-3.2.6): pure, no
+Ray, no I/O.
+
+From its children's interest (who subscribes to and publishes which topic), the channels delegated
+to it from above and the layouts its policies chose (`container`), the planner computes
+- what each topic's policy is asked to lay (`wanted`),
+- each child's part of the layout: the channels it sends along and the multicast coverage it takes
+  part in (`delegate`), and from that a member process's tables (`member_view`),
+- the state this scope reports to its parent: cascading subscription, offers, joined groups and the
+  chains to the leaders of its recovery domains (`report_state`),
+- each recovery protocol's domain: its members in ring order with their regions (`domain_members`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+
+from scopecast.agents.builtin import NO_RECOVERY
+from scopecast.policies.api import MULTICAST
+from scopecast.scopes.container import Channel, PolicyContainer
+from scopecast.scopes.delegation import NO_PART, Delegation, Obligation, Part
+from scopecast.scopes.layout import Offer, multicast_path, sending_path
+from scopecast.scopes.membership import Child, Membership
+from scopecast.scopes.reports import SubtreeState
+from scopecast.scopes.topic_view import ScopeTopics, within
+from scopecast.scopes.topics import TopicInfo
+from scopecast.scopes.views import MemberView, ViewRoute
+
+NO_DELEGATION = Delegation({}, {}, NO_PART, {})
+
+
+class Planner:
+    """The layout arithmetic of one scope. `delegation` is the parent's latest (its channels
+    handed to this scope); the domains are cached until `forget_domains` (any change of children
+    or topics)."""
+
+    def __init__(self, path: str, top: bool, members: Membership, topics: ScopeTopics,
+                 container: PolicyContainer, settings: dict) -> None:
+        self.path = path
+        self.top = top
+        self.members = members
+        self.topics = topics
+        self.container = container
+        self.settings = settings
+        self.delegation = NO_DELEGATION
+        self._domains: dict[str, list[tuple[str, int]]] | None = None
+
+    @property
+    def children(self) -> dict[str, Child]:
+        return self.members.children
+
+    # ------------------------------------------------------------------------ what is wanted
+
+    def relevant(self, info: TopicInfo) -> bool:
+        return within(info, self.path)
+
+    def interest(self) -> tuple[dict[int, set[str]], dict[int, set[str]], dict[int, set[str]]]:
+        """Per topic: interested children (subscribers), publishing children, and children
+        to which channels delegated from above were handed (exits)."""
+        subs: dict[int, set[str]] = {}
+        pubs: dict[int, set[str]] = {}
+        for c in self.children.values():
+            for t in c.subs:
+                subs.setdefault(t, set()).add(c.name)
+            for t in c.pubs:
+                pubs.setdefault(t, set()).add(c.name)
+        exits: dict[int, set[str]] = {}
+        for x in self.delegation.part.exits:
+            exits.setdefault(x.topic, set()).update(self.exit_members(x))
+        return subs, pubs, exits
+
+    def exit_members(self, exit_: Obligation) -> list[str]:
+        """The members a channel delegated from above goes to: the policy's choice, or the first
+        forwarder where no policy runs for the topic here (a topic covered by a multicast group)."""
+        layout = self.container.topics.get(exit_.topic)
+        chosen = layout.exits.get(exit_.replicas) if layout is not None else None
+        return chosen or self.forwarders()[:1]
+
+    def forwarders(self) -> list[str]:
+        names = sorted(c.name for c in self.children.values() if c.regular)
+        return names or sorted(self.children)
+
+    def wanted(self, policy_key) -> dict[int, dict]:
+        """Per topic, what its policy is asked for; `policy_key(info)` names the policy actor."""
+        subs, pubs, exits = self.interest()
+        covered = set(self.delegation.part.covered)
+        forwarders = self.forwarders()
+        replicas: dict[int, set[int]] = {}
+        for x in self.delegation.part.exits:
+            replicas.setdefault(x.topic, set()).add(x.replicas)
+        wanted = {}
+        for tid in sorted(subs.keys() | pubs.keys() | exits.keys()):  # (no one's: nothing to lay)
+            info = self.topics.by_id.get(tid)
+            if info is None or tid in covered or not self.relevant(info):
+                continue
+            takers = {m for m in subs.get(tid, ()) if self.children[m].regular}
+            members = takers | exits.get(tid, set())
+            sources = set(pubs.get(tid, ()))
+            up = not self.top and self.path != info.root
+            if up and (tid in subs or tid in exits):
+                layout = self.container.topics.get(tid)
+                if layout is not None and layout.entry in self.children:
+                    sources.add(layout.entry)
+                    members.add(layout.entry)
+            if not members and not sources and tid not in subs:
+                continue
+            wanted[tid] = {"policy": policy_key(info),
+                           "context": {"scope": self.path, "topic": info.name, "topic_id": tid,
+                                       "multicast": self.container.multicast,
+                                       "options": info.options},
+                           "members": members, "sources": sources,
+                           # the policy picks the entry and exits among the regular
+                           # subscribers, which take the traffic anyway (a member that only
+                           # publishes, made the entry, would get every other source's traffic
+                           # just to pass it on); among any members where none subscribes
+                           "candidates": sorted(takers) or forwarders,
+                           "replicas": replicas.get(tid, {1})}
+        return wanted
+
+    # ------------------------------------------------------------------- the labels' lengths
+
+    def length(self) -> int:
+        """L: the length of the labels of channels laid in this scope."""
+        return max((c.depth for c in self.children.values()), default=1)
+
+    def depth(self) -> int:
+        return 1 + self.length()
+
+    def group(self) -> list:
+        """This scope's multicast group and port."""
+        prefix = self.settings.get("group_prefix", (239, 192, 0))
+        h = zlib.crc32(self.path.encode())
+        return ["239.%d.%d.%d" % (prefix[1], (prefix[2] + (h >> 8)) & 0xFF, 1 + h % 254),
+                self.settings.get("port", 40000)]
+
+    def joined(self, group: list) -> list[int]:
+        """Regular members of this subtree that join `group`."""
+        key = "%s:%d" % tuple(group)
+        ids: set[int] = set()
+        for c in self.children.values():
+            ids.update(c.joined.get(key, ()))
+        return sorted(ids)
+
+    # --------------------------------------------------------------------------- handing down
+
+    def delegate(self) -> dict[str, Part]:
+        """Hand every channel to the member it concerns: own channels to their source member,
+        channels delegated from above to the chosen exit members, multicast coverage to all."""
+        length = self.length()
+        exits_of: dict[str, list[Obligation]] = {}
+        covered_of: dict[str, dict[int, Obligation]] = {}
+        subs, pubs, exits = self.interest()
+        group = self.group()
+        # coverage from above: every member interested in or publishing the topic joins / sends
+        for tid, cov in self.delegation.part.covered.items():
+            for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
+                covered_of.setdefault(name, {})[tid] = replace(
+                    cov, wraps=(*cov.wraps, (name, length)))
+        for tid, layout in self.container.topics.items():
+            channels = list(layout.channels.values())
+            clients = {m for m in subs.get(tid, ()) if not self.children[m].regular}
+            channels += [Channel(o, c, o) for o in layout.sources for c in clients if c != o]
+            if self.container.covered(tid):
+                cov = Obligation(tid, "", tuple(multicast_path(length)), ("g", *group),
+                                 tuple(self.joined(group)), scope=self.path)
+                for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
+                    covered_of.setdefault(name, {})[tid] = replace(
+                        cov, origin=name, wraps=((name, length),))
+                channels = [c for c in channels if c.dst != MULTICAST]
+            for ch in channels:
+                ob = self.obligation(tid, ch, length)
+                if ob is not None and ch.src in self.children:
+                    exits_of.setdefault(ch.src, []).append(ob)
+        for x in self.delegation.part.exits:
+            chosen = self.exit_members(x)
+            n = len(chosen)
+            for k, name in enumerate(chosen):
+                exits_of.setdefault(name, []).append(replace(
+                    x, wraps=(*x.wraps, (name, length)), replicas=1,
+                    filter=("modulo", n, k) if n > 1 else x.filter))
+        return {name: Part(tuple(exits_of.get(name, ())), covered_of.get(name, {}))
+                for name in exits_of.keys() | covered_of.keys()}
+
+    def obligation(self, tid: int, ch: Channel, length: int) -> Obligation | None:
+        """The delegated form of one channel laid here: where it goes, and who waits for it."""
+        dst = self.children.get(ch.dst)
+        offer = dst.offer(tid) if dst is not None else None
+        if offer is None:
+            return None  # its entry is not known yet; laid when its report comes
+        return Obligation(tid, ch.origin, tuple(offer.into(dst.name, length)),
+                          tuple(offer.endpoint), tuple(offer.receivers),
+                          tuple(ch.filter) if ch.filter else None, ch.replicas, self.path,
+                          ((ch.src, length),))
+
+    def member_view(self, member: Child, part: Part, agents: dict[str, list]) -> MemberView:
+        """A member process's tables from its part of the layout: the channels it sends along,
+        the groups it receives on (where a multicast group covers a topic it subscribes to or
+        forwards), its siblings, and `agents`, its recovery agents' addresses."""
+        obligations = list(part.exits)
+        forwards = {ob.topic for ob in part.exits}
+        groups = set()
+        for tid, cov in part.covered.items():
+            if tid in member.pubs:
+                obligations.append(cov)
+            if tid in member.subs or tid in forwards:
+                groups.add((cov.endpoint[1], cov.endpoint[2]))
+        receivers: dict[str, set[int]] = {}
+        # one channel serves many topics: routes alike but for the topic travel as one entry
+        # with their topics (a publisher of thousands of topics gets a few, not thousands)
+        alike: dict[tuple, list[int]] = {}
+        for ob in obligations:
+            ep = ob.endpoint
+            receivers.setdefault("%s:%d" % (ep[1], ep[2]), set()).update(ob.receivers)
+            key = (tuple(sending_path(ob.wraps)), ob.dst, ob.origin, ep, ob.filter, ob.scope)
+            alike.setdefault(key, []).append(ob.topic)
+        reliable = self.reliable_topics(member)
+        by_id = self.topics.by_id
+        return MemberView(
+            members=tuple(sorted((c.id, c.name, c.host, c.port)
+                                 for c in self.children.values() if c.kind == "member")),
+            routes=tuple(ViewRoute(*key, tuple(topics)) for key, topics in alike.items()),
+            groups=tuple(sorted(groups)),
+            receivers={k: tuple(sorted(v)) for k, v in receivers.items()},
+            agents={p: (a[0], int(a[1])) for p, a in agents.items()},
+            protocols=reliable,
+            cached=tuple(sorted(t for t in reliable if by_id[t].history == "cached")),
+            early=dict(self.topics.table.early),
+            demoted=member.demoted)
+
+    # ----------------------------------------------------------------------------- reporting
+
+    def report_state(self, rebuilding: bool) -> SubtreeState:
+        """This scope's state as its parent takes it (cascading subscription)."""
+        subs: dict[int, str] = {}
+        pubs: set[int] = set()
+        for c in self.children.values():
+            for t, role in c.subs.items():
+                if subs.get(t) != "member":
+                    subs[t] = role
+            pubs |= c.pubs
+        by_id = self.topics.by_id
+        subs = {t: r for t, r in subs.items() if t in by_id
+                and self.relevant(by_id[t]) and by_id[t].root != self.path}
+        pubs = {t for t in pubs if t in by_id and by_id[t].root != self.path}
+        joined: dict[str, set[int]] = {}
+        for c in self.children.values():
+            for key, ids in c.joined.items():
+                joined.setdefault(key, set()).update(ids)
+        return SubtreeState(self.depth(), subs, frozenset(pubs), self.offers(subs),
+                            {k: sorted(v) for k, v in joined.items()},
+                            any(c.regular for c in self.children.values()),
+                            {p: self.lead_chain(p) for p in self.domain_members()}, rebuilding)
+
+    def offers(self, subs: dict[int, str]) -> dict[int, Offer]:
+        """For each topic this scope receives from its parent: where that traffic enters."""
+        length = self.length()
+        wanted = set(subs) | {x.topic for x in self.delegation.part.exits}
+        out = {}
+        for tid in wanted:
+            if tid in self.delegation.part.covered:
+                continue
+            if self.container.covered(tid):
+                group = self.group()
+                out[tid] = Offer(tuple(multicast_path(length)), ("g", *group),
+                                 tuple(self.joined(group)))
+                continue
+            layout = self.container.topics.get(tid)
+            entry = self.children.get(layout.entry) if layout and layout.entry else None
+            below = entry.offer(tid) if entry is not None else None
+            if below is not None:
+                out[tid] = Offer(tuple(below.into(entry.name, length)), below.endpoint,
+                                 below.receivers)
+        return out
+
+    # ----------------------------------------------------------------------- recovery domains
+
+    def reliable_topics(self, member: Child) -> dict[int, str]:
+        """Topics a member process takes part in recovering (subscribed as a member, or
+        published, with a recovery protocol), each with its protocol's domain key."""
+        mine = {t for t, role in member.subs.items() if role == "member"} | member.pubs
+        by_id = self.topics.by_id
+        return {t: key for t in mine if t in by_id
+                and (key := by_id[t].recovery_key) != NO_RECOVERY}
+
+    def forget_domains(self) -> None:
+        self._domains = None
+
+    def domain_members(self) -> dict[str, list[tuple[str, int]]]:
+        """Per protocol, the children in its domain with their regions, in ring order: children
+        that subscribe to the same topics share a region (QSM), numbered in order of their
+        first member, and the ring keeps a region's members together. Kept until
+        `forget_domains`: asked every tick, it costs a pass over every topic of every child."""
+        if self._domains is None:
+            self._domains = self._group_domains()
+        return self._domains
+
+    def _group_domains(self) -> dict[str, list[tuple[str, int]]]:
+        grouped: dict[str, list[tuple[tuple, str]]] = {}
+        for c in [*self.children.values(), *self.members.silent.values()]:
+            keys = c.recovering if c.kind == "scope" else set(self.reliable_topics(c).values())
+            interest = tuple(sorted(t for t, role in c.subs.items() if role == "member"))
+            for key in keys:
+                grouped.setdefault(key, []).append((interest, c.name))
+        out: dict[str, list[tuple[str, int]]] = {}
+        for key, entries in grouped.items():
+            numbers: dict[tuple, int] = {}
+            out[key] = [(name, numbers.setdefault(interest, len(numbers)))
+                        for interest, name in sorted(entries)]
+        return out
+
+    def lead_chain(self, protocol: str) -> tuple:
+        """The chain from this scope down to the member leading its `protocol` domain."""
+        members = self.domain_members().get(protocol)
+        if not members:
+            return ()
+        first = members[0][0]
+        leader = self.children.get(first) or self.members.silent.get(first)
+        if leader is None or leader.kind != "scope":
+            return (first,)
+        return (leader.name, *leader.recovering.get(protocol, ()))
+
+    def belongs(self, protocol: str, name: str) -> tuple | None:
+        """Where the agent of child scope `name` belongs: its lead chain (None: a member, or a
+        child whose domain has no leader yet)."""
+        child = self.children.get(name)
+        chain = child.recovering.get(protocol) if child and child.kind == "scope" else None
+        return chain or None

@@ -1,0 +1,96 @@
+"""A scope's reports to its parent (thesis 3.2.3, cascading subscription): its state when it
+changed, else a heartbeat.
+
+A report carries what the subtree subscribes to and publishes, where each topic's traffic enters
+it (offers), the groups its members joined and the chains to the leaders of its recovery domains,
+with a revision number. A heartbeat names only the revision: the state of thousands of topics, sent
+every period, kept both scopes busy parsing and comparing it. A parent that answers a heartbeat
+with False lacks that state (it restarted, or dropped a malformed report) and gets it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import ray
+
+from scopecast.actors import declare
+from scopecast.scopes.reports import ScopeReport, SubtreeState
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    """Reports up for one scope. `state()` is the state to report; `where()` what the scope has
+    in place: (the parent's delegation version, its topic table position); `me()` the scope's own
+    actor handle (the parent calls it back)."""
+
+    def __init__(self, path: str, parent_name: str | None, settings: dict, incarnation: int,
+                 state: Callable[[], SubtreeState],
+                 where: Callable[[], tuple[int, tuple[int, int] | None]],
+                 me: Callable[[], object] | None = None) -> None:
+        self.path = path
+        self.name = path.rsplit("/", 1)[-1] if path else ""
+        self.parent_name = parent_name
+        self.settings = settings
+        self.incarnation = incarnation
+        self.stopped = False           # the scope retired
+        self._state = state
+        self._where = where
+        self._me = me or (lambda: ray.get_runtime_context().current_actor)
+        self._parent = None
+        self._reported: SubtreeState | None = None  # the state last reported
+        self._rev = 0
+        self._ref = None  # the last report's call: done once the parent has taken it in
+
+    def parent(self):
+        if self._parent is None:
+            self._parent = declare.find(self.parent_name)
+        return self._parent
+
+    def report(self, force: bool = False) -> None:
+        """Send the state up if it changed, else a heartbeat; `force`: a heartbeat."""
+        if self.parent_name is None or self.stopped:
+            return
+        if not force or self._reported is None:  # (what it depends on changes by re-layouts)
+            state = self._state()
+            if state != self._reported:
+                self._reported = state
+                self._rev += 1
+                self._send(state)
+                return
+        self._send(None)  # also says what it has in place now
+
+    def _send(self, state: SubtreeState | None) -> None:
+        acked, table = self._where()
+        report = ScopeReport(self.incarnation, self._rev, acked, table, state)
+        try:
+            ref = self.parent().report.remote(self.name, report.to_wire(), self._me())
+        except Exception as exc:
+            log.warning("scope %r: cannot report to %r: %s", self.path, self.parent_name, exc)
+            self._parent = None
+            return
+        self._ref = ref
+        if state is None:
+            asyncio.get_running_loop().create_task(self._resend_if_unknown(ref))
+
+    async def _resend_if_unknown(self, ref) -> None:
+        try:
+            known = await ref
+        except Exception:  # the parent is gone: the next heartbeat finds out
+            return
+        if known is False and ref is self._ref:
+            self._send(self._reported)
+
+    async def taken_in(self) -> bool:
+        """Whether the parent has taken in the last report (so a layout it asks for is under
+        way there, and the parent's own check sees it)."""
+        if self._ref is None:
+            return True
+        try:
+            known = await asyncio.wait_for(self._ref, self.settings["scope_timeout"])
+            return known is not False  # (False: the state is on its way again)
+        except Exception:  # the parent is gone or restarting: its check cannot pass either
+            return False

@@ -1,0 +1,86 @@
+"""What a child scope reports to its parent (thesis 3.2.3, cascading subscription), as typed
+records with one versioned encoding at the edge.
+
+A report is a heartbeat (`state` None: "I have revision `rev` in place") or carries the subtree's
+state. The wire form is a dict of plain values (Ray pickles it) with the version `v`; a report of
+another version, or malformed, raises `MalformedReport`, which the parent counts and drops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scopecast.scopes.layout import Offer
+from scopecast.scopes.topic_table import position
+
+REPORT_VERSION = 1
+ROLES = ("member", "client")
+
+
+class MalformedReport(ValueError):
+    """A report this scope cannot read (another version, or malformed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubtreeState:
+    """A subtree's interest and entry points, as its scope reports them up."""
+
+    depth: int                          # the length of labels of channels laid in the child, + 1
+    subs: dict[int, str]                # topic -> "member" | "client" (the strongest below)
+    pubs: frozenset[int]                # topics published below
+    offers: dict[int, Offer]            # topic -> where its traffic enters the subtree
+    joined: dict[str, list[int]]        # "group:port" -> members below that joined it
+    regular: bool                       # some member below has forwarding duty
+    recovering: dict[str, tuple[str, ...]]  # protocol -> chain down to its domain's leader
+    rebuilding: bool = False            # the child restarted and is rebuilding (see retirement)
+
+    def to_wire(self) -> dict:
+        return {"depth": self.depth, "subs": {str(t): r for t, r in self.subs.items()},
+                "pubs": sorted(self.pubs),
+                "offers": {str(t): o.to_wire() for t, o in self.offers.items()},
+                "joined": {k: list(v) for k, v in self.joined.items()},
+                "regular": self.regular,
+                "recovering": {p: list(c) for p, c in self.recovering.items()},
+                "rebuilding": self.rebuilding}
+
+    @classmethod
+    def from_wire(cls, body: dict) -> SubtreeState:
+        subs = {int(k): str(v) for k, v in body["subs"].items()}
+        if not set(subs.values()) <= set(ROLES):
+            raise ValueError(f"unknown roles {sorted(set(subs.values()) - set(ROLES))}")
+        return cls(int(body["depth"]), subs, frozenset(int(t) for t in body["pubs"]),
+                   {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
+                   {str(k): [int(i) for i in v] for k, v in body["joined"].items()},
+                   bool(body["regular"]),
+                   {str(p): tuple(map(str, chain)) for p, chain in body["recovering"].items()},
+                   bool(body.get("rebuilding", False)))
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeReport:
+    """One report of a child scope: who it is (`incarnation`), what it has in place (`acked`:
+    the parent's delegation version, `table`: its topic table position), the revision of its
+    state, and the state itself unless this is a heartbeat."""
+
+    incarnation: int
+    rev: int
+    acked: int
+    table: tuple[int, int] | None
+    state: SubtreeState | None = None
+
+    def to_wire(self) -> dict:
+        return {"v": REPORT_VERSION, "incarnation": self.incarnation, "rev": self.rev,
+                "acked": self.acked, "table": self.table,
+                "state": None if self.state is None else self.state.to_wire()}
+
+    @classmethod
+    def from_wire(cls, body) -> ScopeReport:
+        try:
+            if body.get("v") != REPORT_VERSION:
+                raise ValueError(f"version {body.get('v')!r}, not {REPORT_VERSION}")
+            state = body["state"]
+            return cls(int(body["incarnation"]), int(body["rev"]), int(body["acked"]),
+                       position(body.get("table")),
+                       None if state is None else SubtreeState.from_wire(state))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MalformedReport(str(exc)) from None

@@ -1,0 +1,103 @@
+"""What a scope hands a member process (thesis 3.2.5): its view, as typed records with one
+versioned encoding at the edge.
+
+A view is the answer to the member's standing `watch` call: its siblings, the channels it sends
+along (`ViewRoute`, one per channel with the topics it serves), the multicast groups it receives
+on, the members each destination's window waits for, its recovery agents and the recovery
+protocol of each reliable topic it takes part in. The wire form is a dict of plain values (Ray
+pickles it) with the version `v`; one of another version, or malformed, raises `MalformedView`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VIEW_VERSION = 1
+
+
+class MalformedView(ValueError):
+    """A view this member cannot read (another version, or malformed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRoute:
+    """One channel a member sends along: its label's paths and origin, where it goes (("u",
+    host, port, member) or ("g", group, port)), an optional filter (("modulo", n, k)), the scope
+    that laid it, and the topics it serves."""
+
+    src: tuple[str, ...]
+    dst: tuple[str, ...]
+    origin: str
+    endpoint: tuple
+    filter: tuple | None
+    scope: str
+    topics: tuple[int, ...]
+
+    def to_wire(self) -> list:
+        return [list(self.src), list(self.dst), self.origin, list(self.endpoint),
+                list(self.filter) if self.filter else None, self.scope, list(self.topics)]
+
+    @classmethod
+    def from_wire(cls, body: list) -> ViewRoute:
+        src, dst, origin, endpoint, flt, scope, topics = body
+        endpoint = tuple(endpoint)
+        if endpoint[0] == "u":
+            endpoint = ("u", str(endpoint[1]), int(endpoint[2]), int(endpoint[3]))
+        elif endpoint[0] == "g":
+            endpoint = ("g", str(endpoint[1]), int(endpoint[2]))
+        else:
+            raise ValueError(f"unknown endpoint {endpoint!r}")
+        if flt and (flt[0] != "modulo" or len(flt) != 3):
+            raise ValueError(f"unknown filter {flt!r}")
+        return cls(tuple(map(str, src)), tuple(map(str, dst)), str(origin), endpoint,
+                   (str(flt[0]), int(flt[1]), int(flt[2])) if flt else None, str(scope),
+                   tuple(map(int, topics)))
+
+    @property
+    def label(self) -> str:
+        return f"{':'.join(self.src)}-{':'.join(self.dst)}"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    """A member process's tables, as its scope computed them."""
+
+    members: tuple[tuple[int, str, str, int], ...]  # its siblings: (id, name, host, port)
+    routes: tuple[ViewRoute, ...]
+    groups: tuple[tuple[str, int], ...]             # multicast groups it receives on
+    receivers: dict[str, tuple[int, ...]]           # "host:port" -> members its window waits for
+    agents: dict[str, tuple[str, int]]              # protocol -> its recovery agent's address
+    protocols: dict[int, str]                       # reliable topic -> its protocol's domain key
+    cached: tuple[int, ...]                         # topics whose history it caches
+    early: dict[str, dict]                          # topic entries ahead of the table
+    demoted: str = ""                               # why it was demoted to client, if it was
+
+    def to_wire(self, version: int, topics) -> dict:
+        """The answer to `watch`: this view under `version`, with the piece of the topic table
+        the member lacks (`topics`)."""
+        return {"v": VIEW_VERSION, "version": version, "topics": topics,
+                "members": [list(m) for m in self.members],
+                "routes": [r.to_wire() for r in self.routes],
+                "groups": [list(g) for g in self.groups],
+                "receivers": {k: list(v) for k, v in self.receivers.items()},
+                "agents": {p: list(a) for p, a in self.agents.items()},
+                "protocols": {str(t): p for t, p in self.protocols.items()},
+                "cached": list(self.cached), "early": self.early, "demoted": self.demoted}
+
+    @classmethod
+    def from_wire(cls, body) -> tuple[int, MemberView, object]:
+        """(version, view, topic table piece) of a `watch` answer."""
+        try:
+            if body.get("v") != VIEW_VERSION:
+                raise ValueError(f"version {body.get('v')!r}, not {VIEW_VERSION}")
+            view = cls(tuple((int(i), str(n), str(h), int(p)) for i, n, h, p in body["members"]),
+                       tuple(ViewRoute.from_wire(r) for r in body["routes"]),
+                       tuple((str(g), int(p)) for g, p in body["groups"]),
+                       {str(k): tuple(map(int, v)) for k, v in body["receivers"].items()},
+                       {str(p): (str(a[0]), int(a[1])) for p, a in body["agents"].items()},
+                       {int(t): str(p) for t, p in body["protocols"].items()},
+                       tuple(map(int, body["cached"])), dict(body["early"]),
+                       str(body.get("demoted") or ""))
+            return int(body["version"]), view, body["topics"]
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise MalformedView(str(exc)) from None
