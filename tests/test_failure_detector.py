@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import time
 
-from scopecast.scopes.membership import Child, Membership
+from scopecast.scopes.membership import MemberProcess, Membership
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
 
 
-def _members_with_one(silent_for: float) -> tuple[Membership, Child, list[str]]:
+def _members_with_one(silent_for: float) -> tuple[Membership, MemberProcess, list[str]]:
     members = Membership("lan0/host-x", dict(DEFAULT_SETTINGS), lambda: None, lambda _id: None)
-    member = Child("m", "member", id=7)
+    member = MemberProcess("m", id=7)
     member.last_seen = time.monotonic() - silent_for
     members.children["m"] = member
     removed: list[str] = []

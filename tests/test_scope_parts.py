@@ -15,7 +15,7 @@ from scopecast.scopes.container import Channel, PolicyContainer, TopicLayout
 from scopecast.scopes.delegation import Delegation, MalformedDelegation, Obligation, Part
 from scopecast.scopes.downlink import Downlink
 from scopecast.scopes.layout import Offer
-from scopecast.scopes.membership import Child, Membership
+from scopecast.scopes.membership import ChildScope, MemberProcess, Membership
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.policy_runner import DEFAULT_POLICY, PolicyRunner
 from scopecast.scopes.recovery_domain import RecoveryDomains
@@ -65,9 +65,9 @@ def _scope(topics: list[TopicInfo], parent: bool = True):
     return settings, members, known, container, planner, changes
 
 
-def _member(name: str, mid: int, subs=(), pubs=(), role="member") -> Child:
-    child = Child(name, "member", mid, "10.0.0.1", 5000 + mid, role=role,
-                  regular=role == "member", wake=asyncio.Event())
+def _member(name: str, mid: int, subs=(), pubs=(), role="member") -> MemberProcess:
+    child = MemberProcess(name, id=mid, host="10.0.0.1", port=5000 + mid, role=role,
+                          regular=role == "member", wake=asyncio.Event())
     child.subs = {t: role for t in subs}
     child.pubs = set(pubs)
     return child
@@ -104,7 +104,7 @@ def test_a_laid_channel_goes_to_its_source_and_clients_get_every_source_directly
 def test_a_channel_to_a_child_scope_waits_for_its_offer():
     _s, members, _k, container, planner, _ = _scope([TopicInfo("t/a", 1)])
     members.children["b"] = _member("b", 2, pubs=[1])
-    below = members.children["x"] = Child("x", "scope", subs={1: "member"}, depth=2)
+    below = members.children["x"] = ChildScope("x", subs={1: "member"}, depth=2)
     container.topics[1] = TopicLayout("tree", {}, members={"x"}, sources={"b"},
                                       channels={("b", "x", "b"): Channel("b", "x", "b")})
     assert planner.delegate().get("b") is None  # no offer from x yet: nothing to send along
@@ -263,7 +263,7 @@ def test_an_empty_scope_retires_only_in_its_incarnation_and_while_still_empty():
 def test_a_child_scopes_agent_is_delegated_down_its_chain():
     settings, members, _k, _c, planner, _ = _scope([TopicInfo("t/a", 1)])
     place = Remote(lambda spec: [f"host-of-{spec['protocol']}", ["x", "m1"]])
-    members.children["x"] = Child("x", "scope", handle=Handle(place_agent=place), depth=2,
+    members.children["x"] = ChildScope("x", handle=Handle(place_agent=place), depth=2,
                                   recovering={"token_ring": ("m1",)})
 
     async def hello() -> dict:

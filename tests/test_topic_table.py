@@ -151,7 +151,7 @@ def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_y
     stable."""
     import asyncio
 
-    from scopecast.scopes.membership import Child
+    from scopecast.scopes.membership import MemberProcess
     from scopecast.scopes.topics import TopicInfo
 
     root = _root()
@@ -163,7 +163,7 @@ def test_a_publisher_stays_one_through_a_table_from_above_that_lacks_its_topic_y
         assert method == "topic"
         return TopicInfo(name=name, id=9)
     scope._root_call = root_call
-    publisher = scope.members.children["m"] = Child("m", "member", id=7)
+    publisher = scope.members.children["m"] = MemberProcess("m", id=7)
     publisher.pubs.add(asyncio.run(scope._topic("t/new")).id)  # as `advertise` does
     assert scope.planner.reliable_topics(publisher) == {9: "token_ring"}
 

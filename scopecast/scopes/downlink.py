@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from scopecast.scopes.delegation import NO_PART, Delegation, Part
-from scopecast.scopes.membership import Child, Membership
+from scopecast.scopes.membership import ChildScope, MemberProcess, Membership
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.recovery_domain import RecoveryDomains
 from scopecast.scopes.topic_view import ScopeTopics
@@ -39,7 +39,7 @@ class Downlink:
                 self._send_install(child, part)
         return again
 
-    def _send_install(self, child: Child, part: Part) -> None:
+    def _send_install(self, child: ChildScope, part: Part) -> None:
         table = self.topics.table
         content = Delegation(dict(self.settings), dict(table.early), part,
                              self.recovery.addresses(child.name))
@@ -52,7 +52,7 @@ class Downlink:
             child.table = table.position
         child.handle.install.remote(content.to_wire(self.version, piece))
 
-    def _send_view(self, child: Child, part: Part) -> bool:
+    def _send_view(self, child: MemberProcess, part: Part) -> bool:
         view = self.planner.member_view(child, part, self.recovery.addresses(child.name))
         if view == child.sent and child.table == self.topics.table.position:
             return False

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from scopecast.actors.errors import InvalidConfig, MemberExpired
 from scopecast.netio.topic_names import name_filter
@@ -31,11 +32,30 @@ ROLES = ("member", "client")
 
 @dataclass(slots=True)
 class Child:
-    """A member of this scope: a member process or a child scope."""
+    """What a scope keeps of one of its children (the thesis' members of a scope): a member
+    process (`MemberProcess`) or a child scope (`ChildScope`)."""
 
+    kind: ClassVar[str]
     name: str
-    kind: str                      # "member" or "scope"
-    id: int = 0                    # member processes: cluster-wide member id
+    subs: dict[int, str] = field(default_factory=dict)           # topic -> "member" | "client"
+    pubs: set[int] = field(default_factory=set)
+    depth: int = 1                 # levels below this scope down to member processes
+    regular: bool = True           # has forwarding duty (not only client subscriptions)
+    joined: dict[str, list[int]] = field(default_factory=dict)   # group -> members that joined
+    last_seen: float = field(default_factory=time.monotonic)
+    sent_version: int = 0          # version of the last delegation or view sent
+    sent: object = None            # its content (a MemberView or a Delegation), to send only
+                                   # changes
+    acked: int = 0                 # version the child says it has in place
+    table: tuple | None = None     # topic table position it has (as far as this scope knows)
+
+
+@dataclass(slots=True)
+class MemberProcess(Child):
+    """A member process of this scope."""
+
+    kind: ClassVar[str] = "member"
+    id: int = 0                    # cluster-wide member id
     host: str = ""
     port: int = 0
     pid: int = 0
@@ -43,47 +63,47 @@ class Child:
     role: str = "member"
     subscriptions: set[str] = field(default_factory=set)         # names and patterns
     client_subscriptions: set[str] = field(default_factory=set)
-    subs: dict[int, str] = field(default_factory=dict)           # topic -> "member" | "client"
-    pubs: set[int] = field(default_factory=set)
-    handle: object = None          # child scopes: their actor
-    depth: int = 1
-    regular: bool = True           # has forwarding duty (not only client subscriptions)
-    # child scopes: per protocol whose domain there has members, the chain down to the member
-    # that leads it (where the agent standing for the child in this scope's domain belongs)
-    recovering: dict[str, tuple] = field(default_factory=dict)
-    offers: dict[int, Offer] = field(default_factory=dict)
-    joined: dict[str, list[int]] = field(default_factory=dict)
-    incarnation: int = 0
-    rev: int = 0                   # child scopes: revision of the state they reported
-    last_seen: float = field(default_factory=time.monotonic)
-    sent_version: int = 0          # version of the last delegation or view sent
-    sent: object = None            # its content (a MemberView or a delegation), to send only changes
-    acked: int = 0                 # version the child says it has in place
-    table: tuple | None = None     # topic table position it has (as far as this scope knows)
-    counters: dict = field(default_factory=dict)  # member processes: data-plane counters
+    counters: dict = field(default_factory=dict)  # data-plane counters (for status)
     lagging_since: float = 0.0
     demoted: str = ""              # why this member was demoted to client (a slow consumer)
     wake: asyncio.Event | None = None
 
     def offer(self, topic: int) -> Offer | None:
-        """Where traffic of `topic` enters this member: the member process itself, or the entry
-        the child scope offered (None until it has)."""
-        if self.kind == "member":
-            return Offer((), ("u", self.host, self.port, self.id),
-                         (self.id,) if self.regular else ())
-        return self.offers.get(topic)
+        """Where traffic of `topic` enters this member: the member process itself."""
+        return Offer((), ("u", self.host, self.port, self.id), (self.id,) if self.regular else ())
 
     def record(self, topics: bool = True) -> dict:
         """For status; `topics`: with the ids of the topics it subscribes to and publishes."""
         ids = {"subscribes": sorted(self.subs), "publishes": sorted(self.pubs)} if topics else {}
-        if self.kind == "member":
-            return {"name": self.name, "id": self.id, "address": f"{self.host}:{self.port}",
-                    "pid": self.pid, "node": self.node, "role": "member" if self.regular
-                    else "client", "subscriptions": sorted(self.subscriptions),
-                    "client_subscriptions": sorted(self.client_subscriptions), **ids,
-                    "view": self.sent_version, "installed": self.acked, "counters": self.counters,
-                    "demoted": self.demoted,
-                    **_channels(self.sent, topics)}
+        return {"name": self.name, "id": self.id, "address": f"{self.host}:{self.port}",
+                "pid": self.pid, "node": self.node,
+                "role": "member" if self.regular else "client",
+                "subscriptions": sorted(self.subscriptions),
+                "client_subscriptions": sorted(self.client_subscriptions), **ids,
+                "view": self.sent_version, "installed": self.acked, "counters": self.counters,
+                "demoted": self.demoted, **_channels(self.sent, topics)}
+
+
+@dataclass(slots=True)
+class ChildScope(Child):
+    """A child scope of this scope."""
+
+    kind: ClassVar[str] = "scope"
+    handle: object = None          # its actor
+    # per protocol whose domain there has members, the chain down to the member that leads it
+    # (where the agent standing for the child in this scope's domain belongs)
+    recovering: dict[str, tuple] = field(default_factory=dict)
+    offers: dict[int, Offer] = field(default_factory=dict)
+    incarnation: int = 0
+    rev: int = 0                   # revision of the state it reported
+
+    def offer(self, topic: int) -> Offer | None:
+        """Where traffic of `topic` enters the child scope: the entry it offered (None until
+        it has)."""
+        return self.offers.get(topic)
+
+    def record(self, topics: bool = True) -> dict:
+        ids = {"subscribes": sorted(self.subs), "publishes": sorted(self.pubs)} if topics else {}
         return {"name": self.name, "depth": self.depth, **ids, "delegated": self.sent_version,
                 "installed": self.acked}
 
@@ -103,10 +123,10 @@ class Membership:
         self._on_change = on_change
         self._release = release
 
-    def scopes(self) -> list[Child]:
+    def scopes(self) -> list[ChildScope]:
         return [c for c in self.children.values() if c.kind == "scope"]
 
-    def processes(self) -> list[Child]:
+    def processes(self) -> list[MemberProcess]:
         return [c for c in self.children.values() if c.kind == "member"]
 
     # ------------------------------------------------------------------- member processes
@@ -117,16 +137,16 @@ class Membership:
             raise InvalidConfig(f"member name {name!r} is taken in scope {self.path!r}")
 
     def add_member(self, name: str, member_id: int, host: str, port: int, pid: int, node: str,
-                   role: str) -> Child:
+                   role: str) -> MemberProcess:
         check_role(role)
-        child = self.children[name] = Child(name, "member", member_id, host, port, pid, node,
-                                            role, regular=role == "member",
-                                            wake=asyncio.Event())
+        child = self.children[name] = MemberProcess(
+            name, id=member_id, host=host, port=port, pid=pid, node=node, role=role,
+            regular=role == "member", wake=asyncio.Event())
         self._by_id[member_id] = name
         self._on_change()
         return child
 
-    def member(self, member_id: int, missing_ok: bool = False) -> Child | None:
+    def member(self, member_id: int, missing_ok: bool = False) -> MemberProcess | None:
         """A member process by id; its call counts as a heartbeat."""
         child = self.children.get(self._by_id.get(member_id, ""))
         if child is None:
@@ -137,7 +157,7 @@ class Membership:
         child.last_seen = time.monotonic()
         return child
 
-    def check_lag(self, member: Child, topics: dict[int, TopicInfo]) -> None:
+    def check_lag(self, member: MemberProcess, topics: dict[int, TopicInfo]) -> None:
         """A member whose application stays behind by more than `slow_lag_mb` for `slow_grace`
         is demoted to client: nobody waits for it any more (paper 004: one slow consumer must
         not stall a publisher). It is told in its view; status shows it."""
@@ -177,8 +197,8 @@ class Membership:
             if child is None or child.incarnation != report.incarnation:
                 if child is None:
                     log.info("scope %r: child scope %r joined", self.path, name)
-                child = self.children[name] = Child(name, "scope", handle=handle,
-                                                    incarnation=report.incarnation)
+                child = self.children[name] = ChildScope(name, handle=handle,
+                                                         incarnation=report.incarnation)
             recovering = dict(state.recovering)
             if state.rebuilding and before is not None:
                 # (a scope Ray restarted) the domains it had still count until it has rebuilt
@@ -238,7 +258,7 @@ class Membership:
         self._on_change()
 
 
-def resolve(member: Child, topics: dict[int, TopicInfo], keys: set[str] | None = None) -> None:
+def resolve(member: MemberProcess, topics: dict[int, TopicInfo], keys: set[str] | None = None) -> None:
     """The topics a member's subscriptions cover (after its or the topics' change; `keys`: only
     those topics changed, None: any). What it publishes stays as it advertised it, even a topic
     missing from the table for now: a scope asks the root for a topic its parent's table does not

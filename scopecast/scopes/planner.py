@@ -21,7 +21,7 @@ from scopecast.policies.api import MULTICAST
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.delegation import NO_PART, Delegation, Obligation, Part
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
-from scopecast.scopes.membership import Child, Membership
+from scopecast.scopes.membership import Child, MemberProcess, Membership
 from scopecast.scopes.reports import SubtreeState
 from scopecast.scopes.topic_view import ScopeTopics, within
 from scopecast.scopes.topics import TopicInfo
@@ -193,7 +193,7 @@ class Planner:
                           tuple(ch.filter) if ch.filter else None, ch.replicas, self.path,
                           ((ch.src, length),))
 
-    def member_view(self, member: Child, part: Part, agents: dict[str, list]) -> MemberView:
+    def member_view(self, member: MemberProcess, part: Part, agents: dict[str, list]) -> MemberView:
         """A member process's tables from its part of the layout: the channels it sends along,
         the groups it receives on (where a multicast group covers a topic it subscribes to or
         forwards), its siblings, and `agents`, its recovery agents' addresses."""
@@ -275,7 +275,7 @@ class Planner:
 
     # ----------------------------------------------------------------------- recovery domains
 
-    def reliable_topics(self, member: Child) -> dict[int, str]:
+    def reliable_topics(self, member: MemberProcess) -> dict[int, str]:
         """Topics a member process takes part in recovering (subscribed as a member, or
         published, with a recovery protocol), each with its protocol's domain key."""
         mine = {t for t, role in member.subs.items() if role == "member"} | member.pubs
