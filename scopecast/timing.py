@@ -79,6 +79,8 @@ class Timing:
     tail_fallback_max: float = _knob(5.0, "... or standing still this long whatever comes (a "
                                      "forwarding member this far behind would hold its stream's "
                                      "stability, and a flush)")
+    tail_pause_max: float = _knob(15.0, "... at most this long once spells that ended by "
+                                  "themselves (a forwarder's backlog) were that long")
     tail_patience: float = _knob(30.0, "tail NAKs to one sender without progress stop after this "
                                  "(a few tries run out on a loaded machine)")
     record_ttl: float = _knob(10.0, "a sender's record not refreshed this long is forgotten")
@@ -137,7 +139,8 @@ _ORDER = [
     ("park", "handover_wait", "lt", "a thread waiting for the lead gets it within its wait"),
     ("hole_delay", "tail_fallback", "lt", "a tail is asked for after holes are"),
     ("tail_fallback", "tail_fallback_max", "le", "the bound past which anything goes"),
-    ("tail_fallback_max", "tail_patience", "lt", "tail NAKs run a while before they give up"),
+    ("tail_fallback_max", "tail_pause_max", "le", "learned pauses only lengthen the bound"),
+    ("tail_pause_max", "tail_patience", "lt", "tail NAKs run a while before they give up"),
     ("agent_ping_timeout", "agent_replace_after", "lt", "a ping is answered before an agent moves"),
     ("probe_spacing", "probe_listen", "lt", "listeners wait for the next probe datagram"),
     ("probe_listen", "probe_stale", "lt", "a listener lives through a probe"),

@@ -9,17 +9,16 @@ import time
 import pytest
 
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.pause_bound import PAUSE_MAX, TAIL_FALLBACK_MAX, PauseBound
 from scopecast.netio.recovery_path import (
     INF,
-    RECORD_ENTRY,
     RETRY_MIN,
     SETTLE_FOR,
     SETTLE_REPORT,
     TAIL_FALLBACK,
-    TAIL_FALLBACK_MAX,
     TAIL_SEQ,
-    _named_topics,
 )
+from scopecast.netio.recovery_records import RECORD_ENTRY, named_topics
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
 T, SOURCE = 3, 9
@@ -451,7 +450,7 @@ def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
         return member._own_record()
     record = member.call_wait(own)
     assert isinstance(record[1], bytes) and len(record[1]) == 2 * RECORD_ENTRY.size
-    assert _named_topics(record[1]) == {(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]}
+    assert named_topics(record[1]) == {(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]}
     cut = {"down": {str(SOURCE): [0, [9, record[1][:-1], 7, 9, 0, 0]]}, "hi": {}, "period": 0.02}
     with pytest.raises(ValueError):  # (the I/O loop counts it as bad_instructions)
         member.call_wait(member._on_instructions, cut, PROTOCOL)
@@ -483,7 +482,7 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
     member.call_wait(member._take_publishes)
     assert dict(member._tails.items()) == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
     record = member.call_wait(member._own_record)
-    assert _named_topics(record[1]) == {(U, 1): [3, 6, 3, 6]}
+    assert named_topics(record[1]) == {(U, 1): [3, 6, 3, 6]}
 
 
 def _delivered(rt: MemberRuntime) -> list[int]:
@@ -587,6 +586,51 @@ def test_the_safety_nets_spell_counts_from_when_the_sender_sent_more(member):
     # still nothing a whole spell after the sender sent it: asked for (the safety net)
     assert member.call_wait(summary, 300, sent + TAIL_FALLBACK_MAX + 0.1) \
         == [[SOURCE, T, 1, 201, 300, 201, 300]]
+
+
+def test_the_safety_net_waits_out_pauses_as_long_as_those_that_ended_by_themselves(member):
+    """A forwarding member that works through another sender's burst holds a stream for seconds,
+    at every burst. Once such a spell ended by itself (no NAK), the safety net waits twice as
+    long before asking; evidence of loss is still asked for at once."""
+    _deliver(member, 1, 200)
+    beat = iter(range(10, 1000))
+
+    def summary(top: int, at: float) -> list:
+        member.data_seen_at = at  # datagrams keep coming (of other streams)
+        member._on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]],
+                                                            next(beat)]]},
+                                 "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
+        return member._owed(at)[1]
+
+    start = time.monotonic()
+    pause = TAIL_FALLBACK_MAX - 1  # behind the record this long, then it came: a pause
+    assert [member.call_wait(summary, 300, start + t) for t in (0, 1, pause)] == [[]] * 3
+    _deliver(member, 201, 100)
+    moved = start + pause + 0.5
+    assert member.call_wait(summary, 400, moved) == []
+    # behind again: past the default spell, not yet twice the pause seen
+    assert [member.call_wait(summary, 400, moved + t) for t in (1, TAIL_FALLBACK_MAX + 1)] \
+        == [[]] * 2
+    tail = [[SOURCE, T, 1, 301, 400, 301, 400]]
+    assert member.call_wait(summary, 400, moved + 2 * (pause + 0.5) + 0.1) == tail
+    member.loss_seen_at = moved + 30  # later, evidence of loss: asked for at once
+    assert member.call_wait(summary, 400, moved + 30.01) == tail
+
+
+def test_the_pause_bound_learns_from_pauses_that_ended_by_themselves():
+    bound = PauseBound()
+    assert bound.bound(1) == TAIL_FALLBACK_MAX
+    bound.moved(1, since=0.0, now=4.0)  # a 4 s spell, no NAK
+    assert bound.bound(1) == 8.0 and bound.bound(2) == TAIL_FALLBACK_MAX
+    bound.asked(1)
+    bound.moved(1, since=10.0, now=22.0)  # a spell that was NAKed teaches nothing
+    assert bound.bound(1) == 8.0
+    bound.moved(1, since=30.0, now=31.0)  # short spells neither: the default covers them
+    assert bound.bound(1) == 8.0
+    bound.moved(1, since=40.0, now=60.0)  # a long one: capped
+    assert bound.bound(1) == PAUSE_MAX
+    bound.forget(1)
+    assert bound.bound(1) == TAIL_FALLBACK_MAX
 
 
 def test_a_stream_that_moves_again_needs_new_evidence(member):

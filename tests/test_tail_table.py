@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scopecast.netio._tail_table import TailTable
-from scopecast.netio.recovery_path import RECORD_ENTRY
+from scopecast.netio.recovery_records import RECORD_ENTRY
 
 
 def model_note(tails: dict, entries: list) -> list:

@@ -25,8 +25,8 @@ Summary (all keys optional)::
 A *stream* is a sender's sequence space (the wire format's stream id, here the sending member's id);
 `max_contiguous` is the stream position up to which the bottom holds everything it is owed. A
 *record* is what a sender says of its unstable messages: ``[max_sseq, named, heartbeat, horizon,
-key_count, key_digest]``, `named` being (topic, session, first_seq, first_sseq, last_seq,
-last_sseq) per topic, packed as `recovery_path.RECORD_ENTRY`s (or a list of such lists); the heartbeat
+key_count, key_digest]``, `named` being (topic, session, first_seq, first_sseq, last_seq, last_sseq)
+per topic, packed as `netio.recovery_records.RECORD_ENTRY`s (or a list of such lists); the heartbeat
 moves with every summary, the runs name at most a few hundred topics (the oldest unstable; every
 unstable message up to `horizon` is of one of them), and the keys digest every (topic, session) the
 sender sent on (`netio.stream_position`: a receiver that took them all is owed every stream seq). A

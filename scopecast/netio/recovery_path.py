@@ -33,34 +33,33 @@ members below it missed them too, and a lost tail would otherwise show them no g
 from __future__ import annotations
 
 import bisect
-import struct
 import time
 from collections import deque
 from collections.abc import Set
-from dataclasses import dataclass
 from operator import itemgetter
 
 from scopecast.netio import wire
 from scopecast.netio._tail_table import TailTable
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
+from scopecast.netio.pause_bound import PauseBound
+from scopecast.netio.recovery_records import (
+    MAX_RECORD_TOPICS,
+    AgentReply,
+    SenderRecord,
+    named_topics,
+)
 from scopecast.netio.repair_server import ANY_TOPIC, CachedRun, RepairServer, entry_sseq
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 from scopecast.timing import TIMING
 
 MAX_NAKS = 64
-MAX_RECORD_TOPICS = 256
-RECORD_ENTRY = struct.Struct("<IIQQQQ")  # a named topic in a record: topic, session, first seq,
-                                         # first sseq, last seq, last sseq (packed: the agents
-                                         # pass records on every period, and 1,536 msgpack
-                                         # integers each time cost them most of their CPU)
 RECORD_SCAN = 4096                   # own unstable messages looked at for the record's horizon
 MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per summary
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_PATIENCE = TIMING.tail_patience
 TAIL_FALLBACK = TIMING.tail_fallback
-TAIL_FALLBACK_MAX = TIMING.tail_fallback_max
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
 OWED_NOTHING = 1 << 62               # the acknowledgement of a member that takes no reliable topic
@@ -76,54 +75,6 @@ JOIN_TRIES = 20                      # asks for a join point before starting at 
 _last_sseq = itemgetter(1)  # of a CachedRun
 
 
-def _named_topics(runs) -> dict[tuple[int, int], list[int]]:
-    """A record's named topics (packed, or lists as protocol tests write them), at most
-    MAX_RECORD_TOPICS; ValueError or TypeError when malformed (seqs from wire.SEQ_LIMIT on
-    included: the receiver keeps them in 64 bits)."""
-    if isinstance(runs, bytes):
-        if len(runs) % RECORD_ENTRY.size:
-            raise ValueError("record entries cut short")
-        entries = RECORD_ENTRY.iter_unpack(runs[:MAX_RECORD_TOPICS * RECORD_ENTRY.size])
-        named = {(t, s): [fs, fss, ls, lss] for t, s, fs, fss, ls, lss in entries}
-    else:
-        named = {}
-        for t, s, *rest in runs[:MAX_RECORD_TOPICS]:
-            if len(rest) != 4:
-                raise ValueError("a record entry is six numbers")
-            named[(int(t), int(s))] = [int(v) for v in rest]
-    if named and max(map(max, named.values())) >= wire.SEQ_LIMIT:
-        raise ValueError("a record's seq out of range")
-    return named
-
-
-@dataclass(slots=True)
-class _SenderRecord:
-    """A sender's record as this member last heard it (see `agents.api`), with when it moved."""
-
-    top: int                # the sender's stream is on the wire up to here
-    topics: dict | None     # (topic, session) -> [first seq, first sseq, last seq, last sseq]
-                            # (None for a dense stream: not needed)
-    horizon: int            # every unstable message up to here is of a topic it names
-    keys: tuple[int, int]   # the (topic, session) keys it sent on: KeyDigest (count, digest)
-    received: float
-    beat_at: float          # when its heartbeat last moved (a sender that stops is gone)
-    beat: int
-    top_at: float           # when `top` last moved (a sender that stops sending)
-    settled: int            # the latest `top` heard a period or more before this record
-
-
-@dataclass(slots=True)
-class _Reply:
-    """What the latest instructions of one of this member's agents (one per protocol) say that
-    outlives them: combined over the agents into stability, `hi`, the period and caching."""
-
-    down: dict[int, int]    # stream -> stable
-    hi: dict[int, int]      # stream -> highest any member delivered
-    period: float
-    cacher: bool
-    at: float               # when it came (time.monotonic())
-
-
 class RecoveryPath:
     """Caches, MaxContiguous, NAKs and repairs (see module docstring)."""
 
@@ -132,7 +83,7 @@ class RecoveryPath:
         self._protocols: dict[int, str] = {}     # reliable topic -> its protocol's domain key
         self._own_domains: frozenset[str] = frozenset()  # the keys of _protocols' values
         self._agents: dict[str, tuple[str, int]] = {}   # protocol -> this member's agent
-        self._replies: dict[str, _Reply] = {}           # protocol -> its agent's latest reply
+        self._replies: dict[str, AgentReply] = {}           # protocol -> its agent's latest reply
         self._cache: list[tuple] = []      # own unstable: (sseq, topic, session, seq, ctype, payload)
         self._cache_head = 0
         # (topic, session) -> [fs, fss, ls, lss] while any of its messages is unstable, else
@@ -144,13 +95,14 @@ class RecoveryPath:
         self._moved: dict[int, float] = {}       # source -> the summary that first saw it there
         self._behind: dict[int, float] = {}      # source -> since when its record names more
                                                  # than this member saw, the stream standing still
+        self._pauses = PauseBound()              # how long such a spell may last, learnt
         self.loss_seen_at = -INF                 # when a channel last showed a datagram lost
         self.data_seen_at = -INF                 # when a channel's datagram last came
         self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
         self._peer_heads: dict[int, int] = {}
         self._cacher = False
         self._last_sseq = KeyTable()  # (topic, source, session) -> last delivered sseq
-        self._records: dict[int, _SenderRecord] = {}   # source -> its record
+        self._records: dict[int, SenderRecord] = {}   # source -> its record
         self._positions = StreamPositions()      # sseqs taken per source (for dense streams)
         self._taken_keys: dict[int, KeyDigest] = {}  # source -> keys delivered from it
         self._digested: dict[tuple, int] = {}  # (source, session) -> its keys in _taken_keys
@@ -385,11 +337,14 @@ class RecoveryPath:
             stalled = stalls.get(source) == seen
             if not stalled:
                 self._moved[source] = now
+                self._pauses.moved(source, self._behind.get(source), now)
             if record.top <= seen:
                 self._behind.pop(source, None)
             elif not stalled or source not in self._behind:
                 self._behind[source] = now
             wanted = stalled and self._tail_wanted(source, now, self._behind.get(source))
+            if wanted:
+                self._pauses.asked(source)
             acks[source] = self._owed_of(source, record, seen, wanted, now, naks, streams) \
                 if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
@@ -410,8 +365,9 @@ class RecoveryPath:
         that left (what it held to forward is gone). What a forwarding member lost and was
         repaired it forwards. A stall without such evidence is a pause (a forwarding member
         working through its queue, or not scheduled): asked for only once it stood still for
-        TAIL_FALLBACK with no new datagram on any channel, or for TAIL_FALLBACK_MAX (a
-        forwarding member that far behind is not waited for: the sender still holds it all).
+        TAIL_FALLBACK with no new datagram on any channel, or for the bound `pause_bound` learns
+        (TAIL_FALLBACK_MAX, longer where pauses that long ended by themselves: a forwarding
+        member further behind is not waited for, the sender still holds it all).
         Those spells count from `since`, when given: when the sender was first known to have
         sent more than this member saw, not when the stream last moved here (a sender held by
         its window sends nothing for seconds; what it sends after that is in flight, not late);
@@ -419,10 +375,11 @@ class RecoveryPath:
         messages of other topics)."""
         moved = self._moved.setdefault(source, now)
         still = now - (moved if since is None else since)
-        return self.loss_seen_at >= moved - 2 * self._period or still >= TAIL_FALLBACK_MAX \
+        return self.loss_seen_at >= moved - 2 * self._period \
+            or still >= self._pauses.bound(source) \
             or still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK
 
-    def _owed_of(self, source: int, record: _SenderRecord, seen: int, stalled: bool, now: float,
+    def _owed_of(self, source: int, record: SenderRecord, seen: int, stalled: bool, now: float,
                  naks: list, streams: list) -> int:
         """How far `source`'s stream is acknowledged; its NAKs go to `naks`, and a dense
         stream's tail to ask for to `streams`."""
@@ -452,7 +409,7 @@ class RecoveryPath:
             return min(a, position)
         return min(a, record.horizon)
 
-    def _owed_by_topic(self, source: int, record: _SenderRecord, a: int, tail_upto: int, dense: bool,
+    def _owed_by_topic(self, source: int, record: SenderRecord, a: int, tail_upto: int, dense: bool,
                        now: float, naks: list) -> int:
         """The topics `source`'s record names: each one's holes NAKed (and its tail, when the
         tail's last stream seq is at most `tail_upto`); returns how far, up to `a`, they let the
@@ -675,6 +632,7 @@ class RecoveryPath:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
             del self._records[source]
             self._behind.pop(source, None)
+            self._pauses.forget(source)
 
     def _on_instructions(self, ins: dict, key: str) -> None:
         """Agent `key`'s reply: stability and records from above, repairs to push."""
@@ -682,7 +640,7 @@ class RecoveryPath:
             self._drop("stale_instructions")  # from an agent this member no longer has
             return
         now = time.monotonic()
-        reply = self._replies[key] = _Reply(
+        reply = self._replies[key] = AgentReply(
             {}, {int(s): int(v) for s, v in ins.get("hi", {}).items()},
             float(ins.get("period", self._period)), bool(ins.get("cacher")), now)
         replies = self._replies.values()
@@ -696,8 +654,8 @@ class RecoveryPath:
                 top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
                 horizon = int(record[3]) if len(record) > 3 else top
                 keys = (int(record[4]), int(record[5])) if len(record) > 5 else (0, 0)
-                self._records[source] = _SenderRecord(
-                    top, None if self._dense(source, keys) else _named_topics(record[1]),
+                self._records[source] = SenderRecord(
+                    top, None if self._dense(source, keys) else named_topics(record[1]),
                     horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
                     beat, *self._top_moved(old, top, now))
@@ -730,7 +688,7 @@ class RecoveryPath:
             self._peer_heads.clear()
         self._cacher = cacher
 
-    def _top_moved(self, old: _SenderRecord | None, top: int, now: float) -> tuple[float, int]:
+    def _top_moved(self, old: SenderRecord | None, top: int, now: float) -> tuple[float, int]:
         """(top_at, settled) of a sender's record that now says `top`."""
         if old is None:
             return now, 0
