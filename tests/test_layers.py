@@ -156,3 +156,49 @@ def test_no_module_is_longer_than_a_newcomer_can_read():
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert {m: n for m, n in long.items() if n > STILL_LONG.get(m, MAX_LINES)} == {}
     assert long.keys() <= STILL_LONG.keys()
+
+
+# private attributes of other libraries' objects that scopecast uses knowingly
+FOREIGN_PRIVATES = {"_exit",                                          # os._exit
+                    "_jvm", "_jsparkSession", "_serialize_to_jvm",    # PySpark's JVM bridge
+                    "_private", "_global_node",                       # Ray's node, in launch
+                    "_actor_id"}                                      # a Ray actor handle's id
+
+
+def _defined_here(tree: ast.AST) -> set[str]:
+    """Names a module defines for its own objects: functions, classes, attributes it assigns on
+    any object, and __slots__ entries."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == "__slots__" \
+                        and isinstance(node.value, ast.Tuple):
+                    names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return names
+
+
+def test_no_part_touches_another_parts_private_attributes():
+    """Parts reach each other through what they declare public: `obj._name` is read or written
+    only on `self`, `cls`, `super()`, or on objects of the module that defines `_name`."""
+    touched = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        own = _defined_here(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            on = node.value
+            if isinstance(on, ast.Name) and on.id in ("self", "cls") or \
+                    isinstance(on, ast.Call) and getattr(on.func, "id", "") == "super":
+                continue
+            if node.attr not in own and node.attr not in FOREIGN_PRIVATES:
+                touched.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
+    assert touched == []

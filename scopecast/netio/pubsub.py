@@ -231,6 +231,12 @@ class Subscriber:
         return self._element.demoted
 
     @property
+    def runtime(self):
+        """The member runtime this subscriber reads from (for diagnostics and fault injection:
+        its `call` runs a function on the member's I/O thread)."""
+        return self._runtime
+
+    @property
     def ends(self) -> dict[tuple[str, str, int], int]:
         """End-of-stream markers seen: (topic, source, session) -> last sequence number."""
         return dict(self._sub.ends)

@@ -102,7 +102,7 @@ class TopicConsumer:
         plane). Unlike a stopped process it keeps heartbeating: it stays a member, and what it
         has not acknowledged stays unstable however long the hold."""
         self._held = threading.Event()
-        self._sub._runtime.call(self._held.wait, seconds)
+        self._sub.runtime.call(self._held.wait, seconds)
 
     def release_io(self) -> None:
         self._held.set()
