@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from scopecast.actors import logs
 from scopecast.actors.errors import ScopecastError
 from scopecast.policies import trust
 from scopecast.scopes.status import walk
@@ -200,6 +201,10 @@ def cmd_subscribe(args) -> int:
                 text = msg.payload.decode("utf-8", "replace") if msg.content_type == 0 \
                     else json.dumps(msg.value, default=str)
                 print(f"{msg.topic}\t{msg.source}\t{msg.seq}\t{text}", flush=True)
+        if args.count is not None and got < args.count:
+            print(f"scopecast: received {got} of {args.count} messages within the timeout",
+                  file=sys.stderr)
+            return 1
         return 0
 
 
@@ -284,6 +289,23 @@ def _first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
+EXIT_CODES = """exit codes:
+  0    done
+  1    a scopecast error (its type and message are printed), a job that did not succeed, or
+       `subscribe --count N` receiving fewer than N messages
+  2    a command line scopecast cannot use
+  130  interrupted (Ctrl-C)"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scopecast")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 SCOPE_HELP = "the member's parent scope, e.g. X/Q, created on first use (default: its host's)"
 
 
@@ -291,8 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="scopecast",
         description="Reliable publish-subscribe for Ray clusters: topics over UDP (IP multicast "
-                    "where a scope allows it), controlled by scope managers running as Ray actors.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what scopecast does (INFO)")
+                    "where a scope allows it), controlled by scope managers running as Ray actors.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log what scopecast does (INFO; anywhere on the line; "
+                        "SCOPECAST_LOG_LEVEL sets the level otherwise, default WARNING)")
+    p.add_argument("--version", action="version", version=f"scopecast {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def attach(sp):
@@ -462,11 +488,14 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         if any(argv[i:i + 2] == ["pipeline", "submit"] for i in range(cut)):
             head, script_args = argv[:cut], argv[cut + 1:]
+    # global flags anywhere before `--` (argparse takes them only before the command)
+    verbose = any(a in ("-v", "--verbose") for a in head)
+    head = [a for a in head if a not in ("-v", "--verbose")]
     args = build_parser().parse_args(head)
+    args.verbose = verbose
     if script_args:
         args.args = [*args.args, *script_args]
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logs.level(), format=logs.FORMAT)
     if args.command == "topic" and args.action != "list" and not args.name:
         print("scopecast topic create/delete needs a topic name", file=sys.stderr)
         return 2
@@ -478,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScopecastError as exc:
         print(f"scopecast: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

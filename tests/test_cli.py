@@ -56,6 +56,23 @@ def test_commands_do_not_start_ray_when_there_is_no_cluster():
     assert "NotConnected" in out.stderr
 
 
+def test_version_exit_codes_and_flags_anywhere():
+    out = scopecast("--version", address=None)
+    assert out.returncode == 0 and out.stdout.startswith("scopecast ")
+    helped = scopecast("--help", address=None)
+    assert "exit codes:" in helped.stdout and "130" in helped.stdout
+    # -v after the command is the global flag, not an unknown argument (exit 2)
+    out = scopecast("status", "--address", "127.0.0.1:1", "-v", address=None)
+    assert out.returncode == 1 and "NotConnected" in out.stderr
+
+
+def test_subscribe_with_a_count_fails_when_fewer_messages_came(ray_address, topic_name):
+    assert scopecast("topic", "create", topic_name, address=ray_address).returncode == 0
+    out = scopecast("subscribe", topic_name, "--count", "1", "--timeout", "2",
+                    address=ray_address)
+    assert out.returncode == 1 and "received 0 of 1" in out.stderr
+
+
 def test_unknown_topic_is_a_typed_error(ray_address):
     out = scopecast("publish", "no/such/topic", address=ray_address, stdin="x\n")
     assert out.returncode == 1

@@ -7,7 +7,7 @@ import time
 import pytest
 import ray
 
-from scopecast.netio.topic_names import topic_matcher
+from scopecast.netio.topic_names import check_subscription, topic_matcher
 from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.status import members
 
@@ -22,11 +22,18 @@ def test_pattern_matches_one_level():
     assert topic_matcher("a/?b").match("a/xb") and not topic_matcher("a/?b").match("a/xyb")
 
 
-def test_bad_pattern_is_a_typed_error(cluster):
+@pytest.mark.parametrize("bad", ["flights/*[abc]", "real/[", "/real", "real/", "real//x",
+                                 "real/**", "a b", ""])
+def test_bad_names_and_patterns_are_a_typed_error_that_shows_the_grammar(cluster, bad):
     import scopecast
 
-    with pytest.raises(scopecast.InvalidConfig):
-        cluster.subscriber("flights/*[abc]")
+    with pytest.raises(scopecast.InvalidConfig, match="'/'-separated parts"):
+        cluster.subscriber(bad)
+
+
+def test_names_and_patterns_of_the_grammar_pass():
+    assert [check_subscription(n) for n in ("a", "a/b-c.d_e", "a/*", "*", "a/?b/*")] == \
+        ["a", "a/b-c.d_e", "a/*", "*", "a/?b/*"]
 
 
 def test_pattern_subscriber_gets_existing_and_new_topics_from_the_first_message(cluster,

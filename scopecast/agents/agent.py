@@ -34,6 +34,7 @@ from collections import Counter, deque
 
 import ray
 
+from scopecast.actors import logs
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 from scopecast.agents.builtin import BUILTIN_PROTOCOLS
 from scopecast.netio import wire
@@ -166,7 +167,7 @@ class AgentHost:
     `module` and `cls` (its package came with the actor's runtime_env) and bounded memory."""
 
     def __init__(self, module: str | None = None, cls: str | None = None) -> None:
-        logging.basicConfig(level=logging.INFO)
+        logs.configure()
         self._plugin: type[RecoveryProtocol] | None = None
         if module is not None:
             confine(PLUGIN_MEMORY)

@@ -18,12 +18,18 @@ def is_pattern(name: str) -> bool:
     return "*" in name or "?" in name
 
 
+GRAMMAR = ("a topic name is '/'-separated parts of letters, digits, '_', '-' and '.' (at most "
+           f"{MAX_TOPIC_NAME} characters); a pattern may also use '*' (any characters within one "
+           "part: 'flights/*' matches 'flights/JFK', not 'flights/JFK/late') and '?' (one "
+           "character); '**' is not supported")
+
+
 def topic_matcher(pattern: str) -> re.Pattern:
     """A topic pattern as a regular expression: `*` matches within one `/`-separated part, `?` one
     character of it (`flights/*` matches `flights/JFK`, not `flights/JFK/late`)."""
-    if not isinstance(pattern, str) or len(pattern) > MAX_TOPIC_NAME or not _PATTERN.match(pattern):
-        raise InvalidConfig(f"bad topic pattern {pattern!r}: topic-name characters plus '*' and "
-                            "'?', in '/'-separated parts")
+    if not isinstance(pattern, str) or len(pattern) > MAX_TOPIC_NAME \
+            or not _PATTERN.match(pattern) or "**" in pattern:
+        raise InvalidConfig(f"bad topic pattern {pattern!r}: {GRAMMAR}")
     body = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in pattern)
     return re.compile(body + r"\Z")
 
@@ -42,9 +48,16 @@ def name_filter(names) -> Callable[[str], bool]:
 
 def check_topic_name(name: str) -> str:
     if not isinstance(name, str) or len(name) > MAX_TOPIC_NAME or not _TOPIC_NAME.match(name):
-        raise InvalidConfig(f"bad topic name {name!r}: use letters, digits, '_', '-', '.' in "
-                            f"'/'-separated parts, at most {MAX_TOPIC_NAME} characters")
+        raise InvalidConfig(f"bad topic name {name!r}: {GRAMMAR}")
     return name
+
+
+def check_subscription(name: str) -> str:
+    """A name or pattern to subscribe to, checked against the grammar (InvalidConfig)."""
+    if isinstance(name, str) and is_pattern(name):
+        topic_matcher(name)
+        return name
+    return check_topic_name(name)
 
 
 class Advertised(NamedTuple):

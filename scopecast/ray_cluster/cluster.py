@@ -16,7 +16,7 @@ from scopecast.actors import declare
 from scopecast.actors.errors import NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber, close_publishers
 from scopecast.netio.runtime import RuntimeConfig
-from scopecast.netio.topic_names import name_filter
+from scopecast.netio.topic_names import check_subscription, name_filter
 from scopecast.netio.transport import TransportConfig
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
@@ -342,7 +342,8 @@ class Cluster:
         nobody waits for it, so a slow client never holds publishers back, and it may miss
         messages it is too slow for. `scope` names the member's parent scope path ("X/Q"),
         created on first use; default this host's scope."""
-        names = [topics] if isinstance(topics, str) else list(topics)
+        names = [check_subscription(n) for n in ([topics] if isinstance(topics, str)
+                                                 else list(topics))]
         element = self._member(scope)
         sub = Subscriber(element, names, element.subscribe(names, role), on_message, role)
         with self._lock:

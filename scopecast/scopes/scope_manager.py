@@ -40,10 +40,15 @@ from collections import Counter
 
 import ray
 
-from scopecast.actors import declare
+from scopecast.actors import declare, logs
 from scopecast.actors.errors import InvalidConfig, ScopeRetired, typed_cause
 from scopecast.agents.builtin import NO_RECOVERY
-from scopecast.netio.topic_names import Advertised, is_pattern, topic_matcher
+from scopecast.netio.topic_names import (
+    Advertised,
+    check_subscription,
+    is_pattern,
+    topic_matcher,
+)
 from scopecast.netio.transport import member_interface
 from scopecast.scopes import multicast_probe
 from scopecast.scopes.agent_placement import AgentPlacement
@@ -78,7 +83,7 @@ class ScopeManager:
     """A scope of the hierarchy; see the module docstring. Async Ray actor."""
 
     def __init__(self, path: str, kind: str, parent: str | None) -> None:
-        logging.basicConfig(level=logging.INFO)
+        logs.configure()
         self.path = path
         self.kind = kind
         self.name = path.rsplit("/", 1)[-1] if path else ""
@@ -221,6 +226,8 @@ class ScopeManager:
         the memory they took)."""
         check_role(role)
         member = self.members.member(member_id)
+        for n in names:
+            check_subscription(n)
         matched: dict[str, TopicInfo] = {}
         for n in names:
             if is_pattern(n):
