@@ -66,6 +66,13 @@ def test_version_exit_codes_and_flags_anywhere():
     assert out.returncode == 1 and "NotConnected" in out.stderr
 
 
+@pytest.mark.parametrize("address, says", [("127.0.0.1", "HOST:PORT"), ("ray://h:10001", "Ray Client"),
+                                           ("h:99999", "HOST:PORT")])
+def test_an_address_that_is_no_clusters_host_and_port_is_a_typed_error(address, says):
+    out = scopecast("status", "--address", address, address=None, timeout=30)
+    assert out.returncode == 1 and "InvalidConfig" in out.stderr and says in out.stderr
+
+
 def test_subscribe_with_a_count_fails_when_fewer_messages_came(ray_address, topic_name):
     assert scopecast("topic", "create", topic_name, address=ray_address).returncode == 0
     out = scopecast("subscribe", topic_name, "--count", "1", "--timeout", "2",

@@ -13,7 +13,7 @@ from pathlib import Path
 import ray
 
 from scopecast.actors import declare
-from scopecast.actors.errors import NotConnected
+from scopecast.actors.errors import InvalidConfig, NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber, close_publishers
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.topic_names import check_subscription, name_filter
@@ -184,11 +184,19 @@ def reachable(address: str) -> bool:
 
 
 def check_reachable(address: str, timeout: float = 3.0) -> None:
-    """Fail fast with NotConnected when a host:port address has nobody listening (ray.init would
-    keep retrying for a minute)."""
+    """Fail fast: InvalidConfig for an address that is not a Ray cluster's HOST:PORT (a Ray
+    Client address included), NotConnected when nobody listens there (ray.init would keep
+    retrying for a minute)."""
+    if address.startswith("ray://"):
+        raise InvalidConfig(
+            f"Ray Client addresses ({address}) are not supported: members exchange UDP "
+            "datagrams with each other, so a process that publishes or subscribes runs on a node "
+            "of the cluster. Attach from a node with the cluster's HOST:PORT (e.g. "
+            "127.0.0.1:6379), or run the code as a job (`scopecast pipeline submit`)")
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # ray:// client addresses: leave them to Ray
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfig(f"a Ray address is HOST:PORT (the cluster's GCS address, e.g. "
+                            f"127.0.0.1:6379), not {address!r}")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as exc:
