@@ -107,3 +107,15 @@ def test_killed_root_scope_manager_restarts_with_its_state(cluster, ray_address,
     pub.close()
     ray.get(sub.close.remote())
 
+
+
+@pytest.mark.ray
+def test_an_embedded_cluster_keeps_its_state_apart_from_scopecast_home(cluster, scopecast_home):
+    """The session's cluster is embedded (its Ray ends with the test process): its root's state
+    is a directory of its own, so a fresh embedded cluster never loads an earlier run's topics
+    and members from $SCOPECAST_HOME, which belongs to persistent clusters."""
+    from pathlib import Path
+
+    state = Path(cluster.status(topics=False)["manager"]["state"])
+    assert state.parent.name.startswith("scopecast-embedded-") and state.exists()
+    assert Path(scopecast_home) not in state.parents

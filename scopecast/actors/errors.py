@@ -35,6 +35,9 @@ class TopicNotFound(ScopecastError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return self.args[0]
 
+    def __reduce__(self):  # rebuilt from its name across Ray, not from its message
+        return type(self), (self.name,)
+
 
 class TopicExists(ScopecastError):
     """A topic of that name exists with other settings."""

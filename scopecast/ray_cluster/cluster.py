@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -97,9 +99,14 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
         TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)
     if start:
+        # an embedded Ray ends with this process, and so does its cluster: its root keeps its
+        # state (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which
+        # belongs to persistent clusters (`scopecast up`); a fresh embedded cluster starts empty
+        state = str(Path(tempfile.mkdtemp(prefix="scopecast-embedded-")) / "state.db") \
+            if owns_ray else None
         manager = declare.get_or_create(
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
+            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac, state=state,
             settings=settings, levels=levels,
             trusted_keys=[_pem(k) for k in trusted_keys or ()], datagram_bytes=datagram_bytes)
     else:
@@ -108,7 +115,9 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             raise NotConnected("Ray is running but scopecast is not deployed on it: run "
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
-    return Cluster(manager, hello, owns_ray, config, name)
+    cluster = Cluster(manager, hello, owns_ray, config, name)
+    cluster._embedded_home = Path(state).parent if start and state else None
+    return cluster
 
 
 def _pem(key: str) -> str:
@@ -216,6 +225,7 @@ class Cluster:
         self._config = config
         self._name = name
         self._elements: dict[str, ControlledElement] = {}  # scope path -> this process's member
+        self._embedded_home: Path | None = None  # an embedded cluster's state directory
         self._lock = threading.Lock()
         self._handles: list = []
 
@@ -401,6 +411,8 @@ class Cluster:
             publisher_pool.release_all()  # publish_dataframe's warm publishers
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+            if self._embedded_home is not None:  # (the cluster ended with its Ray)
+                shutil.rmtree(self._embedded_home, ignore_errors=True)
 
     def __enter__(self) -> Cluster:
         return self

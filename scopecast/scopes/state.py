@@ -1,5 +1,6 @@
 """The root scope's durable state, in SQLite at `$SCOPECAST_HOME/state.db` (default
-`~/.scopecast/state.db`) on the node that hosts the cluster scope manager.
+`~/.scopecast/state.db`) on the node that hosts the cluster scope manager; an embedded cluster's in
+a temporary directory of its own, removed when it ends (`connect`).
 
 It holds what must survive the scope manager's process: the cluster's identity, key and multicast
 settings, topics with their session numbers, the member id counter and the member directory, and
