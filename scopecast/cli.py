@@ -6,6 +6,7 @@ NotConnected rather than start an embedded Ray; `pipeline` talks to the cluster'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -177,11 +178,18 @@ def cmd_plugin(args) -> int:
 
 
 def cmd_publish(args) -> int:
+    if args.messages and args.file:
+        print("scopecast publish takes messages on the command line or --file, not both",
+              file=sys.stderr)
+        return 2
     with _connect(args) as cluster:
-        source = open(args.file, "rb") if args.file else sys.stdin.buffer
+        if args.messages:
+            source = contextlib.nullcontext([m.encode() for m in args.messages])
+        else:
+            source = open(args.file, "rb") if args.file else contextlib.nullcontext(sys.stdin.buffer)
         count = 0
-        with source, cluster.publisher(args.topic, scope=args.scope) as pub:
-            for line in source:
+        with source as lines, cluster.publisher(args.topic, scope=args.scope) as pub:
+            for line in lines:
                 pub.publish(line.rstrip(b"\n"))
                 count += 1
             pub.flush(timeout=args.timeout)
@@ -409,8 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--sign", metavar="KEY", help="submit: sign with this Ed25519 private key")
     pl.set_defaults(func=cmd_plugin)
 
-    pub = attach(sub.add_parser("publish", help="publish lines from stdin or --file"))
+    pub = attach(sub.add_parser("publish", help="publish the MESSAGEs given, else lines from "
+                                                 "stdin or --file"))
     pub.add_argument("topic")
+    pub.add_argument("messages", nargs="*", metavar="MESSAGE",
+                     help="messages to publish, one each (default: a line each from stdin)")
     pub.add_argument("--file", help="read lines from this file instead of stdin")
     pub.add_argument("--timeout", type=float, default=30.0, help="flush timeout in seconds")
     pub.add_argument("--scope", metavar="PATH", help=SCOPE_HELP)

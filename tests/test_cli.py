@@ -41,13 +41,17 @@ def test_topic_publish_subscribe_status(ray_address, topic_name):
             break
     else:
         pytest.fail("the subscriber never joined")
-    pub = scopecast("publish", topic_name, address=ray_address, stdin="one\ntwo\nthree\n")
+    pub = scopecast("publish", topic_name, "one", "two", address=ray_address)
+    assert pub.returncode == 0, pub.stderr
+    pub = scopecast("publish", topic_name, address=ray_address, stdin="three\n")
     assert pub.returncode == 0, pub.stderr
     out, err = sub.communicate(timeout=120)
     assert sub.returncode == 0, err
     lines = [line.split("\t") for line in out.splitlines()]
+    # (two publishing processes: two sources, each numbered from 1)
     assert [(t, seq, text) for t, _src, seq, text in lines] == [
-        (topic_name, "1", "one"), (topic_name, "2", "two"), (topic_name, "3", "three")]
+        (topic_name, "1", "one"), (topic_name, "2", "two"), (topic_name, "1", "three")]
+    assert lines[0][1] == lines[1][1] != lines[2][1]
 
 
 def test_commands_do_not_start_ray_when_there_is_no_cluster():
