@@ -15,7 +15,7 @@ from pathlib import Path
 from scopecast.actors import logs
 from scopecast.actors.errors import ScopecastError
 from scopecast.policies import trust
-from scopecast.scopes.status import walk
+from scopecast.scopes.status import members, walk
 
 
 def _connect(args):
@@ -149,10 +149,34 @@ def cmd_topic(args) -> int:
         elif args.action == "delete":
             cluster.delete_topic(args.name)
             print(f"deleted {args.name}")
+        elif args.action == "describe":
+            described = _describe_topic(cluster.topic(args.name).to_dict(), cluster.status())
+            if args.json:
+                print(json.dumps(described, indent=2, default=str))
+            else:
+                for key, value in described.items():
+                    shown = ", ".join(map(str, value)) or "-" if isinstance(value, list) else value
+                    print(f"{key + ':':<14}{shown}")
         else:
-            for t in cluster.topics():
+            topics = cluster.topics()
+            if args.json:
+                print(json.dumps([t.to_dict() for t in topics], indent=2, default=str))
+            for t in [] if args.json else topics:
                 print(f"{t.name}\tid={t.id}\tpolicy={t.policy}\trecovery={t.recovery}")
         return 0
+
+
+def _describe_topic(entry: dict, status: dict) -> dict:
+    """A topic's entry, with the members that subscribe to and publish it and the scopes that
+    lay channels for it (from the cluster's status)."""
+    tid = entry["id"]
+    everyone = members(status)
+    return {**entry,
+            "subscribers": [f"{m['name']} ({m['scope']}, {m['role']})" for m in everyone
+                            if tid in m.get("subscribes", ())],
+            "publishers": [f"{m['name']} ({m['scope']})" for m in everyone
+                           if tid in m.get("publishes", ())],
+            "laid_in": [s["path"] for s in walk(status) if str(tid) in s.get("topics", {})]}
 
 
 def cmd_plugin(args) -> int:
@@ -393,9 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
 
-    t = attach(sub.add_parser("topic", help="create, list or delete topics"))
-    t.add_argument("action", choices=["create", "list", "delete"])
-    t.add_argument("name", nargs="?", help="topic name (create, delete)")
+    t = attach(sub.add_parser("topic", help="create, list, describe or delete topics"))
+    t.add_argument("action", choices=["create", "list", "describe", "delete"])
+    t.add_argument("name", nargs="?", help="topic name (create, describe, delete)")
+    t.add_argument("--json", action="store_true", help="machine-readable output (list, describe)")
     t.add_argument("--policy", default="tree",
                    help="forwarding policy: tree (default), chain, star, lan_multicast, replicated")
     t.add_argument("--root", default="", metavar="SCOPE",
@@ -508,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         args.args = [*args.args, *script_args]
     logging.basicConfig(level=logging.INFO if args.verbose else logs.level(), format=logs.FORMAT)
     if args.command == "topic" and args.action != "list" and not args.name:
-        print("scopecast topic create/delete needs a topic name", file=sys.stderr)
+        print(f"scopecast topic {args.action} needs a topic name", file=sys.stderr)
         return 2
     if args.command == "plugin" and args.action != "list" and not args.target:
         print(f"scopecast plugin {args.action} needs a target", file=sys.stderr)

@@ -54,6 +54,22 @@ def test_topic_publish_subscribe_status(ray_address, topic_name):
     assert lines[0][1] == lines[1][1] != lines[2][1]
 
 
+def test_topic_describe_and_list_as_json(cluster, ray_address, topic_name):
+    cluster.create_topic(topic_name, policy="chain")
+    with cluster.subscriber(topic_name, scope="describe/S"):
+        out = scopecast("topic", "describe", topic_name, "--json", address=ray_address)
+        assert out.returncode == 0, out.stderr
+        described = json.loads(out.stdout)
+        assert (described["name"], described["policy"]) == (topic_name, "chain")
+        assert any("describe/S" in s for s in described["subscribers"])
+        text = scopecast("topic", "describe", topic_name, address=ray_address).stdout
+        assert "policy:" in text and "chain" in text
+    listed = json.loads(scopecast("topic", "list", "--json", address=ray_address).stdout)
+    assert topic_name in {t["name"] for t in listed}
+    missing = scopecast("topic", "describe", "no/such", address=ray_address)
+    assert missing.returncode == 1 and "TopicNotFound" in missing.stderr
+
+
 def test_commands_do_not_start_ray_when_there_is_no_cluster():
     out = scopecast("status", "--address", "127.0.0.1:1", address=None, timeout=120)
     assert out.returncode == 1
