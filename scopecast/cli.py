@@ -190,7 +190,10 @@ def cmd_plugin(args) -> int:
             ref = cluster.submit_plugin(args.target, sign=args.sign)
             print(f"{ref.kind} {ref.name}@{ref.version} sha256:{ref.sha256}")
         elif args.action == "list":
-            for p in cluster.plugins():
+            plugins = cluster.plugins()
+            if args.json:
+                print(json.dumps(plugins, indent=2, default=str))
+            for p in [] if args.json else plugins:
                 print(f"{p['kind']:<9}{p['name']}@{p['version']:<12} sha256:{p['sha256']}  "
                       f"{p['bytes']} bytes")
         elif args.action == "show":
@@ -230,6 +233,12 @@ def cmd_subscribe(args) -> int:
                 if msg is None:
                     break
                 got += 1
+                if args.json:  # one JSON object a line
+                    value = msg.payload.decode("utf-8", "replace") if msg.content_type == 0 \
+                        else msg.value
+                    print(json.dumps({"topic": msg.topic, "source": msg.source, "seq": msg.seq,
+                                      "value": value}, default=str), flush=True)
+                    continue
                 text = msg.payload.decode("utf-8", "replace") if msg.content_type == 0 \
                     else json.dumps(msg.value, default=str)
                 print(f"{msg.topic}\t{msg.source}\t{msg.seq}\t{text}", flush=True)
@@ -440,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="submit: a .py file or package directory; show/remove: name@version or "
                          "sha256:<hex>; keygen: where to write the private key (and KEY.pub)")
     pl.add_argument("--sign", metavar="KEY", help="submit: sign with this Ed25519 private key")
+    pl.add_argument("--json", action="store_true", help="list: machine-readable output")
     pl.set_defaults(func=cmd_plugin)
 
     pub = attach(sub.add_parser("publish", help="publish the MESSAGEs given, else lines from "
@@ -455,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     sb = attach(sub.add_parser("subscribe", help="print messages of a topic as they arrive"))
     sb.add_argument("topic", nargs="+")
     sb.add_argument("--count", type=int, help="stop after this many messages")
+    sb.add_argument("--json", action="store_true",
+                    help="print each message as a JSON line: topic, source, seq, value")
     sb.add_argument("--scope", metavar="PATH", help=SCOPE_HELP)
     sb.add_argument("--timeout", type=float, default=None,
                     help="stop after this many idle seconds (default: wait forever)")

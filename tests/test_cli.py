@@ -95,9 +95,11 @@ def test_an_address_that_is_no_clusters_host_and_port_is_a_typed_error(address, 
 
 def test_subscribe_with_a_count_fails_when_fewer_messages_came(ray_address, topic_name):
     assert scopecast("topic", "create", topic_name, address=ray_address).returncode == 0
-    out = scopecast("subscribe", topic_name, "--count", "1", "--timeout", "2",
+    out = scopecast("subscribe", topic_name, "--count", "1", "--timeout", "2", "--json",
                     address=ray_address)
-    assert out.returncode == 1 and "received 0 of 1" in out.stderr
+    assert out.returncode == 1 and "received 0 of 1" in out.stderr and out.stdout == ""
+    listed = scopecast("plugin", "list", "--json", address=ray_address)
+    assert listed.returncode == 0 and isinstance(json.loads(listed.stdout), list)
 
 
 def test_unknown_topic_is_a_typed_error(ray_address):
