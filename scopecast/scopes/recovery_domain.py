@@ -192,9 +192,12 @@ class RecoveryDomain:
                 log.warning("scope %r: %s agent for %s: delegating it again failed: %r",
                             self.path, self.protocol, name, exc)
                 continue
-            log.warning("scope %r: %s agent for %s %s; delegated again along %s", self.path,
-                        self.protocol, name, "unanswering" if silent else "led elsewhere now",
-                        " > ".join(new.chain))
+            # (a domain led elsewhere now is the normal course as members come and go; an agent
+            # that stopped answering needs attention)
+            log.log(logging.WARNING if silent else logging.INFO,
+                    "scope %r: %s agent for %s %s; delegated again along %s", self.path,
+                    self.protocol, name, "unanswering" if silent else "led elsewhere now",
+                    " > ".join(new.chain))
             if new.host._actor_id == rec.host._actor_id and not silent:
                 # the same agent (one host per node): only its chain is new. Taken as a new
                 # one, it counted as missing until a ping answered, and on a loaded node pings
