@@ -39,9 +39,10 @@ def _send_one(pub, seq: int, payload: bytes, lose: bool = False) -> None:
 def test_a_receiver_stops_taking_its_backlog_when_a_hole_opens():
     with member_pair(RuntimeConfig(ack_timeout=600.0), window=True) as (pub, sub, inbox):
         sub.call_wait(sub.install_recovery, {PROTOCOL: ("127.0.0.1", 9)}, {TOPIC: PROTOCOL})
-        go, seen = threading.Event(), {}
+        go, held, seen = threading.Event(), threading.Event(), {}
 
         def backlog():  # on the receiver's I/O thread: its socket fills meanwhile
+            held.set()
             go.wait(10)
             sub.hole_opened = False
             before = sub.stats["datagrams_in"]
@@ -53,6 +54,8 @@ def test_a_receiver_stops_taking_its_backlog_when_a_hole_opens():
 
         paused = threading.Thread(target=sub.call_wait, args=(backlog,))
         paused.start()
+        # (only once the I/O thread is held: else its own loop may take datagram 1 first)
+        assert held.wait(10)
         try:
             _send_one(pub, 1, b"a")
             _send_one(pub, 2, b"b", lose=True)
