@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from scopecast.policies.api import MULTICAST
+from scopecast.scopes import topic_table
 from scopecast.scopes.agent_placement import AgentPlacement
 from scopecast.scopes.container import Channel, PolicyContainer, TopicLayout
 from scopecast.scopes.delegation import Delegation, MalformedDelegation, Obligation, Part
@@ -28,6 +29,14 @@ from scopecast.scopes.topics import TopicInfo
 from scopecast.scopes.views import MalformedView, MemberView
 
 PATH = "lan0/host-x"
+
+
+@pytest.fixture(autouse=True)
+def _no_object_store(monkeypatch):
+    """A topic table puts its base in Ray's object store; here the base stands for its ref (the
+    parts are tested without Ray: a ray.put would start an embedded Ray, and one started before
+    the session's cluster made that cluster attach to it instead of starting its own)."""
+    monkeypatch.setattr(topic_table.ray, "put", lambda value: value)
 
 
 class Remote:

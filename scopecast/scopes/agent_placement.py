@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from scopecast.scopes.membership import Membership
+from scopecast.scopes.paths import scope_name
 from scopecast.scopes.placement import PLUGIN_PREFIX, named_actor, node_id, pinned, plugin_env
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains, agent_name
@@ -33,7 +34,7 @@ class AgentPlacement:
                  hello: Callable[[], Awaitable[dict]], root_call,
                  holding: Callable[[], bool], on_changed: Callable[[], None]) -> None:
         self.path = path
-        self.name = path.rsplit("/", 1)[-1] if path else ""
+        self.name = scope_name(path)
         self.members = members
         self.planner = planner
         self.recovery = recovery

@@ -35,6 +35,12 @@ def parent_path(path: str) -> str | None:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
+def scope_name(path: str) -> str:
+    """The scope's own name, the last part of its path ("" for the cluster scope): what its
+    parent calls it."""
+    return path.rsplit("/", 1)[-1]
+
+
 def scope_actor_name(path: str) -> str:
     return declare.CLUSTER_SCOPE_MANAGER if path == "" else f"scopecast:scope:{path}"
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import ray
 
 from scopecast.actors import declare
+from scopecast.scopes.paths import scope_name
 from scopecast.scopes.reports import ScopeReport, SubtreeState
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class Reporter:
                  where: Callable[[], tuple[int, tuple[int, int] | None]],
                  me: Callable[[], object] | None = None) -> None:
         self.path = path
-        self.name = path.rsplit("/", 1)[-1] if path else ""
+        self.name = scope_name(path)
         self.parent_name = parent_name
         self.settings = settings
         self.incarnation = incarnation

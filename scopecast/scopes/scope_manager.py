@@ -56,6 +56,7 @@ from scopecast.scopes.container import PolicyContainer
 from scopecast.scopes.delegation import Delegation, MalformedDelegation
 from scopecast.scopes.downlink import Downlink
 from scopecast.scopes.membership import Membership, ask_all, check_role, resolve
+from scopecast.scopes.paths import scope_name
 from scopecast.scopes.placement import node_id
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.policy_runner import PolicyRunner
@@ -86,7 +87,7 @@ class ScopeManager:
         logs.configure()
         self.path = path
         self.kind = kind
-        self.name = path.rsplit("/", 1)[-1] if path else ""
+        self.name = scope_name(path)
         self.incarnation = random.getrandbits(48)
         self.settings = dict(DEFAULT_SETTINGS)
         self._parent_name = parent
