@@ -98,16 +98,15 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     if datagram_bytes is not None:
         TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)
+    # an embedded Ray ends with this process, and so does its cluster: its root keeps its state
+    # (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which belongs to
+    # persistent clusters (`scopecast up`); a fresh embedded cluster starts empty
+    home = Path(tempfile.mkdtemp(prefix="scopecast-embedded-")) if owns_ray else None
     if start:
-        # an embedded Ray ends with this process, and so does its cluster: its root keeps its
-        # state (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which
-        # belongs to persistent clusters (`scopecast up`); a fresh embedded cluster starts empty
-        state = str(Path(tempfile.mkdtemp(prefix="scopecast-embedded-")) / "state.db") \
-            if owns_ray else None
         manager = declare.get_or_create(
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac, state=state,
-            settings=settings, levels=levels,
+            interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
+            state=str(home / "state.db") if home else None, settings=settings, levels=levels,
             trusted_keys=[_pem(k) for k in trusted_keys or ()], datagram_bytes=datagram_bytes)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
@@ -115,9 +114,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             raise NotConnected("Ray is running but scopecast is not deployed on it: run "
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
-    cluster = Cluster(manager, hello, owns_ray, config, name)
-    cluster._embedded_home = Path(state).parent if start and state else None
-    return cluster
+    return Cluster(manager, hello, owns_ray, config, name, embedded_home=home)
 
 
 def _pem(key: str) -> str:
@@ -218,14 +215,15 @@ class Cluster:
     this process a member; `shutdown()` leaves a cluster it attached to running."""
 
     def __init__(self, manager, hello: dict, owns_ray: bool,
-                 config: RuntimeConfig | None = None, name: str | None = None) -> None:
+                 config: RuntimeConfig | None = None, name: str | None = None,
+                 embedded_home: Path | None = None) -> None:
         self._manager = manager
         self._hello = hello
         self._owns_ray = owns_ray
         self._config = config
         self._name = name
         self._elements: dict[str, ControlledElement] = {}  # scope path -> this process's member
-        self._embedded_home: Path | None = None  # an embedded cluster's state directory
+        self._embedded_home = embedded_home  # an embedded cluster's state directory
         self._lock = threading.Lock()
         self._handles: list = []
 
