@@ -560,12 +560,10 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.62) == tail
 
 
-def test_the_safety_nets_spell_counts_from_when_the_sender_sent_more(member):
-    """A stream that stands still because its sender does (held by its window for seconds) is
-    owed nothing: the safety net's spell starts when the sender's record first names more than
-    the member saw, not when the stream last moved here. (The demo took a publisher's pause,
-    followed by a forwarding member's moment of catching up, for a lost tail, and asked for tens
-    of thousands of messages the forwarding member was about to send.)"""
+def _with_records_of(member):
+    """The member has T 1..200 of SOURCE, and datagrams of other streams keep coming; its
+    summary(top, at): the NAKs it would send at `at` with SOURCE's record naming T up to `top`
+    (a fresh heartbeat each time)."""
     _deliver(member, 1, 200)
     beat = iter(range(10, 1000))
 
@@ -575,6 +573,17 @@ def test_the_safety_nets_spell_counts_from_when_the_sender_sent_more(member):
                                                             next(beat)]]},
                                  "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
         return member._owed(at)[1]
+
+    return summary
+
+
+def test_the_safety_nets_spell_counts_from_when_the_sender_sent_more(member):
+    """A stream that stands still because its sender does (held by its window for seconds) is
+    owed nothing: the safety net's spell starts when the sender's record first names more than
+    the member saw, not when the stream last moved here. (The demo took a publisher's pause,
+    followed by a forwarding member's moment of catching up, for a lost tail, and asked for tens
+    of thousands of messages the forwarding member was about to send.)"""
+    summary = _with_records_of(member)
 
     start = time.monotonic()
     # the sender sends nothing for longer than the safety net's spell: nothing is owed
@@ -592,15 +601,7 @@ def test_the_safety_net_waits_out_pauses_as_long_as_those_that_ended_by_themselv
     """A forwarding member that works through another sender's burst holds a stream for seconds,
     at every burst. Once such a spell ended by itself (no NAK), the safety net waits twice as
     long before asking; evidence of loss is still asked for at once."""
-    _deliver(member, 1, 200)
-    beat = iter(range(10, 1000))
-
-    def summary(top: int, at: float) -> list:
-        member.data_seen_at = at  # datagrams keep coming (of other streams)
-        member._on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]],
-                                                            next(beat)]]},
-                                 "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
-        return member._owed(at)[1]
+    summary = _with_records_of(member)
 
     start = time.monotonic()
     pause = TAIL_FALLBACK_MAX - 1  # behind the record this long, then it came: a pause
