@@ -386,13 +386,14 @@ def test_a_caching_member_lets_go_of_runs_as_they_become_stable(member):
     member._cacher = True
     for first in (1, 3, 5, 7, 9, 11):
         _deliver(member, first, 2)
-    assert member.call_wait(member.cached_runs) == 6
-    member.call_wait(member._prune_peer_cache, SOURCE, 4)
-    assert member.call_wait(member.cached_runs) == 4
-    cache = member.call_wait(lambda: list(member._peer_cache[SOURCE]))
-    assert [r.first_sseq if r else None for r in cache] == [None, None, 5, 7, 9, 11]
-    member.call_wait(member._prune_peer_cache, SOURCE, 8)  # more than half: the list is cut
-    assert [r.first_sseq for r in member.call_wait(lambda: list(member._peer_cache[SOURCE]))] \
+    cache = member._peer_cache
+    assert member.call_wait(cache.count) == 6
+    member.call_wait(cache.prune, SOURCE, 4)
+    assert member.call_wait(cache.count) == 4
+    runs = member.call_wait(lambda: list(cache.runs(SOURCE)[0]))
+    assert [r.first_sseq if r else None for r in runs] == [None, None, 5, 7, 9, 11]
+    member.call_wait(cache.prune, SOURCE, 8)  # more than half: the list is cut
+    assert [r.first_sseq for r in member.call_wait(lambda: list(cache.runs(SOURCE)[0]))] \
         == [9, 11]
 
 
@@ -558,6 +559,9 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.5) == tail  # quiet that long
     member.loss_seen_at = start + TAIL_FALLBACK + 0.6  # a channel shows a loss at once
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.62) == tail
+    # each tail NAK counted by the evidence it was asked on
+    assert [member.stats[k] for k in ("nak_tails", "tails_on_quiet", "tails_on_loss")] \
+        == [2, 1, 1]
 
 
 def _with_records_of(member):
@@ -616,6 +620,7 @@ def test_the_safety_net_waits_out_pauses_as_long_as_those_that_ended_by_themselv
     assert member.call_wait(summary, 400, moved + 2 * (pause + 0.5) + 0.1) == tail
     member.loss_seen_at = moved + 30  # later, evidence of loss: asked for at once
     assert member.call_wait(summary, 400, moved + 30.01) == tail
+    assert [member.stats[k] for k in ("tails_on_bound", "tails_on_loss")] == [1, 1]
 
 
 def test_the_pause_bound_learns_from_pauses_that_ended_by_themselves():

@@ -70,7 +70,7 @@ def mixed(rt: MemberRuntime, first_sseq: int, entries: list[tuple[int, int]],
 def kept(rt: MemberRuntime) -> list[tuple]:
     """(stream seq, topic, seq, payload) of what a caching member keeps of SOURCE's stream."""
     return rt.call_wait(lambda: [(e[0], e[1], e[3], e[5])
-                                 for e in cached_messages(rt._peer_cache[SOURCE])])
+                                 for e in cached_messages(rt._peer_cache.runs(SOURCE)[0])])
 
 
 def test_runs_out_of_order_are_delivered_in_order(member):

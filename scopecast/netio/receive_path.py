@@ -289,10 +289,9 @@ class ReceivePath:
 
     def _plain_topics(self) -> dict[int, tuple]:
         """topic -> (subscriptions, reliable, latest announced session, names) of the topics this
-        member takes and does not forward: what `_take_mixed` needs of a message in one lookup.
-        Topics alike share the value (no memory per topic but in `names`, a NameTable of the
-        topics alike): a run's messages are alike when each has a name there. Rebuilt after any
-        table install."""
+        member takes and does not forward, rebuilt on table installs: what `_take_mixed` needs of
+        a message in one lookup. Topics alike share the value (`names`, a NameTable of them, is
+        all the memory per topic): a run's messages are alike when each has a name there."""
         plain: dict[int, tuple] = {}
         names: dict[tuple, dict[int, str]] = {}
         sessions, reliable, forwards = self._sessions, self._reliable, self._routes
@@ -350,9 +349,9 @@ class ReceivePath:
                     if last_sseq is None:
                         last_sseq = self._last_sseq.topics(source, session)
                     last_sseq[topic] = top = sseq
-                    if cacher:  # kept until stable, to repair peers (see recovery_path)
-                        self._keep(source, CachedRun(sseq, sseq, data, topic, session, seq, ctype,
-                                                     (n,), off))
+                    if cacher:  # kept until stable, to repair peers (see peer_cache)
+                        self._peer_cache.keep(source, CachedRun(sseq, sseq, data, topic, session,
+                                                                seq, ctype, (n,), off))
             else:
                 if batch:  # delivered in order: what came before goes first
                     self._offer(group, batch, nbytes)
@@ -401,8 +400,9 @@ class ReceivePath:
                     list(map(Message, names, repeat(self._names.get(source) or str(source)),
                              repeat(session), seqs, payloads, repeat(ctype), repeat(routes[ridx]))),
                     nbytes + MESSAGE_COST * count)
-        if self._cacher:  # kept until stable, to repair peers (see recovery_path)
-            self._keep(source, CachedRun(sseq, top, data, MIXED, session, 0, ctype, count, off))
+        if self._cacher:  # kept until stable, to repair peers (see peer_cache)
+            self._peer_cache.keep(source, CachedRun(sseq, top, data, MIXED, session, 0, ctype,
+                                                    count, off))
         self._stream_taken(source, sseq, top)
         return True
 
@@ -448,9 +448,9 @@ class ReceivePath:
         if topic in self._reliable:
             top = self._last_sseq[key] = first_sseq + count - 1
             self._stream_taken(source, first_sseq, top)
-            if self._cacher:  # kept until stable, to repair peers (see recovery_path)
-                self._keep(source, CachedRun(first_sseq, top, data, topic, session, first, ctype,
-                                             lengths, off))
+            if self._cacher:  # kept until stable, to repair peers (see peer_cache)
+                self._peer_cache.keep(source, CachedRun(first_sseq, top, data, topic, session,
+                                                        first, ctype, lengths, off))
 
     # ------------------------------------------------------------ runs that arrive early
 

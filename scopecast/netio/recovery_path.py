@@ -36,20 +36,20 @@ import bisect
 import time
 from collections import deque
 from collections.abc import Set
-from operator import itemgetter
 
 from scopecast.netio import wire
 from scopecast.netio._tail_table import TailTable
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.pause_bound import PauseBound
+from scopecast.netio.peer_cache import PeerCache
 from scopecast.netio.recovery_records import (
     MAX_RECORD_TOPICS,
     AgentReply,
     SenderRecord,
     named_topics,
 )
-from scopecast.netio.repair_server import ANY_TOPIC, CachedRun, RepairServer, entry_sseq
+from scopecast.netio.repair_server import ANY_TOPIC, RepairServer, entry_sseq
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 from scopecast.timing import TIMING
 
@@ -72,7 +72,6 @@ IDLE_FROM = TIMING.idle_from
 JOIN_TRIES = 20                      # asks for a join point before starting at the first cached
 
 
-_last_sseq = itemgetter(1)  # of a CachedRun
 
 
 class RecoveryPath:
@@ -98,8 +97,7 @@ class RecoveryPath:
         self._pauses = PauseBound()              # how long such a spell may last, learnt
         self.loss_seen_at = -INF                 # when a channel last showed a datagram lost
         self.data_seen_at = -INF                 # when a channel's datagram last came
-        self._peer_cache: dict[int, list[tuple]] = {}       # source -> CachedRuns
-        self._peer_heads: dict[int, int] = {}
+        self._peer_cache = PeerCache()           # peers' runs kept to repair others with
         self._cacher = False
         self._last_sseq = KeyTable()  # (topic, source, session) -> last delivered sseq
         self._records: dict[int, SenderRecord] = {}   # source -> its record
@@ -117,6 +115,8 @@ class RecoveryPath:
         self._repair_avg = 0.0                   # recent repair time (s), a moving average
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
+        self._tail_why: dict[int, str] = {}      # source -> the evidence its tail was last
+        #                                           wanted on (a stats key, see _tail_wanted)
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
         self.repair_ms: deque[float] = deque(maxlen=4096)  # gap seen -> filled, latest gaps
         self._gap_at: dict[tuple, list] = {}      # key -> [(hole's last seq, opened at)]
@@ -299,20 +299,6 @@ class RecoveryPath:
 
     # ----------------------------------------------------------------------- the receiver
 
-    def _keep(self, source: int, run: CachedRun) -> None:
-        """A caching member keeps what it received until stable, run by run (`CachedRun`)."""
-        cache = self._peer_cache.get(source)
-        if cache is None:
-            cache = self._peer_cache[source] = []
-            self._peer_heads[source] = 0
-        if cache and run[0] < cache[-1][0]:
-            # runs held early and released after later ones: put in stream order (repairs and
-            # pruning look runs up by stream seq)
-            head = self._peer_heads[source]
-            cache.insert(bisect.bisect(cache, run[0], lo=head, key=entry_sseq), run)
-            return
-        cache.append(run)
-
     def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
         """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses.
 
@@ -375,9 +361,17 @@ class RecoveryPath:
         messages of other topics)."""
         moved = self._moved.setdefault(source, now)
         still = now - (moved if since is None else since)
-        return self.loss_seen_at >= moved - 2 * self._period \
-            or still >= self._pauses.bound(source) \
-            or still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK
+        # (the evidence that let it is kept: each tail NAK is counted by it, so `status` tells
+        # a loss from a pause waited out)
+        if self.loss_seen_at >= moved - 2 * self._period:
+            self._tail_why[source] = "tails_on_loss"
+        elif still >= self._pauses.bound(source):
+            self._tail_why[source] = "tails_on_bound"
+        elif still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK:
+            self._tail_why[source] = "tails_on_quiet"
+        else:
+            return False
+        return True
 
     def _owed_of(self, source: int, record: SenderRecord, seen: int, stalled: bool, now: float,
                  naks: list, streams: list) -> int:
@@ -486,6 +480,11 @@ class RecoveryPath:
         for lo, hi in [*self._positions.holes(source, MAX_STREAM_NAKS), (end + 1, tail_top)]:
             if lo <= hi and not any(c_lo <= lo and hi <= c_hi for c_lo, c_hi in covered):
                 naks.append([source, ANY_TOPIC, 0, lo, TAIL_SEQ, lo, hi])
+                if lo > end:
+                    self.stats["nak_stream_tails"] += 1
+                    self.stats[self._tail_why.get(source, "tails_on_loss")] += 1
+                else:
+                    self.stats["nak_stream_gaps"] += 1
 
     def forget_keys(self, topics) -> None:
         """This member no longer takes `topics`: their keys leave its digests, so no stream that
@@ -525,8 +524,11 @@ class RecoveryPath:
             n = len(run[10])
             if first + n > nxt:
                 nxt, last = first + n, run[7] + n - 1
+        self.stats["nak_gaps"] += len(out)
         if tail is not None and nxt <= tail[0] and last < tail[1]:
             out.append([nxt, min(tail[0], nxt + TAIL_SPAN - 1), last + 1, tail[1]])
+            self.stats["nak_tails"] += 1
+            self.stats[self._tail_why.get(key[1], "tails_on_loss")] += 1
         return out
 
     def _tail_naks(self, now: float) -> list[list]:
@@ -553,6 +555,8 @@ class RecoveryPath:
                     if src == source and topic in self._reliable:
                         last = self._last_sseq.get((topic, src, session), 0)
                         out.append([source, topic, session, nxt, TAIL_SEQ, last + 1, hi])
+                        self.stats["nak_gone_tails"] += 1
+                        self.stats[self._tail_why.get(source, "tails_on_loss")] += 1
         return out
 
     # ----------------------------------------------------------------- the periodic push
@@ -632,6 +636,7 @@ class RecoveryPath:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
             del self._records[source]
             self._behind.pop(source, None)
+            self._tail_why.pop(source, None)
             self._pauses.forget(source)
 
     def _on_instructions(self, ins: dict, key: str) -> None:
@@ -671,7 +676,7 @@ class RecoveryPath:
                     self._release_own(min(r.down.get(source) or 0 for r in mine))
             else:
                 stable = stables[source] = self._peer_stable(source)
-                self._prune_peer_cache(source, stable)
+                self._peer_cache.prune(source, stable)
         self._pass_stable(stables)
         for nak in ins.get("push", ()):
             self.stats["pushes"] += 1
@@ -685,7 +690,6 @@ class RecoveryPath:
         cacher = any(r.cacher for r in replies)
         if self._cacher and not cacher:
             self._peer_cache.clear()
-            self._peer_heads.clear()
         self._cacher = cacher
 
     def _top_moved(self, old: SenderRecord | None, top: int, now: float) -> tuple[float, int]:
@@ -722,25 +726,6 @@ class RecoveryPath:
             self._note_filled(key, given_up=True)
         self._release_early(key)
 
-    def _prune_peer_cache(self, source: int, stable: int) -> None:
-        """Let go of `source`'s runs that are stable: their datagrams at once, the list's slots
-        when more than half of it is stable (before the head, None; nothing looks there)."""
-        cache = self._peer_cache.get(source)
-        if not cache:
-            return
-        old = self._peer_heads[source]
-        head = bisect.bisect_right(cache, stable, lo=old, key=_last_sseq)
-        if head * 2 > len(cache):
-            del cache[:head]
-            head = 0
-        elif head > old:
-            cache[old:head] = [None] * (head - old)
-        self._peer_heads[source] = head
-
-    def cached_runs(self) -> int:
-        """Runs of peers this member holds to repair others with (see CachedRun)."""
-        return sum(len(c) - self._peer_heads[s] for s, c in self._peer_cache.items())
-
     # -------------------------------------------------------------------------- repairs
 
     def _on_nak(self, sender: int, body) -> None:
@@ -758,8 +743,8 @@ class RecoveryPath:
         if source == self.member_id:
             self._repairs.serve_own(self.member_id, self._cache, self._cache_head, nak, address)
         else:
-            self._repairs.serve_cached(self.member_id, source, self._peer_cache.get(source),
-                                       self._peer_heads.get(source, 0), nak, address)
+            self._repairs.serve_cached(self.member_id, source, *self._peer_cache.runs(source),
+                                       nak, address)
 
     def _send_repair(self, datagram: bytes, address: tuple[str, int]) -> None:
         try:

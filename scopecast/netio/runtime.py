@@ -429,9 +429,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
 
     def install_members(self, members: list[MemberInfo]) -> None:
         if self._members.keys() - {m.id for m in members}:
-            # what a member that left held for this one to forward is gone: evidence of loss for
-            # asking for the tails of stalled streams (RecoveryPath._tail_wanted)
+            # what a member that left held for this one to forward is gone: evidence of loss
             self.loss_seen_at = time.monotonic()
+            self.stats["loss_member_left"] += 1
         self._members = {m.id: m for m in members}
         names = self._names
         for m in members:
@@ -566,7 +566,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                          "light": self.light(),
                          "senders_known": sorted(self._records),
                          "gaps": len(self._nak_at), "held_early_bytes": self._early_bytes,
-                         "cached_runs": self.cached_runs(),
+                         "cached_runs": self._peer_cache.count(),
                          "repair_ms": percentiles(self.repair_ms)},
         }
 

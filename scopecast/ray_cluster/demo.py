@@ -104,17 +104,24 @@ def write_plot(samples, path: str) -> bool:
     return True
 
 
+# what a member's NAKs asked for, and on what evidence it asked for a tail (recovery_path)
+NAK_KINDS = ("nak_gaps", "nak_tails", "nak_stream_gaps", "nak_stream_tails", "nak_gone_tails",
+             "tails_on_loss", "tails_on_bound", "tails_on_quiet", "channel_gaps",
+             "loss_member_left")
+
+
 def _lan_counters(cluster, lan: str) -> dict[str, int]:
-    """NAKs sent (to agents and to senders) and repair datagrams received by the members of one
-    LAN scope."""
+    """NAKs sent (to agents and to senders), repair datagrams received, and what the NAKs asked
+    for (`NAK_KINDS`), summed over the members of one LAN scope."""
     from scopecast.scopes.status import members
 
-    out = {"naks": 0, "repair_datagrams_in": 0}
+    out = dict.fromkeys(("naks", "repair_datagrams_in", *NAK_KINDS), 0)
     for m in members(cluster.status()):
         if m["scope"] == lan or m["scope"].startswith(lan + "/"):
             stats = (m.get("counters") or {}).get("stats", {})
             out["naks"] += int(stats.get("naks_sent", 0)) + int(stats.get("naks_reported", 0))
-            out["repair_datagrams_in"] += int(stats.get("repair_datagrams_in", 0))
+            for name in ("repair_datagrams_in", *NAK_KINDS):
+                out[name] += int(stats.get(name, 0))
     return out
 
 
@@ -211,6 +218,9 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
             c = _lan_counters(cluster, lan)
             say(f"{lan}: {c['naks']:,} NAKs (to agents and senders), "
                 f"{c['repair_datagrams_in']:,} repair datagrams received")
+            if c["naks"]:
+                say("  asked for: " + ", ".join(f"{k.removeprefix('nak_')} {c[k]:,}"
+                                               for k in NAK_KINDS if c[k]))
 
         top = route_sink.to_arrow(timeout).to_pylist()
         ok &= len(top) == route_count
