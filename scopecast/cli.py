@@ -45,7 +45,8 @@ def cmd_up(args) -> int:
     from scopecast.ray_cluster import launch
 
     info = launch.up(address=args.address, port=args.port, mac=args.mac,
-                     trusted_keys=args.trusted_key, datagram_bytes=args.datagram_bytes)
+                     trusted_keys=args.trusted_key, datagram_bytes=args.datagram_bytes,
+                     settings=dict(args.setting or ()) or None, levels=args.levels)
     how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
     print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
           f"state {info['state']})")
@@ -54,6 +55,52 @@ def cmd_up(args) -> int:
     if info.get("dashboard"):
         print(f"Ray dashboard (jobs: `scopecast pipeline submit SCRIPT`): {info['dashboard']}")
     return 0
+
+
+def cmd_reset(args) -> int:
+    from scopecast.ray_cluster import launch
+
+    files = launch.state_files()
+    if not files:
+        print(f"nothing to reset in {launch.state_path().parent}")
+        return 0
+    listing = ", ".join(str(f) for f in files)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"scopecast reset would remove {listing}; pass --yes to do it without asking",
+                  file=sys.stderr)
+            return 2
+        answer = input(f"remove {listing} (every topic, plug-in and member a persistent cluster "
+                       "recorded)? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 0
+    for f in launch.reset():
+        print(f"removed {f}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from scopecast.ray_cluster import doctor
+
+    checks = doctor.run(args.interface)
+    if args.json:
+        print(json.dumps(doctor.as_dicts(checks), indent=2))
+    else:
+        print(doctor.table(checks))
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """KEY=VALUE of `up --setting`: the value as JSON where it parses (numbers, true/false),
+    else as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 def cmd_down(args) -> int:
@@ -380,7 +427,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "member's interface MTU, 64 KB on loopback); up to 65000 lets the kernel "
                         "fragment datagrams inside a LAN: far fewer datagrams for small messages, "
                         "where IP fragments pass and frames are seldom lost")
+    u.add_argument("--setting", action="append", type=_setting, metavar="KEY=VALUE",
+                   help="a cluster setting or timing knob of a newly deployed cluster, e.g. "
+                        "member_timeout=20 (repeatable; docs/settings.md lists them)")
+    u.add_argument("--levels", type=lambda t: [x for x in t.split(",") if x], default=None,
+                   metavar="LABEL,...",
+                   help="Ray node labels that group a newly deployed cluster's hosts into "
+                        "scopes, top first, the last one the LAN (default: scopecast-lan)")
     u.set_defaults(func=cmd_up)
+
+    dr = sub.add_parser("doctor", help="check this host for scopecast: interface and MTU, IP "
+                                       "multicast, UDP ports, firewall rules, socket buffers, "
+                                       "batch calls, Java; says what to fix (exit 1 if a check "
+                                       "fails)")
+    dr.add_argument("--interface", metavar="ADDR",
+                    help="the address members would use (default: this host's address toward "
+                         "other hosts)")
+    dr.add_argument("--json", action="store_true", help="the checks as JSON")
+    dr.set_defaults(func=cmd_doctor)
+
+    r = sub.add_parser("reset", help="remove this machine's scopecast state ($SCOPECAST_HOME, "
+                                     "default ~/.scopecast): the topics, plug-ins and members a "
+                                     "persistent cluster recorded; asks first")
+    r.add_argument("--yes", action="store_true", help="do not ask")
+    r.set_defaults(func=cmd_reset)
 
     dn = attach(sub.add_parser("down", help="remove every scopecast actor from the cluster"))
     dn.add_argument("--ray", action="store_true",

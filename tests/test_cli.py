@@ -147,3 +147,43 @@ def test_status_text_says_what_a_scopes_stability_waits_for(cluster, topic_name)
     line = next(x for x in _status_text(status).splitlines()
                 if x.strip().startswith(f"{lan['path']}  [lan"))
     assert line.endswith(", rebuilding after a restart, waiting for silent host-0badcafe]"), line
+
+
+def test_reset_asks_refuses_a_running_cluster_and_removes_the_state(tmp_path, monkeypatch):
+    """`scopecast reset` removes $SCOPECAST_HOME's state database and `up` record: never without
+    --yes when it cannot ask, and never while the cluster `up` recorded still answers."""
+    import socket
+
+    def reset(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "SCOPECAST_HOME": str(tmp_path)}
+        return subprocess.run([sys.executable, "-m", "scopecast.cli", "reset", *args],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    assert reset("--yes").stdout.startswith("nothing to reset")
+    state = [tmp_path / "state.db", tmp_path / "state.db-wal", tmp_path / "up.json"]
+    for f in state:
+        f.write_text("{}")
+    out = reset()  # no terminal to ask on: refused, nothing removed
+    assert out.returncode == 2 and "--yes" in out.stderr and all(f.exists() for f in state)
+    with socket.socket() as listening:  # the recorded cluster answers: refused
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        (tmp_path / "up.json").write_text(json.dumps(
+            {"address": f"127.0.0.1:{listening.getsockname()[1]}"}))
+        out = reset("--yes")
+        assert out.returncode == 1 and "scopecast down --ray" in out.stderr, out.stderr
+        assert all(f.exists() for f in state)
+    out = reset("--yes")  # stopped: removed
+    assert out.returncode == 0 and not any(f.exists() for f in state), out.stderr
+    assert out.stdout.count("removed ") == 3
+
+
+def test_up_settings_are_key_value_pairs_with_json_values():
+    from scopecast.cli import _setting
+
+    assert _setting("member_timeout=20") == ("member_timeout", 20)
+    assert _setting("token_period=0.02") == ("token_period", 0.02)
+    assert _setting("name=lan-a") == ("name", "lan-a")
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        _setting("member_timeout")

@@ -42,11 +42,12 @@ def record_path() -> Path:
 
 
 def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
-       trusted_keys: list[str] | None = None, datagram_bytes: int | None = None) -> dict:
+       trusted_keys: list[str] | None = None, datagram_bytes: int | None = None,
+       settings: dict | None = None, levels: list[str] | None = None) -> dict:
     """Deploy scopecast onto the Ray cluster at `address`, or start a local Ray head on `port`
     (loopback only) and deploy onto it. Idempotent: an existing deployment is reused.
     `trusted_keys` (public key files) make it accept only plug-ins signed by one of them;
-    `datagram_bytes`: see `connect`."""
+    `datagram_bytes`, `settings` and `levels`: see `connect`."""
     started_ray = False
     interface = None  # on a real cluster every member uses its own node's address
     if address is None:
@@ -56,7 +57,8 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
             _start_head(port)
             started_ray = True
     cluster = connect(address=address, start=True, mac=mac, interface=interface,
-                      trusted_keys=trusted_keys, datagram_bytes=datagram_bytes)
+                      trusted_keys=trusted_keys, datagram_bytes=datagram_bytes,
+                      settings=settings, levels=levels)
     try:
         status = cluster.status()
         info = {"address": cluster.address, "started_ray": started_ray,
@@ -73,6 +75,32 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
         info["pids"] = _session_processes(info["session_dir"])
         record_path().write_text(json.dumps(info))
     return info
+
+
+def state_files() -> list[Path]:
+    """What `reset` removes: the root scope's state database (and its WAL files) and the record
+    of the cluster `up` started, where they exist."""
+    db = state_path()
+    files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), record_path()]
+    return [f for f in files if f.exists()]
+
+
+def reset() -> list[Path]:
+    """Remove `state_files()` (topics, sessions, members, plug-ins and the cluster key of a
+    persistent cluster); refused while the cluster `up` recorded still answers."""
+    record = record_path()
+    if record.exists():
+        try:
+            address = json.loads(record.read_text()).get("address")
+        except (OSError, ValueError):
+            address = None
+        if address and reachable(address):
+            raise ScopecastError(f"the cluster `scopecast up` started is running at {address}: "
+                                 "stop it first (`scopecast down --ray`), then reset")
+    removed = state_files()
+    for f in removed:
+        f.unlink(missing_ok=True)
+    return removed
 
 
 def down(address: str | None = None, stop_ray: bool = False) -> dict:
