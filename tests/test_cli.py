@@ -180,10 +180,10 @@ def test_reset_asks_refuses_a_running_cluster_and_removes_the_state(tmp_path, mo
 
 
 def test_up_settings_are_key_value_pairs_with_json_values():
-    from scopecast.cli import _setting
+    from scopecast.cli_deploy import setting
 
-    assert _setting("member_timeout=20") == ("member_timeout", 20)
-    assert _setting("token_period=0.02") == ("token_period", 0.02)
-    assert _setting("name=lan-a") == ("name", "lan-a")
+    assert setting("member_timeout=20") == ("member_timeout", 20)
+    assert setting("token_period=0.02") == ("token_period", 0.02)
+    assert setting("name=lan-a") == ("name", "lan-a")
     with pytest.raises(Exception, match="KEY=VALUE"):
-        _setting("member_timeout")
+        setting("member_timeout")
