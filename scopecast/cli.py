@@ -25,6 +25,27 @@ def _connect(args):
     return scopecast.connect(address=args.address or "auto", start=False)
 
 
+def _show_table(rows: list[dict], columns: list[str]) -> None:
+    """A listing for people: a header and aligned columns (`--json` gives programs the rows)."""
+    cells = [[str(r.get(c, "")) if r.get(c) not in (None, "") else "-" for c in columns]
+             for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    for row in [[c.upper() for c in columns], *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _show_record(record: dict) -> None:
+    """One object for people: a `key: value` line each (lists joined)."""
+    width = max(len(k) for k in record) + 2
+    for key, value in record.items():
+        shown = (", ".join(map(str, value)) or "-") if isinstance(value, list) else value
+        print(f"{key + ':':<{width}}{'-' if shown in (None, '') else shown}")
+
+
+def _show(value, as_json: bool) -> None:
+    print(json.dumps(value, indent=2, default=str)) if as_json else _show_record(value)
+
+
 def cmd_demo(args) -> int:
     from scopecast.ray_cluster import demo
 
@@ -91,26 +112,19 @@ def cmd_topic(args) -> int:
         if args.action == "create":
             info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery,
                                         root=args.root, history=args.history)
-            print(f"{info.name} id={info.id} policy={info.policy} recovery={info.recovery} "
-                  f"history={info.history}"
-                  + (f" root={info.root}" if info.root else ""))
+            _show(info.to_dict(), args.json)
         elif args.action == "delete":
             cluster.delete_topic(args.name)
             print(f"deleted {args.name}")
         elif args.action == "describe":
-            described = _describe_topic(cluster.topic(args.name).to_dict(), cluster.status())
-            if args.json:
-                print(json.dumps(described, indent=2, default=str))
-            else:
-                for key, value in described.items():
-                    shown = ", ".join(map(str, value)) or "-" if isinstance(value, list) else value
-                    print(f"{key + ':':<14}{shown}")
+            _show(_describe_topic(cluster.topic(args.name).to_dict(), cluster.status()), args.json)
         else:
-            topics = cluster.topics()
+            topics = [t.to_dict() for t in cluster.topics()]
             if args.json:
-                print(json.dumps([t.to_dict() for t in topics], indent=2, default=str))
-            for t in [] if args.json else topics:
-                print(f"{t.name}\tid={t.id}\tpolicy={t.policy}\trecovery={t.recovery}")
+                print(json.dumps(topics, indent=2, default=str))
+            else:
+                _show_table(topics, ["name", "id", "policy", "recovery", "history", "root",
+                                     "session"])
         return 0
 
 
@@ -136,16 +150,17 @@ def cmd_plugin(args) -> int:
     with _connect(args) as cluster:
         if args.action == "submit":
             ref = cluster.submit_plugin(args.target, sign=args.sign)
-            print(f"{ref.kind} {ref.name}@{ref.version} sha256:{ref.sha256}")
+            _show({"kind": ref.kind, "ref": f"{ref.name}@{ref.version}",
+                   "sha256": ref.sha256}, args.json)
         elif args.action == "list":
             plugins = cluster.plugins()
             if args.json:
                 print(json.dumps(plugins, indent=2, default=str))
-            for p in [] if args.json else plugins:
-                print(f"{p['kind']:<9}{p['name']}@{p['version']:<12} sha256:{p['sha256']}  "
-                      f"{p['bytes']} bytes")
+            else:
+                _show_table([{**p, "ref": f"{p['name']}@{p['version']}"} for p in plugins],
+                            ["kind", "ref", "sha256", "bytes"])
         elif args.action == "show":
-            print(json.dumps(cluster.plugin(args.target), indent=2, default=str))
+            _show(cluster.plugin(args.target), args.json)
         else:
             ref = cluster.remove_plugin(args.target)
             print(f"removed {ref.name}@{ref.version}")
@@ -237,13 +252,9 @@ def cmd_pipeline(args) -> int:
         return 0 if info["status"] == "SUCCEEDED" else 1
     if args.action == "status":
         info = jobs.pipeline_status(args.job_id, address=args.address)
-        if args.json:
-            print(json.dumps(info, indent=2, default=str))
-        else:
-            for key in ("job_id", "status", "message", "entrypoint", "start_time", "end_time",
-                        "exit_code"):
-                if info.get(key) is not None:
-                    print(f"{key + ':':<12}{info[key]}")
+        _show(info if args.json else {k: info.get(k) for k in (
+            "job_id", "status", "message", "entrypoint", "start_time", "end_time", "exit_code")},
+            args.json)
         return 0
     if args.action == "logs":
         if args.follow:
@@ -258,8 +269,8 @@ def cmd_pipeline(args) -> int:
         rows = jobs.list_pipelines(address=args.address)
         if args.json:
             print(json.dumps(rows, indent=2, default=str))
-        for r in [] if args.json else rows:
-            print(f"{r['job_id']:<30} {r['status']:<10} {r['start_time'] or '-':<26} {r['entrypoint']}")
+        else:
+            _show_table(rows, ["job_id", "status", "start_time", "entrypoint"])
         return 0
     stopped = jobs.stop_pipeline(args.job_id, address=args.address)
     print(f"stopping pipeline {args.job_id}" if stopped else
@@ -400,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = attach(sub.add_parser("topic", help="create, list, describe or delete topics"))
     t.add_argument("action", choices=["create", "list", "describe", "delete"])
     t.add_argument("name", nargs="?", help="topic name (create, describe, delete)")
-    t.add_argument("--json", action="store_true", help="machine-readable output (list, describe)")
+    t.add_argument("--json", action="store_true", help="machine-readable output")
     t.add_argument("--policy", default="tree",
                    help="forwarding policy: tree (default), chain, star, lan_multicast, replicated")
     t.add_argument("--root", default="", metavar="SCOPE",
@@ -420,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="submit: a .py file or package directory; show/remove: name@version or "
                          "sha256:<hex>; keygen: where to write the private key (and KEY.pub)")
     pl.add_argument("--sign", metavar="KEY", help="submit: sign with this Ed25519 private key")
-    pl.add_argument("--json", action="store_true", help="list: machine-readable output")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plugin)
 
     pub = attach(sub.add_parser("publish", help="publish the MESSAGEs given, else lines from "

@@ -4,6 +4,7 @@ are refused at submission or, failing at run time, replaced by the scope's defau
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -167,9 +168,12 @@ def test_cli_plugin_commands(ray_address):
                               capture_output=True, text=True, timeout=180)
     out = cli("submit", str(RING))
     assert out.returncode == 0, out.stderr
-    assert f"sha256:{digest(collect(RING))}" in out.stdout
-    assert "ring@1.0" in cli("list").stdout
-    assert '"used_by"' in cli("show", "ring@1.0").stdout
+    assert digest(collect(RING)) in out.stdout and "ring@1.0" in out.stdout
+    assert "ring@1.0" in cli("list").stdout  # a table for people,
+    assert {"name": "ring", "version": "1.0"}.items() <= next(  # JSON for programs
+        p for p in json.loads(cli("list", "--json").stdout) if p["name"] == "ring").items()
+    assert '"used_by"' in cli("show", "ring@1.0", "--json").stdout
+    assert "used_by:" in cli("show", "ring@1.0").stdout
 
 
 def test_a_package_plugin_is_digested_without_its_bytecode(cluster, tmp_path):
