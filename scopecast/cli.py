@@ -339,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "member's interface MTU, 64 KB on loopback); up to 65000 lets the kernel "
                         "fragment datagrams inside a LAN: far fewer datagrams for small messages, "
                         "where IP fragments pass and frames are seldom lost")
+    u.add_argument("--max-message-bytes", type=int, default=None, metavar="B",
+                   help="the largest message of a newly deployed cluster (default 16 MiB); "
+                        "every member applies it")
     u.add_argument("--setting", action="append", type=cli_deploy.setting, metavar="KEY=VALUE",
                    help="a cluster setting or timing knob of a newly deployed cluster, e.g. "
                         "member_timeout=20 (repeatable; docs/settings.md lists them)")

@@ -13,7 +13,8 @@ def cmd_up(args) -> int:
 
     info = launch.up(address=args.address, port=args.port, mac=args.mac,
                      trusted_keys=args.trusted_key, datagram_bytes=args.datagram_bytes,
-                     settings=dict(args.setting or ()) or None, levels=args.levels)
+                     settings=dict(args.setting or ()) or None, levels=args.levels,
+                     max_message_bytes=args.max_message_bytes)
     how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
     print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
           f"state {info['state']})")

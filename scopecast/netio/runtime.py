@@ -59,7 +59,7 @@ PARK = TIMING.park
 HANDOVER_WAIT = TIMING.handover_wait
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
 HOLE_DELAY = TIMING.hole_delay
-MAX_MESSAGE = 0xFFFFFFFF
+MAX_MESSAGE, DEFAULT_MAX_MESSAGE = 0xFFFFFFFF, 16 << 20  # the wire's 32-bit lengths; the default
 MAX_NAMES = 4096   # names of members remembered, current and gone
 BEAT_EVERY = TIMING.beat_every
 HEADER = wire.HEADER
@@ -77,7 +77,7 @@ class RuntimeConfig:
     block_when_full: bool = True         # publish() waits for stability; False: raise WindowFull
     queue_bytes: int = 8 << 20           # published but not yet sent; publish() blocks beyond
     max_backlog_bytes: int = 32 << 20    # delivered but not consumed; acks withheld beyond
-    max_message_bytes: int = 16 << 20
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE  # a cluster setting (see controlled_element)
     reassembly_budget_bytes: int = 64 << 20
     reassembly_timeout: float = 10.0
     ack_period: float = 0.01           # receivers acknowledge this often (and at once when a

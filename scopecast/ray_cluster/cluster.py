@@ -24,7 +24,7 @@ from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
 from scopecast.ray_cluster import publisher_pool
 from scopecast.scopes.cluster_manager import ClusterScopeManager
-from scopecast.scopes.controlled_element import ControlledElement, call
+from scopecast.scopes.controlled_element import ControlledElement, call, cluster_config
 from scopecast.scopes.paths import scope_actor
 from scopecast.scopes.topics import TopicInfo
 
@@ -78,7 +78,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             start: bool = True, mac: str = "gmac", interface: str | None = None,
             name: str | None = None, settings: dict | None = None,
             levels: list[str] | None = None, trusted_keys: list[str] | None = None,
-            datagram_bytes: int | None = None) -> Cluster:
+            datagram_bytes: int | None = None, max_message_bytes: int | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet authenticator of a
@@ -93,10 +93,14 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     them. `datagram_bytes` sets the datagram size of a cluster deployed now for every member that
     does not set its own (default: each member's interface MTU, 64 KB on loopback; up to 65000 lets
     the kernel fragment datagrams inside a LAN, several messages per datagram even of 1 KB, where IP
-    fragments pass and frames are seldom lost). With `start=False`, raise `NotConnected` instead of
+    fragments pass and frames are seldom lost). `max_message_bytes` sets the largest message of a
+    cluster deployed now (default 16 MiB): every member applies it, and a process whose `config`
+    asks for another gets InvalidConfig. With `start=False`, raise `NotConnected` instead of
     starting an embedded Ray or deploying."""
     if datagram_bytes is not None:
         TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
+    if max_message_bytes is not None:
+        RuntimeConfig(max_message_bytes=max_message_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)
     # an embedded Ray ends with this process, and so does its cluster: its root keeps its state
     # (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which belongs to
@@ -107,13 +111,15 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
             interface=interface or ("127.0.0.1" if owns_ray else None), mac=mac,
             state=str(home / "state.db") if home else None, settings=settings, levels=levels,
-            trusted_keys=[_pem(k) for k in trusted_keys or ()], datagram_bytes=datagram_bytes)
+            trusted_keys=[_pem(k) for k in trusted_keys or ()], datagram_bytes=datagram_bytes,
+            max_message_bytes=max_message_bytes)
     else:
         manager = declare.lookup(declare.CLUSTER_SCOPE_MANAGER)
         if manager is None:
             raise NotConnected("Ray is running but scopecast is not deployed on it: run "
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
+    cluster_config(config, hello)  # a limit other than the cluster's: InvalidConfig now
     return Cluster(manager, hello, owns_ray, config, name, embedded_home=home)
 
 
@@ -226,6 +232,11 @@ class Cluster:
         self._embedded_home = embedded_home  # an embedded cluster's state directory
         self._lock = threading.Lock()
         self._handles: list = []
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message this cluster's members publish and take."""
+        return cluster_config(self._config, self._hello).max_message_bytes
 
     @property
     def address(self) -> str:

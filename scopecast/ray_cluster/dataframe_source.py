@@ -140,7 +140,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
       reads every block and keeps its keys: the whole DataFrame is read `parallelism` times.
     - `progress`: a tqdm bar over rows when stderr is a terminal (False: never); a callable gets
       the number of rows published so far, about four times a second.
-    - `config`: the publishers' RuntimeConfig (its max_message_bytes bounds a message).
+    - `config`: the publishers' RuntimeConfig (the cluster's max_message_bytes bounds a message).
     - The publisher processes of a run that succeeds stay idle for this driver's next run with
       the same config, which starts none of its own (`report.publishers_started`; each run still
       joins as new members). `Cluster.shutdown()` stops them, and so does the driver's exit.
@@ -187,7 +187,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     if key_column is not None and not isinstance(columns[key_column], str):
         raise DataFrameRejected(f"key_column {key_column!r} is a {type_name(columns[key_column])}; "
                                 "use an atomic column")
-    max_bytes = (config or RuntimeConfig()).max_message_bytes
+    max_bytes = cluster.max_message_bytes  # (every member's: a cluster setting)
 
     routes: dict[Any, str] = {}
     if topic_column is not None:
@@ -658,8 +658,8 @@ def _too_large(row: dict, size: int, limit: int, before: int) -> DataFrameReject
     column = max(sizes, key=sizes.get) if sizes else "?"
     return DataFrameRejected(
         f"a row of {size} bytes exceeds max_message_bytes={limit}: column {column!r} holds "
-        f"{sizes.get(column, 0)} bytes of it; split or shrink that column (or raise "
-        f"RuntimeConfig.max_message_bytes). This publisher had published {before} rows; the run "
-        "stopped and every publisher ended its streams")
+        f"{sizes.get(column, 0)} bytes of it; split or shrink that column (or deploy the "
+        f"cluster with a larger max_message_bytes). This publisher had published {before} rows; "
+        "the run stopped and every publisher ended its streams")
 
 

@@ -43,11 +43,12 @@ def record_path() -> Path:
 
 def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
        trusted_keys: list[str] | None = None, datagram_bytes: int | None = None,
-       settings: dict | None = None, levels: list[str] | None = None) -> dict:
+       settings: dict | None = None, levels: list[str] | None = None,
+       max_message_bytes: int | None = None) -> dict:
     """Deploy scopecast onto the Ray cluster at `address`, or start a local Ray head on `port`
     (loopback only) and deploy onto it. Idempotent: an existing deployment is reused.
     `trusted_keys` (public key files) make it accept only plug-ins signed by one of them;
-    `datagram_bytes`, `settings` and `levels`: see `connect`."""
+    `datagram_bytes`, `max_message_bytes`, `settings` and `levels`: see `connect`."""
     started_ray = False
     interface = None  # on a real cluster every member uses its own node's address
     if address is None:
@@ -58,7 +59,7 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
             started_ray = True
     cluster = connect(address=address, start=True, mac=mac, interface=interface,
                       trusted_keys=trusted_keys, datagram_bytes=datagram_bytes,
-                      settings=settings, levels=levels)
+                      settings=settings, levels=levels, max_message_bytes=max_message_bytes)
     try:
         status = cluster.status()
         info = {"address": cluster.address, "started_ray": started_ray,

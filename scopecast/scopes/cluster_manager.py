@@ -32,6 +32,7 @@ from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.agents.builtin import RECOVERY_NAMES
 from scopecast.netio.auth import new_cluster_key
+from scopecast.netio.runtime import DEFAULT_MAX_MESSAGE, RuntimeConfig
 from scopecast.netio.topic_names import check_topic_name, name_filter
 from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
@@ -59,7 +60,7 @@ class ClusterScopeManager(ScopeManager):
     def __init__(self, interface: str | None = None, mac: str = "gmac",
                  state: str | None = None, settings: dict | None = None,
                  levels: list[str] | None = None, trusted_keys: list[str] | None = None,
-                 datagram_bytes: int | None = None) -> None:
+                 datagram_bytes: int | None = None, max_message_bytes: int | None = None) -> None:
         super().__init__("", "cluster", None)
         self._datagram_bytes = datagram_bytes  # None: each member's from its interface MTU
         self._store = ScopeStore(Path(state) if state else None)
@@ -78,6 +79,11 @@ class ClusterScopeManager(ScopeManager):
             _check_settings(settings)
             cluster["settings"] = {**cluster.get("settings", {}), **settings}
             self._store.put("cluster", cluster)
+        if max_message_bytes is not None:  # kept: every member applies it (controlled_element)
+            cluster["max_message_bytes"] = RuntimeConfig(
+                max_message_bytes=max_message_bytes).max_message_bytes  # (InvalidConfig)
+            self._store.put("cluster", cluster)
+        self._max_message = cluster.get("max_message_bytes", DEFAULT_MAX_MESSAGE)
         if trusted_keys:  # kept: a restarted root trusts the same keys
             cluster["trusted_keys"] = sorted(set(cluster.get("trusted_keys", [])) |
                                              set(trusted_keys))
@@ -109,7 +115,8 @@ class ClusterScopeManager(ScopeManager):
         """Cluster key and transport settings, for a process that connects."""
         self._ensure_ticking()
         return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface,
-                "mac": self._mac, "datagram_bytes": self._datagram_bytes}
+                "mac": self._mac, "datagram_bytes": self._datagram_bytes,
+                "max_message_bytes": self._max_message}
 
     async def _root_call(self, method: str, *args):
         return await getattr(self, method)(*args)

@@ -19,11 +19,23 @@ from dataclasses import replace
 
 import ray
 
-from scopecast.actors.errors import ControlTimeout, MemberExpired, ScopeRetired, typed_cause
+from scopecast.actors.errors import (
+    ControlTimeout,
+    InvalidConfig,
+    MemberExpired,
+    ScopeRetired,
+    typed_cause,
+)
 from scopecast.netio.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.netio.filters import ModuloFilter
 from scopecast.netio.routing import RoutingLabel
-from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
+from scopecast.netio.runtime import (
+    DEFAULT_MAX_MESSAGE,
+    MemberInfo,
+    MemberRuntime,
+    Route,
+    RuntimeConfig,
+)
 from scopecast.netio.transport import member_interface
 from scopecast.scopes.paths import scope_actor
 from scopecast.scopes.topic_table import TopicTable
@@ -73,6 +85,23 @@ def _names_timeout(names) -> float:
     return CALL_TIMEOUT + PER_NAME * len(names)
 
 
+def cluster_config(config: RuntimeConfig | None, hello: dict) -> RuntimeConfig:
+    """`config` with the limits every member of the cluster applies (`hello`: the root's): the
+    largest message, so that no publisher sends what its subscribers would refuse. A process
+    that asks for another limit gets InvalidConfig."""
+    config = config or RuntimeConfig()
+    limit = hello.get("max_message_bytes") or DEFAULT_MAX_MESSAGE
+    if config.max_message_bytes != limit:
+        if config.max_message_bytes != DEFAULT_MAX_MESSAGE:
+            raise InvalidConfig(
+                f"max_message_bytes is a cluster setting: this cluster's is {limit:,} bytes "
+                f"and this process asked for {config.max_message_bytes:,}; set it when the "
+                "cluster is deployed (connect(max_message_bytes=...), scopecast up "
+                "--max-message-bytes)")
+        config = replace(config, max_message_bytes=limit)
+    return config
+
+
 class ControlledElement:
     """One per member process, cluster and scope: owns the `MemberRuntime` and its control
     thread, which keeps one `watch` call open at the member's scope manager (the scope answers it
@@ -84,7 +113,7 @@ class ControlledElement:
         self.root = root
         self.manager = manager
         self.scope = scope
-        config = replace(config or RuntimeConfig(), mac=hello["mac"])
+        config = replace(cluster_config(config, hello), mac=hello["mac"])
         if config.transport.interface is None:
             interface = member_interface(hello.get("interface"))
             config = replace(config, transport=replace(config.transport, interface=interface))
