@@ -9,7 +9,7 @@ PYTEST_TIMEOUT ?= 300
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard scopecast/netio/*.c scopecast/netio/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[demo,test,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,6 +19,7 @@ from scopecast.actors.errors import (
     InvalidConfig,
     MemberExpired,
     MessageTooLarge,
+    MissingExtra,
     NotConnected,
     PipelineError,
     PipelineNotFound,
@@ -79,7 +80,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster", "CollectIncomplete", "Connect", "ControlTimeout", "DataFrameRejected", "Disconnect",
     "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
-    "MessageTooLarge", "NotConnected", "PipelineError", "PipelineNotFound", "PluginRef",
+    "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound", "PluginRef",
     "PluginRejected", "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig",
     "ScopecastError", "SparkUnavailable", "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound",
     "TransportConfig", "WindowFull", "connect",

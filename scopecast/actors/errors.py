@@ -87,6 +87,18 @@ class SparkUnavailable(ScopecastError):
     or already running); the message says what to change."""
 
 
+class MissingExtra(ScopecastError, ImportError):
+    """A call needs an optional part of scopecast that is not installed; `extra` names it (`pip
+    install 'scopecast[extra]'`)."""
+
+    def __init__(self, message: str, extra: str = "") -> None:
+        super().__init__(message)
+        self.extra = extra
+
+    def __reduce__(self):
+        return type(self), (str(self), self.extra)
+
+
 class DataFrameRejected(ScopecastError, ValueError):
     """A DataFrame that cannot be published to topics (a map column, nesting too deep, a row over the
     maximum message size, too many `topic_column` values, ...); the message names the column."""

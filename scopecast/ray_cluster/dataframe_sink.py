@@ -22,6 +22,7 @@ from scopecast.actors.errors import (
     InvalidConfig,
     TopicNotFound,
 )
+from scopecast.extras import require
 from scopecast.netio.topic_names import check_topic_name, is_pattern, topic_matcher
 from scopecast.netio.wire import ContentType
 from scopecast.ray_cluster.dataframe_codec import (
@@ -217,6 +218,7 @@ class TopicCollector:
                  timeout: float = 60.0) -> None:
         from scopecast.ray_cluster.cluster import connect
 
+        require("data", "TopicCollector")
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names:
             raise InvalidConfig("a TopicCollector needs at least one topic or pattern")
@@ -425,6 +427,7 @@ def collect_topic(spark: SparkSession, topic: str | list[str] | TopicCollector, 
     or pattern, a collector is started now and sees only what is published from now on: a run
     already under way is collected from this point (its earlier rows are missing), one already
     ended is never seen (FlushTimeout). The collector is closed afterwards."""
+    require("spark", "collect_topic")
     collector = topic if isinstance(topic, TopicCollector) else TopicCollector(topic)
     try:
         return collector.to_spark(spark, timeout)

