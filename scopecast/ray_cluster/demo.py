@@ -3,7 +3,7 @@ Ray, into topics consumed by subscriber actors in two LAN scopes, on an embedded
 
 1. Spark (RayDP) reads the real flights table (336,776 rows) with an explicit schema and computes
    per-route aggregates.
-2. A forwarding policy plug-in (`examples/ring_policy.py`) is submitted to the running cluster and
+2. A forwarding policy plug-in (`ring_policy.py`, also `examples/`) is submitted to the running cluster and
    the topics `flights` and `routes` use it, with recovery (`token_ring`) on.
 3. Two collectors, each with two subscriber actors, join `flights/*` in the scopes `lan-a` and
    `lan-b` (on a cluster whose nodes carry `scopecast-lan` labels: on the hosts of its first two
@@ -35,7 +35,7 @@ FLIGHTS_SCHEMA = ("year INT, month INT, day INT, dep_time INT, sched_dep_time IN
                   "tailnum STRING, origin STRING, dest STRING, air_time DOUBLE, distance DOUBLE, "
                   "hour INT, minute INT, time_hour TIMESTAMP")
 LANS = ("lan-a", "lan-b")
-POLICY_FILE = Path(__file__).resolve().parents[2] / "examples" / "ring_policy.py"
+POLICY_FILE = Path(__file__).with_name("ring_policy.py")  # (examples/ring_policy.py links here)
 SAMPLE_PERIOD = 0.25
 
 
