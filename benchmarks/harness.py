@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks import (
     analysis,
+    demo_naks,
     hosts,
     latency_suite,
     loss,
@@ -149,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Spark pipeline suite: N rows of ~1 KB from a DataFrame through "
                         "publish_dataframe (parallelism 1 and 2) to a subscriber, beside the "
                         "conversion ceiling (default 100000; 0 or --quick: none)")
+    p.add_argument("--demo-rows", type=int, default=None, metavar="N",
+                   help="repair without loss: `make demo`'s job on the run's cluster, its first "
+                        "N flights, and the NAKs each LAN sent (default: every flight; --quick "
+                        "and 0: not run)")
     p.add_argument("--peers", type=_names(peer_suite.SYSTEMS, empty_ok=True),
                    default=None, metavar="NAME,...",
                    help="peer suite: throughput at saturation of these systems side by side "
@@ -220,11 +225,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             raise SystemExit("--hosts: at least 2 (a sender's host and a receivers' host)")
         asked = [opt for opt, name in (("--peers", "peers"), ("--members", "members"),
                                        ("--spark-rows", "spark_rows"),
+                                       ("--demo-rows", "demo_rows"),
                                        ("--steady-runs", "steady_runs")) if getattr(args, name)]
         if asked:
             raise SystemExit(f"--hosts runs the throughput, latency and loss suites only; drop "
                              f"{', '.join(asked)}")
         args.peers, args.members, args.spark_rows, args.steady_runs = [], [], 0, 0
+        args.demo_rows = 0
         if args.latency_subscribers is None:  # across hosts: the 1 -> 4 cases, beside loopback's
             args.latency_subscribers = [4]
     defaults = dict(latency_rates=list(latency_suite.RATES),
@@ -260,6 +267,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise SystemExit("--latency-messages must be positive, --steady-runs not negative")
     if args.spark_rows is None:
         args.spark_rows = 0 if args.quick else 100_000
+    if args.demo_rows is None:
+        args.demo_rows = 0 if args.quick else -1  # -1: every flight
+    elif args.demo_rows < 0:
+        raise SystemExit("--demo-rows must not be negative")
     if args.case_timeout is None:
         args.case_timeout = 150.0 + 3 * args.seconds
     return args
@@ -413,6 +424,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
                                      args.memory_mb) if lossy else {}
         pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
+        without_loss = demo_naks.run(None if args.demo_rows < 0 else args.demo_rows) \
+            if args.demo_rows and "scopecast" in args.systems else {}
     finally:
         cluster.shutdown()
     analysis.attach_ratios(cases)
@@ -429,7 +442,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "topic_pairs": args.topic_pairs,
                    "members": args.members, "loss": args.loss, "loss_pairs": args.loss_pairs,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
-                   "spark_rows": args.spark_rows, "hosts": args.hosts,
+                   "spark_rows": args.spark_rows, "demo_rows": args.demo_rows,
+                   "hosts": args.hosts,
                    "datagram_bytes": args.datagram_bytes},
         "definitions": {
             "delivered_rate": "messages returned by receive_batch() (payload len() taken) per "
@@ -451,6 +465,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         "loss_cases": lossy,
         "recovery_curves": curves,
         "spark_pipeline": pipeline,
+        "demo_naks": without_loss,
         "peers": peers,
         "latency": latency,
         "steady": steady,
@@ -460,7 +475,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         + peer_suite.table(peers) + latency_suite.table(latency)
         + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
         + report.loss_table(loss_rows, bool(on_hosts))
-        + report.curves_table(curves) + spark_pipeline.table(pipeline),
+        + report.curves_table(curves) + spark_pipeline.table(pipeline)
+        + demo_naks.table(without_loss),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
 

@@ -49,7 +49,7 @@ def _show(value, as_json: bool) -> None:
 def cmd_demo(args) -> int:
     from scopecast.ray_cluster import demo
 
-    return demo.run(plot=args.plot, parallelism=args.parallelism, rows=args.rows)
+    return demo.run(plot=args.plot, parallelism=args.parallelism, rows=args.rows).exit_code
 
 
 def cmd_bench(args) -> int:

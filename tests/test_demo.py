@@ -23,14 +23,18 @@ def test_the_main_job_delivers_every_row_to_both_lans(cluster, spark, tmp_path):
     out = io.StringIO()
     plot = tmp_path / "demo.png"
     try:
-        code = demo.run(out=out, plot=str(plot), rows=20_000, spark=spark, timeout=300.0)
+        result = demo.run(out=out, plot=str(plot), rows=20_000, spark=spark, timeout=300.0)
     finally:  # the demo's topics leave the session's cluster as they were (its plug-in unused)
         for t in cluster.topics():
             if t.name in ("flights", "routes") or t.name.startswith("flights/"):
                 cluster.delete_topic(t.name)
     text = out.getvalue()
-    assert code == 0, text
+    assert result.ok and result.exit_code == 0, text
     assert "Spark read 20,000 flights" in text and "every subscriber got every row" in text
-    for lan in demo.LANS:
-        assert f"{lan}: " in text and "DIFFERS" not in text
+    # each LAN's NAKs are reported (without loss there should be next to none: `make bench`
+    # counts them against its target), with what they asked for
+    assert list(result.lans) == list(demo.LANS) and result.rows == 20_000
+    for lan, counters in result.lans.items():
+        assert f"{lan}: {counters['naks']:,} NAKs" in text and "DIFFERS" not in text
+        assert set(demo.NAK_KINDS) <= counters.keys()
     assert plot.stat().st_size > 0

@@ -24,6 +24,7 @@ import threading
 import time
 import zipfile
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scopecast.extras import require
@@ -37,6 +38,20 @@ FLIGHTS_SCHEMA = ("year INT, month INT, day INT, dep_time INT, sched_dep_time IN
 LANS = ("lan-a", "lan-b")
 POLICY_FILE = Path(__file__).with_name("ring_policy.py")  # (examples/ring_policy.py links here)
 SAMPLE_PERIOD = 0.25
+
+
+@dataclass
+class DemoResult:
+    """What a run of the main job found: `ok` only if every subscriber got every row; per LAN
+    scope, its members' NAKs, repair datagrams and what the NAKs asked for (`_lan_counters`)."""
+
+    ok: bool
+    rows: int = 0
+    lans: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
 
 
 def flights_csv(directory: str) -> str:
@@ -126,10 +141,10 @@ def _lan_counters(cluster, lan: str) -> dict[str, int]:
 
 
 def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
-        timeout: float = 600.0, rows: int | None = None, spark=None) -> int:
-    """Run the main job; returns the process exit code (0 only if every subscriber got every row).
-    `rows`: only the first so many flights; `spark`: a session already started with init_spark
-    (used and left running), else the job starts and stops its own."""
+        timeout: float = 600.0, rows: int | None = None, spark=None) -> DemoResult:
+    """Run the main job and say what it found. `rows`: only the first so many flights; `spark`:
+    a session already started with init_spark (used and left running), else the job starts and
+    stops its own."""
     from pyspark.sql import functions as F
 
     import scopecast
@@ -216,8 +231,8 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
                 say(f"{lan:<8}{'flights/' + origin:<14}{delivered:>11,}{expected:>11,}"
                     f"{'same' if same else 'DIFFERS':>10}")
         say()
-        for lan in lans:
-            c = _lan_counters(cluster, lan)
+        counters = {lan: _lan_counters(cluster, lan) for lan in lans}
+        for lan, c in counters.items():
             say(f"{lan}: {c['naks']:,} NAKs (to agents and senders), "
                 f"{c['repair_datagrams_in']:,} repair datagrams received")
             if c["naks"]:
@@ -231,10 +246,10 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         for r in sorted(top, key=lambda r: -r["flights"])[:10]:
             say(f"  {r['origin']} -> {r['dest']}: {r['flights']:,} flights, "
                 f"avg departure delay {r['avg_dep_delay'] or 0:.1f} min, {r['distance']:,.0f} miles")
-        if write_plot(sampler.samples, plot):
+        if plot and write_plot(sampler.samples, plot):  # (plot='': none)
             say(f"\nper-topic throughput: {plot}")
         say("every subscriber got every row" if ok else "FAILED: rows missing or different")
-        return 0 if ok else 1
+        return DemoResult(ok, rows, counters)
     finally:
         for c in collectors:
             c.close()
