@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgpack
 
+from scopecast.actors import ray_private
 from scopecast.actors.errors import PluginRejected
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, check_files, digest, parse_ref
@@ -160,10 +161,7 @@ def shipped(package: Path) -> dict:
     """A runtime_env whose py_modules carries `package` to whichever node runs the actor: the
     package is uploaded to Ray's GCS under a content-addressed URI, as `ray.init` does for
     job-level py_modules (an actor's own runtime_env accepts URIs only)."""
-    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-
-    return upload_py_modules_if_needed({"py_modules": [str(package)]}, include_gitignore=False,
-                                       scratch_dir=str(package.parent))
+    return ray_private.upload_py_modules(str(package), str(package.parent))
 
 
 def _limits() -> None:  # runs in the validator's process before it starts

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import ray
 
-from scopecast.actors import declare
+from scopecast.actors import declare, ray_private
 from scopecast.actors.errors import InvalidConfig, NotConnected
 from scopecast.netio.pubsub import Publisher, Subscriber, close_publishers
 from scopecast.netio.runtime import RuntimeConfig
@@ -146,7 +146,7 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
         # "auto" with no address recorded: Ray's own search for a running head decides
     if target:
         check_reachable(target)
-        _use_ray_token()
+        ray_private.use_token_if_present()
         try:
             ray.init(address=target, namespace=declare.NAMESPACE, logging_level=logging.WARNING,
                      _node_ip_address=namespace_node_ip())
@@ -157,25 +157,6 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
     ray.init(**embedded_ray_options())
     log.info("started an embedded local Ray")
     return True
-
-
-def _use_ray_token() -> None:
-    """Send Ray's token when one exists: a head started with `ray start` while ~/.ray/auth_token
-    exists requires it, but a driver attaching by address sends it only in token mode. This is
-    Ray's own rule for `ray start` (a no-op when RAY_AUTH_MODE is set: it decides)."""
-    try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-    except ImportError:  # another Ray version: RAY_AUTH_MODE is the documented switch
-        return
-    quiet = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" line, on every command
-    try:
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-    finally:
-        quiet.setLevel(level)
 
 
 def local_ray_address() -> str | None:

@@ -34,8 +34,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from scopecast.actors import ray_private
 from scopecast.actors.errors import NotConnected, PipelineError, PipelineNotFound
-from scopecast.ray_cluster.cluster import _use_ray_token, check_reachable
+from scopecast.ray_cluster.cluster import check_reachable
 from scopecast.ray_cluster.launch import record_path
 
 log = logging.getLogger(__name__)
@@ -74,11 +75,9 @@ def _is_http(address: str) -> bool:
 def _dashboard_of_gcs(gcs: str) -> str:
     """The dashboard URL of the Ray cluster whose GCS is at `gcs` (host:port)."""
     check_reachable(gcs)
-    _use_ray_token()
-    from ray._raylet import GcsClient
-
+    ray_private.use_token_if_present()
     try:
-        url = GcsClient(address=gcs).internal_kv_get(b"webui:url", b"dashboard", timeout=10)
+        url = ray_private.dashboard_url_at(gcs)
     except Exception as exc:
         raise NotConnected(f"could not ask the Ray cluster at {gcs} for its dashboard: {exc}. "
                            f"Pass the dashboard URL instead (--address http://HOST:8265)") from None
@@ -86,7 +85,6 @@ def _dashboard_of_gcs(gcs: str) -> str:
         raise NotConnected(f"the Ray cluster at {gcs} runs no dashboard, which Ray's Jobs API needs: "
                            "restart it with one (`scopecast down --ray && scopecast up`, or "
                            "`ray start --head --include-dashboard=true`)")
-    url = url.decode() if isinstance(url, bytes) else str(url)
     parts = urlsplit(url if "://" in url else f"http://{url}")
     host = parts.hostname or ""
     gcs_host = gcs.rpartition(":")[0]
@@ -149,7 +147,8 @@ def _client(address: str | None):
 
 
 def _client_at(dashboard: str):
-    _use_ray_token()  # the dashboard of a cluster in token mode wants Ray's token in a header
+    # the dashboard of a cluster in token mode wants Ray's token in a header
+    ray_private.use_token_if_present()
     from ray.job_submission import JobSubmissionClient
 
     try:

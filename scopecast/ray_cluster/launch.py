@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import ray
 
-from scopecast.actors import declare
+from scopecast.actors import declare, ray_private
 from scopecast.actors.errors import NotConnected, ScopecastError
 from scopecast.ray_cluster.cluster import (
     RAY_CURRENT_CLUSTER,
@@ -63,7 +63,7 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
     try:
         status = cluster.status()
         info = {"address": cluster.address, "started_ray": started_ray,
-                "session_dir": _session_dir(), "cluster_id": status["cluster_id"],
+                "session_dir": ray_private.session_dir(), "cluster_id": status["cluster_id"],
                 "state": status["manager"]["state"],
                 # what `scopecast pipeline` needs: the Jobs API's address, and the Python the
                 # head (hence a job's driver) runs
@@ -147,25 +147,12 @@ def _start_head(port: int) -> None:
 def _dashboard_url(wait: float = 0.0) -> str | None:
     """The URL of the Ray dashboard of the cluster this process is attached to (None if it runs
     none), waiting up to `wait` seconds for a dashboard that is still starting."""
-    from ray._private.services import get_webui_url_from_internal_kv
-
     deadline = time.monotonic() + wait
     while True:
-        try:
-            url = get_webui_url_from_internal_kv()
-        except Exception as exc:  # an internal Ray API: never fail `up` over it
-            log.info("could not read the dashboard's address: %s", exc)
-            return None
+        url = ray_private.dashboard_url()
         if url or time.monotonic() >= deadline:
             return (url if "://" in url else f"http://{url}") if url else None
         time.sleep(0.5)
-
-
-def _session_dir() -> str:
-    try:
-        return ray._private.worker._global_node.get_session_dir_path()
-    except AttributeError:
-        return ""
 
 
 def _session_processes(session_dir: str) -> list[list]:

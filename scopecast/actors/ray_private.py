@@ -1,0 +1,87 @@
+"""Every private Ray API scopecast uses, in one place, each with a fallback or a clear error: the
+next Ray version may move or drop any of them, and this module is what to look at then (the
+package's Ray range, in pyproject.toml, is the one these are tested with).
+
+- `upload_py_modules`: ships a plug-in's files to whichever node runs its actor (an actor's own
+  runtime_env takes URIs only). Without it: a typed error, the plug-in cannot run.
+- `use_token_if_present`: a driver attaching by address sends the token a `ray start` head
+  requires when ~/.ray/auth_token exists. Without it: nothing (RAY_AUTH_MODE is the documented
+  switch).
+- `dashboard_url`, `dashboard_url_at`: where the Jobs API (`scopecast pipeline`) is served.
+  Without them: None, and the caller asks for the URL.
+- `session_dir`: the Ray session `scopecast up` started, so `down --ray` stops only its
+  processes. Without it: "".
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scopecast.actors.errors import ScopecastError
+
+log = logging.getLogger(__name__)
+
+
+def upload_py_modules(package: str, scratch_dir: str) -> dict:
+    """A runtime_env whose py_modules is `package`, uploaded to Ray's GCS under a content-addressed
+    URI (as `ray.init` does for job-level py_modules)."""
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    except ImportError as exc:
+        raise ScopecastError(f"this Ray version cannot ship plug-in files to actors ({exc}); "
+                             "scopecast is tested with the Ray range pyproject.toml names") from exc
+    return upload_py_modules_if_needed({"py_modules": [package]}, include_gitignore=False,
+                                       scratch_dir=scratch_dir)
+
+
+def use_token_if_present() -> None:
+    """Send Ray's token when one exists (Ray's own rule for `ray start`; a no-op when
+    RAY_AUTH_MODE is set: it decides)."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:
+        return
+    quiet = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" line, on every command
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        quiet.setLevel(level)
+
+
+def dashboard_url() -> str | None:
+    """The dashboard address the cluster this process is attached to published (None: none, or
+    not found)."""
+    try:
+        from ray._private.services import get_webui_url_from_internal_kv
+
+        return get_webui_url_from_internal_kv() or None
+    except Exception as exc:  # ImportError included: never fail a command over it
+        log.info("could not read the dashboard's address: %s", exc)
+        return None
+
+
+def dashboard_url_at(gcs: str, timeout: float = 10.0) -> str | None:
+    """The dashboard address published in the GCS at `gcs` (host:port), without attaching; None if
+    it publishes none. Raises ScopecastError when the GCS cannot be asked."""
+    try:
+        from ray._raylet import GcsClient
+    except ImportError as exc:
+        raise ScopecastError(f"this Ray version has no GcsClient ({exc})") from exc
+    url = GcsClient(address=gcs).internal_kv_get(b"webui:url", b"dashboard", timeout=timeout)
+    if not url:
+        return None
+    return url.decode() if isinstance(url, bytes) else str(url)
+
+
+def session_dir() -> str:
+    """The session directory of the Ray this process started or attached to ("" if unknown)."""
+    try:
+        import ray._private.worker as worker
+
+        return worker._global_node.get_session_dir_path()
+    except (ImportError, AttributeError):
+        return ""

@@ -1,0 +1,36 @@
+"""The private Ray APIs scopecast uses (scopecast/actors/ray_private.py): each is present in the
+Ray this project pins, and each has its fallback or typed error when a Ray version lacks it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from scopecast.actors import ray_private
+from scopecast.actors.errors import ScopecastError
+
+USED = [("ray._private.runtime_env.py_modules", "upload_py_modules_if_needed"),
+        ("ray._private.authentication.authentication_token_setup",
+         "maybe_enable_token_auth_if_token_available"),
+        ("ray._private.services", "get_webui_url_from_internal_kv"),
+        ("ray._raylet", "GcsClient"),
+        ("ray._private.worker", "_global_node")]
+
+
+@pytest.mark.parametrize("module, name", USED)
+def test_each_private_api_is_there_in_the_pinned_ray(module, name):
+    assert hasattr(importlib.import_module(module), name)
+
+
+def test_without_them_each_falls_back_or_says_why(monkeypatch, tmp_path):
+    for module, _name in USED:
+        monkeypatch.setitem(sys.modules, module, None)  # `import` of it raises ImportError
+    assert ray_private.dashboard_url() is None
+    assert ray_private.session_dir() == ""
+    ray_private.use_token_if_present()  # nothing to do, nothing raised
+    with pytest.raises(ScopecastError, match="cannot ship plug-in files"):
+        ray_private.upload_py_modules(str(tmp_path), str(tmp_path))
+    with pytest.raises(ScopecastError, match="no GcsClient"):
+        ray_private.dashboard_url_at("127.0.0.1:1")
