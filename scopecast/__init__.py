@@ -84,8 +84,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster", "CollectIncomplete", "Connect", "ControlTimeout", "DataFrameRejected", "Disconnect",
     "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
-    "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound", "PluginRef",
-    "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
-    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector", "TopicExists", "TopicInfo",
-    "TopicNotFound", "TransportConfig", "WindowFull", "connect", "publish_dataframe",
+    "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound",
+    "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
+    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",
+    "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
+    "publish_dataframe",
 ]

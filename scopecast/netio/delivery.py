@@ -15,6 +15,21 @@ from scopecast.netio.message import Message
 MAX_MARKS = 4096  # end markers a subscription remembers (see Subscriber.ended)
 
 
+class Wakeup(threading.Event):
+    """What a waiting receiver sleeps on. A receiver in an asyncio event loop cannot sleep on it:
+    it sets `notify` (called from the I/O thread, so it must only schedule work on its loop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notify = None
+
+    def set(self) -> None:
+        super().set()
+        notify = self.notify
+        if notify is not None:
+            notify()
+
+
 class Subscription:
     """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
 
@@ -25,7 +40,7 @@ class Subscription:
         self.topics = set(topics)   # grows as topics matching `patterns` appear (I/O thread)
         self.patterns = patterns    # compiled topic patterns (`scopes.topics.topic_matcher`)
         self.queue: deque[tuple[list[Message], int]] = deque()
-        self.event = threading.Event()
+        self.event = Wakeup()
         self.waiting = False
         self.delivered_bytes = 0  # written by the I/O thread only
         self.consumed_bytes = 0   # written by the application thread only

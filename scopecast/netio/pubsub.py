@@ -6,14 +6,22 @@ the common path nor calls Ray."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import msgpack
 
-from scopecast.actors.errors import FlushTimeout, MessageTooLarge, PublisherClosed, WindowFull
+from scopecast.actors.errors import (
+    FlushTimeout,
+    InvalidConfig,
+    MessageTooLarge,
+    PublisherClosed,
+    WindowFull,
+)
 from scopecast.netio.message import Message
 from scopecast.netio.runtime import Subscription
 from scopecast.netio.topic_names import Advertised, is_pattern, topic_matcher
@@ -158,6 +166,10 @@ class Publisher:
         wait = self._runtime.wait_stable if self.reliable else self._runtime.wait_sent
         return wait(sseq, max(0.0, timeout))
 
+    async def flush_async(self, timeout: float = 10.0) -> None:
+        """`flush` for asyncio code: the wait runs on a worker thread, not the event loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self.flush, timeout)
+
     def __enter__(self) -> Publisher:
         return self
 
@@ -205,6 +217,9 @@ class Subscriber:
     def __init__(self, element, names: list[str], ids: list[int],
                  on_message: Callable[[Message], None] | None = None,
                  role: str = "member") -> None:
+        if asyncio.iscoroutinefunction(on_message):  # run on the loop that subscribed
+            on_message = on_loop(on_message, running_loop("a coroutine on_message runs on the "
+                                                          "event loop that subscribes"))
         self._element = element
         self.role = role
         self._runtime = element.runtime
@@ -298,6 +313,39 @@ class Subscriber:
             self._batch = batch
             return True
 
+    async def receive_async(self, timeout: float | None = None) -> Message | None:
+        """`receive` for asyncio code: waits without blocking the event loop (the I/O thread
+        hands batches over and wakes the loop)."""
+        if self._index < len(self._batch) or self._sub.queue:
+            return self.receive(0)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        sub = self._sub
+        while not self._closed:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            woken = loop.create_future()
+            sub.event.notify = functools.partial(loop.call_soon_threadsafe, _settle, woken)
+            sub.waiting = True
+            try:
+                if not sub.queue:  # (checked after `waiting`: a batch handed over meanwhile)
+                    await asyncio.wait((woken,), timeout=0.5 if remaining is None
+                                       else min(remaining, 0.5))
+            finally:
+                sub.waiting = False
+                sub.event.notify = None
+            if sub.queue:
+                return self.receive(0)
+        return None
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Message]:
+        while (msg := await self.receive_async()) is not None:
+            yield msg
+
     def _ready(self) -> bool:
         """Something to return from receive(): a batch, or the end (closed)."""
         return bool(self._sub.queue) or self._closed
@@ -330,3 +378,24 @@ class Subscriber:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def on_loop(callback, loop: asyncio.AbstractEventLoop) -> Callable[[Message], None]:
+    """A coroutine callback run on `loop`, one message at a time, in order."""
+    def deliver(msg: Message) -> None:
+        asyncio.run_coroutine_threadsafe(callback(msg), loop).result()
+    return deliver
+
+
+def running_loop(what: str) -> asyncio.AbstractEventLoop:
+    """The running event loop; InvalidConfig (saying `what` needs it) outside one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise InvalidConfig(f"{what}: call it from a coroutine (`await "
+                            "cluster.subscriber_async(...)`)") from None

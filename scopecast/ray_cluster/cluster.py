@@ -3,6 +3,8 @@ and hand out publishers and subscribers."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -16,7 +18,13 @@ import ray
 
 from scopecast.actors import declare, ray_private
 from scopecast.actors.errors import InvalidConfig, NotConnected
-from scopecast.netio.pubsub import Publisher, Subscriber, close_publishers
+from scopecast.netio.pubsub import (
+    Publisher,
+    Subscriber,
+    close_publishers,
+    on_loop,
+    running_loop,
+)
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.topic_names import check_subscription, name_filter
 from scopecast.netio.transport import TransportConfig
@@ -343,6 +351,23 @@ class Cluster:
         closing them one by one waits for each (see `Publisher.close`)."""
         close_publishers(pubs, timeout)
 
+    async def publisher_async(self, topic: str, scope: str | None = None) -> Publisher:
+        """`publisher` for asyncio code: joining (calls to the scopes) runs on a worker thread,
+        not the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.publisher, topic, scope))
+
+    async def subscriber_async(self, topics: str | list[str], on_message=None,
+                               role: str = "member", scope: str | None = None) -> Subscriber:
+        """`subscriber` for asyncio code: joining runs on a worker thread, not the event loop;
+        a coroutine `on_message` runs on this loop, one message at a time. Then
+        `await sub.receive_async()` or `async for msg in sub`."""
+        loop = asyncio.get_running_loop()
+        if asyncio.iscoroutinefunction(on_message):
+            on_message = on_loop(on_message, loop)
+        return await loop.run_in_executor(
+            None, functools.partial(self.subscriber, topics, on_message, role, scope))
+
     def subscriber(self, topics: str | list[str], on_message=None,
                    role: str = "member", scope: str | None = None) -> Subscriber:
         """Subscribe to topics by name or by pattern (`"flights/*"`: every topic of that form,
@@ -352,6 +377,9 @@ class Cluster:
         created on first use; default this host's scope."""
         names = [check_subscription(n) for n in ([topics] if isinstance(topics, str)
                                                  else list(topics))]
+        if asyncio.iscoroutinefunction(on_message):  # (before joining: refused, nothing to undo)
+            on_message = on_loop(on_message, running_loop("a coroutine on_message runs on the "
+                                                          "event loop that subscribes"))
         element = self._member(scope)
         sub = Subscriber(element, names, element.subscribe(names, role), on_message, role)
         with self._lock:
