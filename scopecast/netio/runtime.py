@@ -630,7 +630,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
             stats["datagrams_in_receiving"] += stats["datagrams_in"] - taken
             self._release_lead()
             if self._publish_q or self._ops or self._stalled is not None \
-                    or self._wake_pending or any(f.pending() for f in self._active):
+                    or self._wake_pending or any(f.pending() for f in tuple(self._active)):
                 self._unpark()  # work to finish: the I/O thread takes it over now
             if held:
                 GUARD.release()
