@@ -217,9 +217,6 @@ class Subscriber:
     def __init__(self, element, names: list[str], ids: list[int],
                  on_message: Callable[[Message], None] | None = None,
                  role: str = "member") -> None:
-        if asyncio.iscoroutinefunction(on_message):  # run on the loop that subscribed
-            on_message = on_loop(on_message, running_loop("a coroutine on_message runs on the "
-                                                          "event loop that subscribes"))
         self._element = element
         self.role = role
         self._runtime = element.runtime
