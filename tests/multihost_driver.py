@@ -23,15 +23,34 @@ from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.status import walk
 
 
+def _agents_placed(status: dict) -> bool:
+    """Whether every recovery agent the status names has reported its address (an agent being
+    placed shows address None for a moment)."""
+    return all(a.get("address") for s in walk(status)
+               for d in s.get("recovery", {}).values() for a in d.get("agents", {}).values())
+
+
+def _placed_status(cluster, timeout: float = 60.0) -> dict:
+    """The cluster's status once every recovery agent in it has its address."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = cluster.status()
+        if _agents_placed(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
+
+
 def _converged(cluster, timeout: float = 120.0) -> dict:
-    """The status once every host scope it shows is on a node Ray still has alive."""
+    """The status once every host scope it shows is on a node Ray still has alive and every
+    recovery agent has its address."""
     deadline = time.monotonic() + timeout
     while True:
         alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
         status = cluster.status()
         # (a scope that does not answer shows only its path and the error: not converged yet)
-        if all("error" not in s and (s["kind"] != "host" or s.get("node") in alive)
-               for s in walk(status)):
+        if _agents_placed(status) and all(
+                "error" not in s and (s["kind"] != "host" or s.get("node") in alive)
+                for s in walk(status)):
             return status
         if time.monotonic() > deadline:
             raise SystemExit("the scope tree did not converge: " + json.dumps(
@@ -77,7 +96,7 @@ def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
             if gap and i % 100 == 0:
                 time.sleep(gap)
         pub.flush(timeout=240)  # stable at every member still alive
-        status = cluster.status()  # while the publisher is there: its channels are laid
+        status = _placed_status(cluster)  # while the publisher is there: its channels are laid
         if fail:
             status = _converged(cluster)
     got = {}
@@ -94,7 +113,7 @@ def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
                        "multicast": s.get("multicast"), "probe": s.get("multicast_probe"),
                        "channels": [c for t in s.get("topics", {}).values() for c in t["channels"]],
                        "endpoints": [d["endpoint"] for d in s.get("delegated_here", [])],
-                       "agents": [{"chain": a["chain"], "ip": a["address"].rsplit(":", 1)[0]}
+                       "agents": [{"chain": a["chain"], "ip": (a["address"] or "").rsplit(":", 1)[0] or None}
                                   for a in agents]})
     members = {m["name"]: m["address"].rsplit(":", 1)[0]
                for s in walk(status) for m in s.get("members", [])}

@@ -1,6 +1,7 @@
 """The benchmark harness runs end to end and writes its results; numbers are not checked. `--quick`
-runs the throughput, peer and scale suites reduced; the loss suite with its recovery curves and the
-Spark pipeline suite each get a reduced run of their own (they start iptables rules and Spark)."""
+runs the throughput, peer, scale and latency suites reduced; the suites that start something of
+their own (the loss suite's iptables rule, the Spark pipeline suite's Spark) share one more reduced
+run, and two netns hosts a third."""
 
 from __future__ import annotations
 
@@ -104,9 +105,13 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
 
 
 @pytest.mark.skipif(not loss.available(), reason="the loss suite needs root and iptables")
-def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
-    results = _harness(tmp_path, "--loss", "0.05", "--peers", "", "--members", "",
-                       "--latency-rates", "")
+def test_quick_loss_steady_and_spark_suites_write_their_rows(tmp_path):
+    """One harness run for the suites that start something of their own: the loss suite (its
+    iptables rule) with the recovery curves, the steady-throughput repeats, and the Spark pipeline
+    suite (its Spark session)."""
+    results = _harness(tmp_path, "--systems", "scopecast", "--loss", "0.05", "--peers", "",
+                       "--members", "", "--latency-rates", "", "--spark-rows", "2000",
+                       "--steady-runs", "2")
     (row,) = results["loss_suite"]
     assert row["error"] is None and row["loss"] == 0.05 and row["lost"] == 0, row
     assert row["dropped_datagrams"] and row["lossless_rate"], row  # the rule dropped; a clean case ran
@@ -123,6 +128,18 @@ def test_quick_loss_suite_and_recovery_curves_write_their_rows(tmp_path):
     for heading in ("| loss | size | subs |", "| members | token round", "| in flight MiB |"):
         assert heading in results["table_markdown"], heading
     assert loss.sweep_stale() == 0, "the harness left its loss rule behind"
+    steady = results["steady"]  # scopecast's 1 KB case twice back to back, and their spread
+    assert len(steady["scopecast"]["rates"]) == 2 and steady["scopecast"]["spread"] > 0, steady
+    assert steady["status"] in ("met", "missed") and "Steady throughput" in \
+        results["table_markdown"]
+    pipeline = results["spark_pipeline"]
+    assert pipeline["rows"] == 2000
+    ceiling, *cases = pipeline["cases"]
+    assert ceiling["rows"] == 2000 and ceiling["rows_per_s"] > 0, ceiling
+    assert [(c["mode"], c["parallelism"]) for c in cases] == [
+        ("rows", 1), ("rows", 2), ("arrow", 1), ("arrow", 2)]
+    assert all(c["complete"] and c["delivered"] == 2000 for c in cases), cases
+    assert "Spark pipeline suite" in results["table_markdown"]
 
 
 @pytest.mark.skipif(not loss.available() or shutil.which("ip") is None,
@@ -152,23 +169,6 @@ def test_quick_throughput_and_loss_suites_on_two_hosts(tmp_path):
     assert not (tmp_path / "latest.json").exists()  # a one-host run's results stay apart
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "sctb-" not in netns, netns  # the run removed its hosts
-
-
-def test_quick_spark_suite_writes_its_rows(tmp_path):
-    results = _harness(tmp_path, "--systems", "scopecast", "--spark-rows", "2000", "--peers", "",
-                       "--members", "", "--latency-rates", "", "--steady-runs", "2")
-    steady = results["steady"]  # scopecast's 1 KB case twice back to back, and their spread
-    assert len(steady["scopecast"]["rates"]) == 2 and steady["scopecast"]["spread"] > 0, steady
-    assert steady["status"] in ("met", "missed") and "Steady throughput" in \
-        results["table_markdown"]
-    pipeline = results["spark_pipeline"]
-    assert pipeline["rows"] == 2000
-    ceiling, *cases = pipeline["cases"]
-    assert ceiling["rows"] == 2000 and ceiling["rows_per_s"] > 0, ceiling
-    assert [(c["mode"], c["parallelism"]) for c in cases] == [
-        ("rows", 1), ("rows", 2), ("arrow", 1), ("arrow", 2)]
-    assert all(c["complete"] and c["delivered"] == 2000 for c in cases), cases
-    assert "Spark pipeline suite" in results["table_markdown"]
 
 
 def test_peer_sizes_too_small_for_the_latency_stamp_are_refused_before_anything_starts():
