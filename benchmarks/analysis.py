@@ -173,6 +173,11 @@ def datagram_loss(run: dict) -> dict:
             "shared": len(set(gaps)) == 1 and len(gaps) > 1 and gaps[0] > 0}
 
 
+def _stat_sum(runs: list[dict], name: str) -> int:
+    """A data-plane counter summed over every receiver of `runs`."""
+    return sum((rc.get("stats") or {}).get(name, 0) for r in runs for rc in r.get("receivers", ()))
+
+
 def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
     """One row per loss level: delivered throughput against the lossless case run right before
     each lossy one (the median over the pairs; also against the throughput suite's lossless
@@ -204,6 +209,9 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
                "repairs": repair.get("count", 0),
                "repair_p50_ms": repair.get("p50"), "repair_p99_ms": repair.get("p99"),
                "repair_p999_ms": repair.get("p99.9"),
+               # holes asked for straight from the sender, and those asked again (the NAK or its
+               # repair lost or late): the retries make the repair times' tail
+               "naks_sent": _stat_sum(runs, "naks_sent"), "nak_retries": _stat_sum(runs, "nak_retries"),
                "datagram_loss": _mean([d["rate"] for d in measured if d["rate"] is not None]),
                "datagrams_per_send_call": _mean([d["per_call"] for d in measured
                                                  if d["per_call"] is not None]),

@@ -35,8 +35,9 @@ def loss_table(rows: list[dict], on_hosts: bool = False) -> str:
         return ""
     lines = ["| loss | size | subs | delivered msgs/s min | vs lossless right before (pairs) "
              "| vs the throughput suite's | lost | packets dropped | datagrams lost, measured "
-             "| datagrams per send call | repairs | repair p50 / p99 / p99.9 ms | target |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| datagrams per send call | repairs | NAKs to senders (asked again) "
+             "| repair p50 / p99 / p99.9 ms | target |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         pairs = ", ".join(f"{x:.2f}" for x in r.get("pair_ratios", ()))
         ratio = f"{r['ratio']:.2f} ({pairs})" if r["ratio"] is not None else "-"
@@ -45,6 +46,7 @@ def loss_table(rows: list[dict], on_hosts: bool = False) -> str:
                      f"{r['dropped_datagrams']} | {num(r.get('datagram_loss'), '.2%')}"
                      f"{' (every subscriber the same)' if r.get('loss_shared') else ''} | "
                      f"{num(r.get('datagrams_per_send_call'), '.1f')} | {r['repairs']} | "
+                     f"{r.get('naks_sent', '-')} ({r.get('nak_retries', '-')}) | "
                      f"{r['repair_p50_ms']} / {r['repair_p99_ms']} / "
                      f"{r.get('repair_p999_ms', '-')} | {r.get('target', '')}"
                      + (f" (error: {r['error'][:80]})" if r.get("error") else "") + " |")

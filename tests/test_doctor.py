@@ -11,12 +11,14 @@ import sys
 
 import pytest
 
-NAMES = ["interface", "multicast", "ports", "firewall", "buffers", "batch calls", "java"]
+NAMES = ["interface", "multicast", "ports", "firewall", "buffers", "batch calls", "compiled parts",
+         "java"]
 
 
-def doctor(*args: str) -> subprocess.CompletedProcess:
+def doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scopecast.cli", "doctor", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
 
 
 def test_every_check_runs_on_loopback_and_multicast_passes_there():
@@ -28,9 +30,16 @@ def test_every_check_runs_on_loopback_and_multicast_passes_there():
     assert all(c["fix"] for c in checks if c["status"] == "warn"), checks  # says what to change
     by_name = {c["name"]: c for c in checks}
     assert by_name["multicast"]["status"] == "ok"  # loopback multicast works on this machine
+    assert by_name["compiled parts"]["status"] == "ok"  # `make` built the C extensions
     assert "65,000 bytes" in by_name["interface"]["found"]  # loopback's MTU, capped
     text = doctor("--interface", "127.0.0.1")
     assert text.returncode == 0 and all(name in text.stdout for name in NAMES)
+
+
+def test_the_pure_python_fallback_forced_is_reported():
+    out = doctor("--interface", "127.0.0.1", "--json", env={"SCOPECAST_PURE_PYTHON": "1"})
+    (check,) = [c for c in json.loads(out.stdout) if c["name"] == "compiled parts"]
+    assert check["status"] == "warn" and "SCOPECAST_PURE_PYTHON" in check["found"], check
 
 
 def test_an_address_not_on_this_host_fails():

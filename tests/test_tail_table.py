@@ -1,12 +1,16 @@
-"""TailTable: a sender's per-stream tails, in C (pure logic, against the dict of lists it
-replaced as the model)."""
+"""TailTable: a sender's per-stream tails, in C and in the pure-Python fallback alike (pure logic,
+against the dict of lists it replaced as the model)."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scopecast.netio._tail_table import TailTable
+from scopecast.netio import _tail_table, _tail_table_py
 from scopecast.netio.recovery_records import RECORD_ENTRY
+
+# every test runs over both implementations (see scopecast.netio.native)
+pytestmark = pytest.mark.parametrize("impl", [pytest.param(_tail_table, id="C"),
+                                              pytest.param(_tail_table_py, id="python")])
 
 
 def model_note(tails: dict, entries: list) -> list:
@@ -68,10 +72,10 @@ streams = st.tuples(st.integers(1, 6), st.integers(1, 3)) | st.tuples(  # (topic
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.lists(streams, max_size=40), st.integers(0, 50)), max_size=30))
-def test_sending_and_releasing_read_as_the_dict_it_replaced(rounds):
+def test_sending_and_releasing_read_as_the_dict_it_replaced(impl, rounds):
     """Rounds of sent messages (streams numbered on from 1 each) and releases of a prefix of
     what is unstable leave the same tails, in the same two shapes, as the dict of lists."""
-    table, model, seqs = TailTable(), {}, {}
+    table, model, seqs = impl.TailTable(), {}, {}
     cache: list = []
     head = 0
     for sent, released in rounds:
@@ -94,9 +98,9 @@ def test_sending_and_releasing_read_as_the_dict_it_replaced(rounds):
         assert table[key] == tail and table.get(key) == tail and key in table
 
 
-def test_set_read_and_refused():
+def test_set_read_and_refused(impl):
     """Set by hand (tests, join points), read back; what is not a stream is refused or absent."""
-    table = TailTable()
+    table = impl.TailTable()
     table[(7, 2)] = [1, 2, 3, 4]
     table[(8, 1)] = 9
     table[(2**32 - 1, 2**32 - 1)] = 5  # the largest key
@@ -134,8 +138,8 @@ def test_set_read_and_refused():
     assert table[(7, 2)] == [1, 2, 3, 4] and len(table) == 3
 
 
-def test_ten_thousand_streams_grow_the_table_and_stay_found():
-    table = TailTable()
+def test_ten_thousand_streams_grow_the_table_and_stay_found(impl):
+    table = impl.TailTable()
     cache = [(i + 1, 1 + i % 10_000, 1, 1 + i // 10_000, 0, b"") for i in range(30_000)]
     assert len(table.note(cache, 0)) == 10_000
     table.release(cache, 0, 25_000)  # topics 1..5,000 wholly stable, the rest from seq 3 on

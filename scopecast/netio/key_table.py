@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from scopecast.netio._seq_table import SeqTable
+from scopecast.netio.native import SeqTable
 
 
 class KeyTable:

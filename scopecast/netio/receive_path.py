@@ -13,10 +13,10 @@ from collections import deque
 from itertools import repeat
 
 from scopecast.netio import wire
-from scopecast.netio._seq_table import NameTable, SeqTable, take_mixed
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
+from scopecast.netio.native import NameTable, SeqTable, take_mixed
 from scopecast.netio.reassembly import ReassemblyError
 from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun
 from scopecast.netio.udp_batch import GRO_SPACE, segment_size

@@ -38,17 +38,12 @@ from collections import deque
 from collections.abc import Set
 
 from scopecast.netio import wire
-from scopecast.netio._tail_table import TailTable
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
+from scopecast.netio.native import TailTable
 from scopecast.netio.pause_bound import PauseBound
 from scopecast.netio.peer_cache import PeerCache
-from scopecast.netio.recovery_records import (
-    MAX_RECORD_TOPICS,
-    AgentReply,
-    SenderRecord,
-    named_topics,
-)
+from scopecast.netio.recovery_records import MAX_RECORD_TOPICS, AgentReply, SenderRecord, named_topics
 from scopecast.netio.repair_server import ANY_TOPIC, RepairServer, entry_sseq
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 from scopecast.timing import TIMING
@@ -598,8 +593,9 @@ class RecoveryPath:
         retry = min(self._period, max(RETRY_MIN, RETRY_TIMES * self._repair_avg))
         for nak in naks[:MAX_NAKS]:
             key = (nak[1], nak[0], nak[2], nak[3])
-            if now - nak_at.get(key, -1.0) < retry:
+            if now - (last := nak_at.get(key, -INF)) < retry:
                 continue
+            self.stats["nak_retries"] += last > -INF  # (a NAK or its repair was lost, or late)
             nak_at[key] = now
             member = self._members.get(nak[0])
             if member is not None:

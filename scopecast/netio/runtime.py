@@ -36,13 +36,13 @@ from dataclasses import dataclass, field, replace
 
 from scopecast.actors.errors import InvalidConfig, WindowFull
 from scopecast.netio import wire
-from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
 from scopecast.netio.auth import authenticator
 from scopecast.netio.channel import Channel
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import MESSAGE_COST, Feed
 from scopecast.netio.interrupts import GUARD
 from scopecast.netio.key_table import KeyTable
+from scopecast.netio.native import IMPLEMENTATION, BatchScanner, BatchSealer
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.receive_path import ACK_NOW_GAP, ReceivePath
 from scopecast.netio.recovery_path import IDLE_FROM, INF, RecoveryPath
@@ -158,10 +158,10 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._gso = self.offloads.gso
         self._gro = self.offloads.gro
         # a GRO call's consecutive plain runs read in C, a GSO call's built there (GMAC only: see
-        # _datagram_batch.c)
+        # _datagram_batch.c; without the extension, see `native`, one by one in Python)
         gmac = self.config.mac == "gmac"
-        self._scanner = BatchScanner(key) if self._gro and gmac else None
-        self._sealer = BatchSealer(key) if self._gso and gmac else None
+        self._scanner = BatchScanner(key) if BatchScanner and self._gro and gmac else None
+        self._sealer = BatchSealer(key) if BatchSealer and self._gso and gmac else None
         self._plain_most = batch_limit(self._datagram)  # datagrams of one sealed batch
         self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
         self._batch_n = 0
@@ -571,15 +571,15 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         }
 
     def _offload_status(self) -> dict:
-        """Which batch calls are on, and how many datagrams each call carried so far."""
+        """Which batch calls are on, datagrams per call so far, which `native` parts run."""
         st = self.stats
-        return {"gso": self._gso, "gro": self._gro, "datagram_bytes": self._datagram,
+        return {"gso": self._gso, "gro": self._gro, "native": IMPLEMENTATION,
+                "datagram_bytes": self._datagram,
                 "datagrams_per_send": round(st["datagrams_out"] / st["send_calls"], 2)
                 if st["send_calls"] else None,
                 "datagrams_per_receive": round(st["datagrams_in"] / st["recv_calls"], 2)
                 if st["recv_calls"] else None,
-                # datagrams built in C as plain-run batches, and received ones read there as
-                # part of a batch's plain runs (see _datagram_batch.c)
+                # plain-run batches built, and received datagrams read, in C (_datagram_batch.c)
                 "datagrams_sealed": st["datagrams_sealed"],
                 "datagrams_scanned": st["datagrams_scanned"]}
 

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from scopecast.netio._seq_table import mixed_extent, mixed_parts
+from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
 VERSION = 3

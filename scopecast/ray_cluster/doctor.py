@@ -1,7 +1,8 @@
 """`scopecast doctor`: a preflight of this host for scopecast's data path. Each check says what it
 found and, where it falls short, what to change: the interface and its MTU (the datagram size),
 IP multicast on the interface, the ephemeral UDP ports, firewall rules that drop UDP, the socket
-buffer limits, the kernel's batch calls (GSO/GRO) and Java for Spark.
+buffer limits, the kernel's batch calls (GSO/GRO), the compiled parts of the data path and Java
+for Spark.
 
 A check is `ok`, `warn` (works, but slower or with a caveat) or `fail` (scopecast cannot work as
 configured). Multicast is tried on this host only: whether the LAN passes it between hosts is what
@@ -162,6 +163,19 @@ def _batches(address: str) -> Check:
                  "MTU-sized datagrams many per call; without, each costs a system call")
 
 
+def _compiled() -> Check:
+    from scopecast.netio import native
+
+    if native.FORCED:
+        return Check("compiled parts", "warn", f"pure Python ({native.FORCE_PURE} is set)",
+                     f"unset {native.FORCE_PURE} unless you are ruling out the C extensions")
+    if native.missing:
+        return Check("compiled parts", "warn", "missing: " + "; ".join(native.missing),
+                     "install gcc, the Python headers (python3-dev) and libssl-dev, then "
+                     "reinstall scopecast: without them the data path runs slower")
+    return Check("compiled parts", "ok", "the C tables and datagram batches are built")
+
+
 def _java() -> Check:
     from scopecast.actors.errors import SparkUnavailable
     from scopecast.ray_cluster.spark import check_java
@@ -179,7 +193,7 @@ def run(interface: str | None = None) -> list[Check]:
     if first.status == "fail":
         return [first]
     return [first, _multicast(address), _ports(), _firewall(), _buffers(), _batches(address),
-            _java()]
+            _compiled(), _java()]
 
 
 def as_dicts(checks: list[Check]) -> list[dict]:
