@@ -73,6 +73,17 @@ def test_types_without_arrow_form_and_duplicate_names_are_refused():
         check_schema(_struct(_field("a", "long"), _field("a", "string")))
 
 
+def test_a_topics_recorded_dataframe_schema_reads_typed():
+    from scopecast.scopes.topics import DataFrameSchema
+
+    recorded = {"spark": "{}", "mode": "arrow", "publishers": 3, "run": "abc",
+                "topic_column": "x", "key_column": None}
+    assert scopecast.TopicInfo("t", 1, schema=recorded).dataframe == DataFrameSchema(
+        spark="{}", mode="arrow", publishers=3, run="abc", topic_column="x")
+    assert scopecast.TopicInfo("t", 1).dataframe is None  # no schema, or not a DataFrame's
+    assert scopecast.TopicInfo("t", 1, schema={"note": "mine"}).dataframe is None
+
+
 def test_topic_parts_escape_what_topic_names_do_not_allow():
     assert topic_part("JFK") == "JFK"
     assert topic_part("New York") == "New_20York"
@@ -263,11 +274,19 @@ def test_a_table_with_an_empty_chunk_reaches_spark_whole(spark):
 def test_round_trip_keeps_every_row_and_the_schema(cluster, spark, topic_name, mode):
     cluster.create_topic(topic_name)
     df = _typed_frame(spark)
-    with TopicCollector(topic_name) as collector:
+    with TopicCollector(topic_name) as collector, cluster.subscriber(topic_name) as sub:
         report = publish_dataframe(df, topic_name, parallelism=2, mode=mode, progress=False)
         summary = collector.wait(TIMEOUT)
         ds = collector.to_dataset(TIMEOUT)
         out = collect_topic(spark, collector, timeout=TIMEOUT)
+        # a subscriber of one's own reads the same rows, decoded, until both publishers' ends
+        stream = sub.rows(TIMEOUT)
+        rows = list(stream)
+        assert sorted(rows, key=lambda r: r["id"]) == sorted(
+            collector.to_arrow(TIMEOUT).to_pylist(), key=lambda r: r["id"])
+        assert stream.done and stream.rows == 240 and stream.ends == {topic_name: {0, 1}}
+    assert isinstance(rows[0]["ts"], datetime.datetime) and rows[0]["ts"].tzinfo is not None
+    assert isinstance(rows[0]["price"], decimal.Decimal) and isinstance(rows[0]["point"], dict)
 
     assert isinstance(report, PublishReport)
     assert report.rows == 240 and report.topics == {topic_name: 240}
@@ -326,11 +345,16 @@ def test_topic_column_routes_rows_to_topics_created_like_the_base(cluster, spark
                                "id long, airport string, fare double")
     # the topics split between two subscribers in a scope of their own: they learn of the topics
     # publish_dataframe creates only through the scope tree, and must still get every row
-    with TopicCollector(f"{base}/*", parallelism=2, scope="dataframes-lan") as collector:
+    with TopicCollector(f"{base}/*", parallelism=2, scope="dataframes-lan") as collector, \
+            cluster.subscriber(f"{base}/*") as sub:
         report = publish_dataframe(df, base, topic_column="airport", parallelism=2, mode=mode,
                                    progress=False)
         summary = collector.wait(TIMEOUT)
         out = collect_topic(spark, collector, timeout=TIMEOUT)
+        # rows() ends when every routed topic has both publishers' ends, not at the first one's
+        stream = sub.rows(TIMEOUT)
+        assert sorted(r["id"] for r in stream) == list(range(150))
+        assert stream.topics == set(report.topics) and stream.done
 
     expected = {f"{base}/{topic_part(r['airport'])}": r["count"]
                 for r in df.groupBy("airport").count().collect()}

@@ -216,8 +216,9 @@ class Subscriber:
 
     def __init__(self, element, names: list[str], ids: list[int],
                  on_message: Callable[[Message], None] | None = None,
-                 role: str = "member") -> None:
+                 role: str = "member", rows: Callable | None = None) -> None:
         self._element = element
+        self._rows = rows  # (subscriber, timeout) -> the row iterator (see `rows`)
         self.role = role
         self._runtime = element.runtime
         self.topics = list(names)  # as subscribed: names and patterns
@@ -353,6 +354,16 @@ class Subscriber:
             if msg is None:
                 return
             yield msg
+
+    def rows(self, timeout: float = 60.0) -> Iterator[dict]:
+        """The rows of one `publish_dataframe` run on this subscriber's topics, decoded with the
+        schema recorded on each topic; the run's end messages end the iteration instead of being
+        handed over. CollectIncomplete after `timeout` seconds without a message, or on a hole.
+        Needs the `[data]` extra. (See scopecast.ray_cluster.dataframe_rows.RowStream.)"""
+        if self._rows is None:
+            raise InvalidConfig("rows() needs the cluster's topic schemas: subscribe with "
+                                "Cluster.subscriber")
+        return self._rows(self, timeout)
 
     def _dispatch(self, on_message) -> None:
         for msg in self:

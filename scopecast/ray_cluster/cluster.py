@@ -381,10 +381,16 @@ class Cluster:
             on_message = on_loop(on_message, running_loop("a coroutine on_message runs on the "
                                                           "event loop that subscribes"))
         element = self._member(scope)
-        sub = Subscriber(element, names, element.subscribe(names, role), on_message, role)
+        sub = Subscriber(element, names, element.subscribe(names, role), on_message, role,
+                         rows=self._row_stream)
         with self._lock:
             self._handles.append(sub)
         return sub
+
+    def _row_stream(self, sub: Subscriber, timeout: float):
+        from scopecast.ray_cluster.dataframe_rows import RowStream
+
+        return RowStream(self, sub, timeout)
 
     def status(self, topics: bool = True) -> dict:
         """The cluster's scope state, plus this member's data-plane counters if it is one.

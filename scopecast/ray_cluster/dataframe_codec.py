@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from scopecast.actors.errors import DataFrameRejected
+from scopecast.netio.wire import ContentType
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -305,3 +306,31 @@ def from_msgpack_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return cast_table(pa.Table.from_pylist(rows, schema=wire_schema(schema)), schema)
 
 
+
+
+def decode_payloads(payloads: list, ctypes: list[int], schema: pa.Schema) -> pa.Table:
+    """Messages of one topic's run (rows or Arrow, as their content types say) as one Arrow table
+    of `schema` (`arrow_schema` of the recorded Spark schema)."""
+    import pyarrow as pa
+
+    if not payloads:
+        return schema.empty_table()
+    if ctypes[0] == ContentType.ARROW:
+        tables = [pa.ipc.open_stream(pa.BufferReader(p)).read_all() for p in payloads]
+        return cast_table(pa.concat_tables(tables), schema)
+    unpack = msgpack.unpackb
+    return from_msgpack_rows([unpack(p, raw=False) for p in payloads], schema)
+
+
+def end_message(msg) -> list | None:
+    """The decoded end message (see the module docstring), if `msg` is one."""
+    payload = msg.payload
+    if msg.content_type != ContentType.MSGPACK or not payload or (payload[0] & 0xF0) != 0x90:
+        return None
+    try:
+        value = msgpack.unpackb(payload, raw=False)
+    except Exception:
+        return None
+    if isinstance(value, list) and len(value) == 7 and value[0] == END_TAG:
+        return value
+    return None

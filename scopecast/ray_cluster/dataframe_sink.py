@@ -13,7 +13,6 @@ import uuid
 import zlib
 from typing import TYPE_CHECKING
 
-import msgpack
 import ray
 
 from scopecast.actors.errors import (
@@ -24,13 +23,12 @@ from scopecast.actors.errors import (
 )
 from scopecast.extras import require
 from scopecast.netio.topic_names import check_topic_name, is_pattern, topic_matcher
-from scopecast.netio.wire import ContentType
 from scopecast.ray_cluster.dataframe_codec import (
-    END_TAG,
     MAX_PARALLELISM,
     arrow_schema,
     cast_table,
-    from_msgpack_rows,
+    decode_payloads,
+    end_message,
 )
 
 if TYPE_CHECKING:
@@ -61,20 +59,6 @@ class _Stream:
         self.dups = 0
         self.end: list | None = None
         self.after_end = 0
-
-
-def _end_message(msg) -> list | None:
-    """The decoded end message, if `msg` is one."""
-    payload = msg.payload
-    if msg.content_type != ContentType.MSGPACK or not payload or (payload[0] & 0xF0) != 0x90:
-        return None
-    try:
-        value = msgpack.unpackb(payload, raw=False)
-    except Exception:
-        return None
-    if isinstance(value, list) and len(value) == 7 and value[0] == END_TAG:
-        return value
-    return None
 
 
 class _TopicCollectorActor:
@@ -137,7 +121,7 @@ class _TopicCollectorActor:
         if s.first is None:
             s.first = m.seq
         s.last[m.session] = m.seq
-        end = _end_message(m)
+        end = end_message(m)
         if end is not None:
             s.end = end
             self._ends.append((time.time(), m.topic, m.source))
@@ -168,7 +152,7 @@ class _TopicCollectorActor:
             for name, _index, s in chosen:
                 meta = topics[name]
                 schema = arrow_schema(json.loads(meta["spark"]))
-                parts.append(_decode(s.payloads, s.ctypes, schema))
+                parts.append(decode_payloads(s.payloads, s.ctypes, schema))
         if schema is None:
             return None
         return pa.concat_tables(parts) if parts else schema.empty_table()
@@ -179,19 +163,6 @@ class _TopicCollectorActor:
             self._sub.close()
         finally:
             self._cluster.shutdown()
-
-
-def _decode(payloads: list[bytes], ctypes: list[int], schema: pa.Schema) -> pa.Table:
-    import pyarrow as pa
-
-    if not payloads:
-        return schema.empty_table()
-    if ctypes[0] == ContentType.ARROW:
-        tables = [pa.ipc.open_stream(pa.BufferReader(p)).read_all() for p in payloads]
-        return cast_table(pa.concat_tables(tables), schema)
-    unpack = msgpack.unpackb
-    rows = [unpack(p, raw=False) for p in payloads]
-    return from_msgpack_rows(rows, schema)
 
 
 class TopicCollector:

@@ -8,6 +8,28 @@ HISTORIES = ("from_join", "cached")
 
 
 @dataclass(slots=True, frozen=True)
+class DataFrameSchema:
+    """What `publish_dataframe` records on each topic of a run (`TopicInfo.schema`, read typed
+    as `TopicInfo.dataframe`): how the messages hold the DataFrame's rows."""
+
+    spark: str                  # the DataFrame's Spark schema, as `df.schema.json()` gives it
+    mode: str                   # "rows" (one msgpack map a row) or "arrow" (Arrow record batches)
+    publishers: int             # how many publisher actors the run asked for
+    run: str                    # the run's id; every end message of the run carries it
+    topic_column: str | None = None  # the column that routed rows to `topic/<value>`, if any
+    key_column: str | None = None    # the column whose values kept to one publisher, if any
+
+    @classmethod
+    def from_dict(cls, schema: dict | None) -> DataFrameSchema | None:
+        """The typed form of a topic's recorded schema; None if it records no DataFrame."""
+        if not isinstance(schema, dict) or not isinstance(schema.get("spark"), str):
+            return None
+        return cls(spark=schema["spark"], mode=str(schema.get("mode", "rows")),
+                   publishers=int(schema.get("publishers", 1)), run=str(schema.get("run", "")),
+                   topic_column=schema.get("topic_column"), key_column=schema.get("key_column"))
+
+
+@dataclass(slots=True, frozen=True)
 class TopicInfo:
     """What `create_topic` returns and members learn about a topic."""
 
@@ -25,6 +47,11 @@ class TopicInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def dataframe(self) -> DataFrameSchema | None:
+        """`schema` as `publish_dataframe` recorded it, typed; None if no DataFrame was."""
+        return DataFrameSchema.from_dict(self.schema)
 
     @property
     def recovery_key(self) -> str:
