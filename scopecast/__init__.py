@@ -51,6 +51,7 @@ _LAZY = {
     "publish_dataframe": "scopecast.ray_cluster.dataframes",
     "TopicCollector": "scopecast.ray_cluster.dataframes",
     "PublishReport": "scopecast.ray_cluster.dataframes",
+    "foreach_batch": "scopecast.ray_cluster.streaming",
 }
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from scopecast.policies.registry import PluginRef
     from scopecast.ray_cluster.cluster import Cluster, connect
     from scopecast.ray_cluster.dataframes import PublishReport, TopicCollector, publish_dataframe
+    from scopecast.ray_cluster.streaming import foreach_batch
     from scopecast.scopes.topics import TopicInfo
 
 
@@ -88,5 +90,5 @@ __all__ = [
     "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
     "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",
     "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
-    "publish_dataframe",
+    "foreach_batch", "publish_dataframe",
 ]
