@@ -149,6 +149,7 @@ def targets(cases: list[dict]) -> list[dict]:
 
 LOSS_TARGET = 0.8          # delivered throughput at 1% loss, relative to lossless
 REPAIR_TARGET_MS = 10.0    # p99 gap-to-repair time at 1% loss (issue 40: Aeron's is about 8 ms)
+REPAIR_SAMPLES = 500       # ... over at least this many repairs
 
 
 def _mean(values: list) -> float | None:
@@ -178,6 +179,22 @@ def _stat_sum(runs: list[dict], name: str) -> int:
     return sum((rc.get("stats") or {}).get(name, 0) for r in runs for rc in r.get("receivers", ()))
 
 
+def _paced_row(c: dict) -> dict:
+    """The paced lossy case of a loss level: its repair times (pooled over the subscribers), and
+    whether they meet the repair target over at least REPAIR_SAMPLES repairs, nothing lost."""
+    times = [t for rc in c.get("receivers", ()) for t in rc.get("repair_ms", ())]
+    repair = percentiles(times) if times else {}
+    row = {"rate": c["paced"], "delivered": c.get("min_rate"), "lost": c.get("lost_total") or 0,
+           "repairs": repair.get("count", 0), "repair_p50_ms": repair.get("p50"),
+           "repair_p99_ms": repair.get("p99"), "repair_p999_ms": repair.get("p99.9"),
+           "naks_sent": _stat_sum([c], "naks_sent"), "nak_retries": _stat_sum([c], "nak_retries"),
+           "error": c.get("error")}
+    row["target"] = ("met" if not row["error"] and row["lost"] == 0
+                     and row["repairs"] >= REPAIR_SAMPLES and row["repair_p99_ms"] is not None
+                     and row["repair_p99_ms"] <= REPAIR_TARGET_MS else "missed")
+    return row
+
+
 def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
     """One row per loss level: delivered throughput against the lossless case run right before
     each lossy one (the median over the pairs; also against the throughput suite's lossless
@@ -185,8 +202,10 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
     nothing lost."""
     out = []
     levels: dict[float, list[dict]] = {}
+    paced = {c["loss"]: c for c in lossy if c.get("paced")}
     for c in lossy:
-        levels.setdefault(c["loss"], []).append(c)
+        if not c.get("paced"):
+            levels.setdefault(c["loss"], []).append(c)
     for p, runs in levels.items():
         c = runs[0]
         suite = next((x for x in cases if x["system"] == "scopecast" and not x.get("error")
@@ -222,6 +241,8 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
                              and not errors and row["repair_p99_ms"] is not None
                              and row["repair_p99_ms"] <= REPAIR_TARGET_MS
                              else "missed")
+        if p in paced:
+            row["paced"] = _paced_row(paced[p])
         out.append(row)
     return out
 

@@ -139,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loss suite: run each loss level N times, each right after a lossless "
                         "case of its own; the ratio is the median over the pairs (default 3, "
                         "--quick: 1)")
+    p.add_argument("--loss-rate", type=float, default=20_000.0, metavar="R",
+                   help="loss suite: after each loss level's pairs, one more lossy case with the "
+                        "publisher paced at R msgs/s, for repair times below saturation (where the "
+                        "subscribers are not waiting for a CPU); it sends for --loss-seconds "
+                        "(0: not run)")
+    p.add_argument("--loss-seconds", type=float, default=None, metavar="S",
+                   help="how long the paced lossy case sends (default 30: ~500 repairs at 1%% "
+                        "loss; --quick: --seconds)")
     p.add_argument("--ring-subscribers", type=_int_list, default=None, metavar="N,N,...",
                    help="recovery curves: token round time with this many subscribers and the "
                         "publisher in one peer group (default "
@@ -259,6 +267,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.loss = [] if args.quick else [0.01, 0.05]
     if args.loss_pairs is None:
         args.loss_pairs = 1 if args.quick else 3
+    if args.loss_seconds is None:
+        args.loss_seconds = args.seconds if args.quick else 30.0
     if args.topic_pairs is None:
         args.topic_pairs = 1 if args.quick else peer_suite.TOPIC_PAIRS
     if args.loss_pairs < 1 or args.topic_pairs < 1 or args.latency_repeats < 1:
@@ -576,7 +586,31 @@ def _loss_cases(args, cluster, wiring: Wiring, stamp: str, log_dir: Path) -> lis
                 k: reference.get(k) for k in ("min_rate", "mean_rate", "lost_total",
                                               "cpu_us_per_msg", "error")})
             out.append(result)
+        if args.loss_rate:
+            out.append(_paced_loss_case(args, cluster, wiring, case, p, stamp, log_dir))
     return out
+
+
+def _paced_loss_case(args, cluster, wiring: Wiring, case: Case, p: float, stamp: str,
+                     log_dir: Path) -> dict:
+    """Loss level `p` with the publisher paced at --loss-rate: repair times where the processes
+    are not queued for a CPU (at saturation on a small machine every subscriber waits for one
+    about half the time, and a repair takes three scheduling hops)."""
+    paced = dataclasses.replace(case, rate=args.loss_rate, latency=True,
+                                seconds=args.loss_seconds)
+    label = f"[loss {p:.0%}, paced] {paced.label}"
+    topic = f"bench/{stamp}/{case.size}B-1to{case.subscribers}-loss{p:g}-paced"
+    cluster.create_topic(topic, policy=args.policy)
+    machine.settle(5.0)
+    print(f"{label}: running", flush=True)
+    namespaces = wiring.placement.namespaces
+    with loss.udp_loss(p, namespaces):
+        result = run_case(paced, dataclasses.replace(wiring, topic=topic),
+                          log_dir / f"loss-{p:g}-paced-{case.size}-{case.subscribers}")
+        result["dropped"] = loss.dropped(namespaces)
+    print(f"{label}: {_progress(result)}", flush=True)
+    result.update(loss=p, paced=args.loss_rate)
+    return result
 
 
 def _progress(c: dict) -> str:
