@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from scopecast.actors.errors import CollectIncomplete
 from scopecast.extras import require
-from scopecast.netio.topic_names import is_pattern, topic_matcher
+from scopecast.netio.topic_names import name_filter
 from scopecast.ray_cluster.dataframe_codec import arrow_schema, decode_payloads, end_message
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ class RowStream:
         self._cluster = cluster
         self._sub = sub
         self._timeout = timeout
-        self._names = [n for n in sub.topics if not is_pattern(n)]
-        self._patterns = [topic_matcher(n) for n in sub.topics if is_pattern(n)]
+        self._takes = name_filter(sub.topics)  # the subscription's names and patterns
         self._schemas: dict[str, tuple[DataFrameSchema, pa.Schema] | None] = {}
         self._last: dict[tuple[str, str, int], int] = {}  # (topic, source, session) -> seq
         self.run: str | None = None           # the run being read (known at its first end)
@@ -61,9 +60,6 @@ class RowStream:
     def done(self) -> bool:
         return self.run is not None and all(
             len(self.ends.get(t, ())) >= self.publishers for t in self.topics)
-
-    def _takes(self, topic: str) -> bool:
-        return topic in self._names or any(m.match(topic) for m in self._patterns)
 
     def _schema(self, topic: str):
         if topic not in self._schemas:
