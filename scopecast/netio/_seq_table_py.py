@@ -16,12 +16,21 @@ _U32 = 0xFFFFFFFF
 _I64 = 1 << 63
 
 
-def _u32(value: object, what: str = "id") -> int:
+def as_u32(value: object) -> int:
     """`value` as a 32-bit unsigned int, or TypeError / OverflowError (as the C side raises)."""
     if not isinstance(value, int):
         raise TypeError(f"an integer is required, not {type(value).__name__}")
     if not 0 <= value <= _U32:
-        raise OverflowError(f"{value!r} is not a 32-bit {what}")
+        raise OverflowError(f"{value!r} is not a 32-bit id")
+    return value
+
+
+def as_i64(value: object) -> int:
+    """`value` as a signed 64-bit int, or TypeError / OverflowError (as the C side raises)."""
+    if not isinstance(value, int):
+        raise TypeError(f"an integer is required, not {type(value).__name__}")
+    if not -_I64 <= value < _I64:
+        raise OverflowError(f"{value!r} is beyond 64 bits")
     return value
 
 
@@ -51,11 +60,7 @@ class SeqTable:
     def __setitem__(self, key: object, value: object) -> None:
         if not isinstance(key, int) or not 0 <= key <= _U32:
             raise OverflowError(f"topic id out of range: {key!r}")
-        if not isinstance(value, int):
-            raise TypeError(f"an integer is required, not {type(value).__name__}")
-        if not -_I64 <= value < _I64:
-            raise OverflowError("a SeqTable's values are 64-bit")
-        self._put(key, value)
+        self._put(key, as_i64(value))
 
     def __delitem__(self, key: object) -> None:
         raise TypeError("a SeqTable's keys are never taken out")
@@ -95,7 +100,7 @@ class NameTable:
         if not isinstance(names, dict):
             raise TypeError(f"NameTable() takes a dict, not {type(names).__name__}")
         for key, name in names.items():
-            _u32(key)
+            as_u32(key)
             if not isinstance(name, str):
                 raise TypeError(f"a topic's name is a str, not {name!r}")
         self._names = dict(names)
@@ -136,7 +141,7 @@ def mixed_parts(head: bytes, messages: list) -> list:
     for m in messages:
         if not isinstance(m, tuple) or len(m) < 6:
             raise TypeError("a mixed run's messages are cache entries")
-        topic = _u32(m[1])
+        topic = as_u32(m[1])
         seq = m[3]
         if not isinstance(seq, int):
             raise TypeError(f"an integer is required, not {type(seq).__name__}")

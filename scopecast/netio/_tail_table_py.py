@@ -10,24 +10,15 @@ from __future__ import annotations
 
 import struct
 
-SEQ_LIMIT = 1 << 62  # wire.SEQ_LIMIT
+from scopecast.netio._seq_table_py import SEQ_LIMIT, as_i64, as_u32
+
 RECORD_ENTRY = struct.Struct("<IIQQQQ")  # recovery_records.RECORD_ENTRY
 MAX_LIMIT = 4096
-_U32 = 0xFFFFFFFF
-_I64 = 1 << 63
-
-
-def _u32(value: object) -> int:
-    if not isinstance(value, int):
-        raise TypeError(f"an integer is required, not {type(value).__name__}")
-    if not 0 <= value <= _U32:
-        raise OverflowError(f"{value!r} is not a 32-bit id")
-    return value
 
 
 def _stream(topic: object, session: object) -> tuple[int, int]:
     """A topic and session as a stream's key, or the C side's error."""
-    key = (_u32(topic), _u32(session))
+    key = (as_u32(topic), as_u32(session))
     if key[0] == 0:
         raise ValueError("topic 0 is no stream's (wire.MIXED)")
     return key
@@ -39,19 +30,11 @@ def _key(k: object) -> tuple[int, int]:
     return _stream(k[0], k[1])
 
 
-def _i64(value: object) -> int:
-    if not isinstance(value, int):
-        raise TypeError(f"an integer is required, not {type(value).__name__}")
-    if not -_I64 <= value < _I64:
-        raise OverflowError(f"{value!r} is beyond 64 bits")
-    return value
-
-
 def _entry(e: object) -> tuple[tuple[int, int], int, int]:
     """A cache entry (sseq, topic, session, seq, ...) as (key, sseq, seq)."""
     if not isinstance(e, tuple) or len(e) < 4:
         raise TypeError("a cache entry is (sseq, topic, session, seq, ...)")
-    return _stream(e[1], e[2]), _i64(e[0]), _i64(e[3])
+    return _stream(e[1], e[2]), as_i64(e[0]), as_i64(e[3])
 
 
 def _span(cache: object, start: int, stop: int) -> None:
@@ -100,12 +83,12 @@ class TailTable:
     def __setitem__(self, k: object, v: object) -> None:
         key = _key(k)
         if isinstance(v, int):
-            f = [0, 0, _i64(v), 0]
+            f = [0, 0, as_i64(v), 0]
         else:
             f = list(v)
             if len(f) != 4:
                 raise TypeError(f"a tail is 4 seqs, not {len(f)}")
-            f = [_i64(x) for x in f]
+            f = [as_i64(x) for x in f]
         if not all(0 <= x < SEQ_LIMIT for x in f):
             raise ValueError(f"a tail's seqs are in [0, 2**62): {v!r}")
         if isinstance(v, int):
