@@ -179,16 +179,22 @@ def _stat_sum(runs: list[dict], name: str) -> int:
     return sum((rc.get("stats") or {}).get(name, 0) for r in runs for rc in r.get("receivers", ()))
 
 
-def _paced_row(c: dict) -> dict:
-    """The paced lossy case of a loss level: its repair times (pooled over the subscribers), and
-    whether they meet the repair target over at least REPAIR_SAMPLES repairs, nothing lost."""
-    times = [t for rc in c.get("receivers", ()) for t in rc.get("repair_ms", ())]
+def _repair_fields(runs: list[dict]) -> dict:
+    """Repair times pooled over every subscriber of `runs` (one subscriber's own p99 of a few
+    dozen repairs is its slowest), and the NAKs to senders beside those asked again (the NAK or
+    its repair lost or late: the retries make the repair times' tail)."""
+    times = [t for r in runs for rc in r.get("receivers", ()) for t in rc.get("repair_ms", ())]
     repair = percentiles(times) if times else {}
+    return {"repairs": repair.get("count", 0), "repair_p50_ms": repair.get("p50"),
+            "repair_p99_ms": repair.get("p99"), "repair_p999_ms": repair.get("p99.9"),
+            "naks_sent": _stat_sum(runs, "naks_sent"), "nak_retries": _stat_sum(runs, "nak_retries")}
+
+
+def _paced_row(c: dict) -> dict:
+    """The paced lossy case of a loss level: its repair times, and whether they meet the repair
+    target over at least REPAIR_SAMPLES repairs, nothing lost."""
     row = {"rate": c["paced"], "delivered": c.get("min_rate"), "lost": c.get("lost_total") or 0,
-           "repairs": repair.get("count", 0), "repair_p50_ms": repair.get("p50"),
-           "repair_p99_ms": repair.get("p99"), "repair_p999_ms": repair.get("p99.9"),
-           "naks_sent": _stat_sum([c], "naks_sent"), "nak_retries": _stat_sum([c], "nak_retries"),
-           "error": c.get("error")}
+           **_repair_fields([c]), "error": c.get("error")}
     row["target"] = ("met" if not row["error"] and row["lost"] == 0
                      and row["repairs"] >= REPAIR_SAMPLES and row["repair_p99_ms"] is not None
                      and row["repair_p99_ms"] <= REPAIR_TARGET_MS else "missed")
@@ -213,8 +219,6 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
         rates = [r.get("min_rate") or 0.0 for r in runs]
         references = [(r.get("reference") or {}).get("min_rate") for r in runs]
         pairs = [rate / ref for rate, ref in zip(rates, references, strict=True) if ref]
-        times = [t for r in runs for rc in r.get("receivers", ()) for t in rc.get("repair_ms", ())]
-        repair = percentiles(times) if times else {}
         measured = [datagram_loss(r) for r in runs]
         errors = [r["error"] for r in runs if r.get("error")]
         rate = statistics.median(rates)
@@ -225,12 +229,7 @@ def loss_suite(cases: list[dict], lossy: list[dict]) -> list[dict]:
                "suite_ratio": rate / suite["min_rate"] if suite and suite["min_rate"] else None,
                "lost": sum(r.get("lost_total") or 0 for r in runs),
                "dropped_datagrams": sum(r.get("dropped") or 0 for r in runs),
-               "repairs": repair.get("count", 0),
-               "repair_p50_ms": repair.get("p50"), "repair_p99_ms": repair.get("p99"),
-               "repair_p999_ms": repair.get("p99.9"),
-               # holes asked for straight from the sender, and those asked again (the NAK or its
-               # repair lost or late): the retries make the repair times' tail
-               "naks_sent": _stat_sum(runs, "naks_sent"), "nak_retries": _stat_sum(runs, "nak_retries"),
+               **_repair_fields(runs),
                "datagram_loss": _mean([d["rate"] for d in measured if d["rate"] is not None]),
                "datagrams_per_send_call": _mean([d["per_call"] for d in measured
                                                  if d["per_call"] is not None]),
