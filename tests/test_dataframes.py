@@ -82,6 +82,9 @@ def test_a_topics_recorded_dataframe_schema_reads_typed():
         spark="{}", mode="arrow", publishers=3, run="abc", topic_column="x")
     assert scopecast.TopicInfo("t", 1).dataframe is None  # no schema, or not a DataFrame's
     assert scopecast.TopicInfo("t", 1, schema={"note": "mine"}).dataframe is None
+    for publishers in ("2", 0, None):  # recorded by hand, only like a DataFrame's: not read as one
+        assert scopecast.TopicInfo("t", 1, schema={**recorded, "publishers": publishers}) \
+            .dataframe is None
 
 
 def test_topic_parts_escape_what_topic_names_do_not_allow():

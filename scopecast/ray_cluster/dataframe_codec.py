@@ -306,8 +306,6 @@ def from_msgpack_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return cast_table(pa.Table.from_pylist(rows, schema=wire_schema(schema)), schema)
 
 
-
-
 def decode_payloads(payloads: list, ctypes: list[int], schema: pa.Schema) -> pa.Table:
     """Messages of one topic's run (rows or Arrow, as their content types say) as one Arrow table
     of `schema` (`arrow_schema` of the recorded Spark schema)."""

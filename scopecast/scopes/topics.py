@@ -21,11 +21,16 @@ class DataFrameSchema:
 
     @classmethod
     def from_dict(cls, schema: dict | None) -> DataFrameSchema | None:
-        """The typed form of a topic's recorded schema; None if it records no DataFrame."""
+        """The typed form of a topic's recorded schema; None if it records no DataFrame (any
+        JSON may be recorded with `set_topic_schema`: one that only looks like a DataFrame's
+        is not read as one)."""
         if not isinstance(schema, dict) or not isinstance(schema.get("spark"), str):
             return None
+        publishers = schema.get("publishers", 1)
+        if not isinstance(publishers, int) or isinstance(publishers, bool) or publishers < 1:
+            return None
         return cls(spark=schema["spark"], mode=str(schema.get("mode", "rows")),
-                   publishers=int(schema.get("publishers", 1)), run=str(schema.get("run", "")),
+                   publishers=publishers, run=str(schema.get("run", "")),
                    topic_column=schema.get("topic_column"), key_column=schema.get("key_column"))
 
 
