@@ -131,6 +131,11 @@ class Publisher:
         return self._closed
 
     @property
+    def scope(self) -> str:
+        """The scope path of the member this publisher sends as."""
+        return self._element.scope
+
+    @property
     def session(self) -> int:
         """The session this publisher's messages belong to (moves when the topic changes)."""
         return self._session

@@ -456,6 +456,7 @@ class RecoveryPath:
             _end, since = marks.pop(0)
             if not given_up:
                 self.repair_ms.append((now - since) * 1000)
+                self.stats["repairs_timed"] += 1  # (how many of repair_ms are new: metrics)
                 self._repair_avg += (now - since - self._repair_avg) / 8
         if not marks:
             del self._gap_at[key]

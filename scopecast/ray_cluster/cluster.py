@@ -30,7 +30,7 @@ from scopecast.netio.topic_names import check_subscription, name_filter
 from scopecast.netio.transport import TransportConfig
 from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
-from scopecast.ray_cluster import publisher_pool
+from scopecast.ray_cluster import metrics, publisher_pool
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 from scopecast.scopes.controlled_element import ControlledElement, call, cluster_config
 from scopecast.scopes.paths import scope_actor
@@ -221,6 +221,7 @@ class Cluster:
         self._embedded_home = embedded_home  # an embedded cluster's state directory
         self._lock = threading.Lock()
         self._handles: list = []
+        self._metrics = None  # this process's MetricsExporter, from its first member on
 
     @property
     def max_message_bytes(self) -> int:
@@ -246,8 +247,17 @@ class Cluster:
                 element = self._elements[path] = ControlledElement(
                     self._manager, handle, path, self._hello, self._config, name=self._name,
                     on_unused=self._leave)
+                if self._metrics is None:  # (False: not in this process)
+                    self._metrics = metrics.start(self._metric_sources) or False
             element.touch()
             return element
+
+    def _metric_sources(self) -> list[tuple]:
+        """This process's members for the metrics exporter: (scope, runtime, open publishers)."""
+        with self._lock:
+            elements = list(self._elements.items())
+            pubs = [h for h in self._handles if isinstance(h, Publisher) and not h.closed]
+        return [(path, e.runtime, [p for p in pubs if p.scope == path]) for path, e in elements]
 
     def _leave(self, element: ControlledElement) -> None:
         """This process's member in a scope had no publisher or subscriber there for a while
@@ -415,6 +425,8 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""
+        if self._metrics:
+            self._metrics.stop()
         pubs = [h for h in self._handles if isinstance(h, Publisher)]
         try:
             close_publishers(pubs)

@@ -1,0 +1,135 @@
+"""scopecast's counters as Ray metrics (`ray.util.metrics`), for Prometheus and Grafana.
+
+The data path counts in plain integers on its I/O thread and makes no Ray call. Once a second a
+thread of each member process copies what changed to Ray's metrics (exported by each node's
+metrics agent; Ray's Prometheus service-discovery file lists the agents): the counters' increments
+since the last copy, the backlog as a gauge, and the repair times measured since then into a
+histogram. Tags are bounded: the member's scope path, a drop's reason (a fixed set in the code),
+a NAK's or repair's kind, and for published messages TOP_TOPICS topics of the process, the
+busiest when tags were free (the rest as "_other"). Ray prefixes every name with `ray_` (and
+counters with `_total` in Prometheus). `SCOPECAST_METRICS=0` turns the copying off in a process.
+`docs/operations.md` lists the series; `docs/grafana-scopecast.json` is a dashboard over them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+PERIOD = 1.0               # seconds between copies
+TOP_TOPICS = 20            # published messages tagged with these many topics, per process
+OTHER = "_other"
+REPAIR_BOUNDS_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+
+# counter name -> (description, tag keys, (stat, tag values) pairs it sums)
+COUNTERS = {
+    "scopecast_messages_delivered": ("messages handed to subscribers", ("scope",),
+                                     [("delivered", {})]),
+    "scopecast_naks": ("NAKs a member sent: in summaries to its agents, straight to senders, "
+                       "and again to senders", ("scope", "kind"),
+                       [("naks_reported", {"kind": "to_agent"}),
+                        ("naks_sent", {"kind": "to_sender"}),
+                        ("nak_retries", {"kind": "retry"})]),
+    "scopecast_repairs": ("repair datagrams a member sent (as sender or cache) and received",
+                          ("scope", "kind"),
+                          [("repairs_sent", {"kind": "sent"}),
+                           ("repair_datagrams_in", {"kind": "received"})]),
+    "scopecast_window_stalls": ("times publish() waited for the window of unstable bytes",
+                                ("scope",), [("window_full_waits", {})]),
+}
+
+
+def start(sources) -> MetricsExporter | None:
+    """A running exporter over `sources`; None where SCOPECAST_METRICS=0 or Ray's metrics cannot
+    be made here (a member works the same without)."""
+    if os.environ.get("SCOPECAST_METRICS", "1").strip().lower() in ("0", "false", "no"):
+        return None
+    try:
+        return MetricsExporter(sources)
+    except Exception as exc:
+        log.warning("scopecast metrics are off in this process: %s", exc)
+        return None
+
+
+class MetricsExporter:
+    """Copies one process's member counters to Ray metrics every PERIOD seconds. `sources()`
+    gives the process's members now: (scope path, runtime, [publishers])."""
+
+    def __init__(self, sources) -> None:
+        from ray.util.metrics import Counter, Gauge, Histogram
+
+        self._sources = sources
+        self._counters = {name: Counter(name, description=desc, tag_keys=tags)
+                          for name, (desc, tags, _stats) in COUNTERS.items()}
+        self._published = Counter("scopecast_messages_published",
+                                  description="messages published, by topic (the busiest "
+                                              f"{TOP_TOPICS} of a process; the rest as {OTHER})",
+                                  tag_keys=("scope", "topic"))
+        self._dropped = Counter("scopecast_messages_dropped",
+                                description="datagrams and messages a member dropped, by reason",
+                                tag_keys=("scope", "reason"))
+        self._lag = Gauge("scopecast_lag_bytes", description="bytes delivered to a member's "
+                          "subscribers and not yet taken by them (the largest)",
+                          tag_keys=("scope",))
+        self._repair = Histogram("scopecast_repair_time_ms", description="gap seen to gap "
+                                 "filled, per repaired hole", boundaries=REPAIR_BOUNDS_MS,
+                                 tag_keys=("scope",))
+        self._seen: dict[tuple, int] = {}    # (scope, counter) -> value last copied
+        self._pubs: dict[int, int] = {}      # id(publisher) -> seq last copied
+        self._tagged: set[str] = set()       # the topics published messages are tagged with
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scopecast-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD):
+            try:
+                self.copy()
+            except Exception:  # metrics never take a member down
+                log.debug("copying metrics failed", exc_info=True)
+
+    def _delta(self, key: tuple, value: int) -> int:
+        last = self._seen.get(key, 0)
+        self._seen[key] = value
+        return value - last if value >= last else value  # (a new member: counts from 0)
+
+    def copy(self) -> None:
+        """Copy what changed since the last call (the exporter thread calls it every PERIOD)."""
+        published: dict[tuple[str, str], int] = {}
+        sources = self._sources()
+        for scope, runtime, pubs in sources:
+            snap, times, timed = runtime.call_wait(
+                lambda rt=runtime: (rt.snapshot(), list(rt.repair_ms), rt.stats["repairs_timed"]))
+            stats, tags = snap["stats"], {"scope": scope}
+            for name, (_desc, _keys, parts) in COUNTERS.items():
+                for stat, extra in parts:
+                    if (d := self._delta((scope, stat), stats.get(stat, 0))) > 0:
+                        self._counters[name].inc(d, {**tags, **extra})
+            for reason, n in snap["drops"].items():
+                if (d := self._delta((scope, "drop", reason), n)) > 0:
+                    self._dropped.inc(d, {**tags, "reason": str(reason)})
+            self._lag.set(snap.get("backlog_bytes", 0), tags)
+            new = min(self._delta((scope, "repairs_timed"), timed), len(times))
+            for ms in times[len(times) - new:]:
+                self._repair.observe(ms, tags)
+            for pub in pubs:
+                seq = pub.seq
+                d = seq - self._pubs.get(id(pub), 0)
+                self._pubs[id(pub)] = seq
+                if d > 0:
+                    published[(scope, pub.topic)] = published.get((scope, pub.topic), 0) + d
+        live = {id(p) for _s, _r, pubs in sources for p in pubs}
+        for gone in self._pubs.keys() - live:
+            del self._pubs[gone]
+        # a topic keeps the tag it got: the busiest first get the TOP_TOPICS tags, for good
+        for (scope, topic), n in sorted(published.items(), key=lambda kv: -kv[1]):
+            if topic not in self._tagged and len(self._tagged) < TOP_TOPICS:
+                self._tagged.add(topic)
+            self._published.inc(n, {"scope": scope,
+                                    "topic": topic if topic in self._tagged else OTHER})
