@@ -62,6 +62,7 @@ class Publisher:
     """Publishes to one topic; messages are numbered 1, 2, ... per (topic, source, session)."""
 
     __slots__ = ("_element", "_runtime", "_publish", "topic", "_topic_id", "_sessions", "_session",
+                 "_start",
                  "_max", "reliable", "_seq", "_last_sseq", "_closed")  # thousands per process
 
     def __init__(self, element, name: str, grant: Advertised) -> None:
@@ -74,7 +75,7 @@ class Publisher:
         self._session = self._sessions.setdefault(topic_id, grant.session)
         self._max = self._runtime.config.max_message_bytes
         self.reliable = grant.reliable
-        self._seq = self._runtime.stream_ends.get((topic_id, self._session), 0)
+        self._seq = self._start = self._runtime.stream_ends.get((topic_id, self._session), 0)
         self._last_sseq = 0
         self._closed = False
 
@@ -134,6 +135,11 @@ class Publisher:
     def scope(self) -> str:
         """The scope path of the member this publisher sends as."""
         return self._element.scope
+
+    @property
+    def published(self) -> int:
+        """Messages this publisher published (its session's seqs may have started before it)."""
+        return self._seq - self._start
 
     @property
     def session(self) -> int:

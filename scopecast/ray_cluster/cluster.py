@@ -253,10 +253,10 @@ class Cluster:
             return element
 
     def _metric_sources(self) -> list[tuple]:
-        """This process's members for the metrics exporter: (scope, runtime, open publishers)."""
+        """This process's members for the metrics exporter: (scope, runtime, its publishers)."""
         with self._lock:
             elements = list(self._elements.items())
-            pubs = [h for h in self._handles if isinstance(h, Publisher) and not h.closed]
+            pubs = [h for h in self._handles if isinstance(h, Publisher)]
         return [(path, e.runtime, [p for p in pubs if p.scope == path]) for path, e in elements]
 
     def _leave(self, element: ControlledElement) -> None:

@@ -56,7 +56,8 @@ def start(sources) -> MetricsExporter | None:
 
 class MetricsExporter:
     """Copies one process's member counters to Ray metrics every PERIOD seconds. `sources()`
-    gives the process's members now: (scope path, runtime, [publishers])."""
+    gives the process's members now: (scope path, runtime, [publishers, closed ones included
+    until the process forgets them: their last messages count too])."""
 
     def __init__(self, sources) -> None:
         from ray.util.metrics import Counter, Gauge, Histogram
@@ -78,7 +79,7 @@ class MetricsExporter:
                                  "filled, per repaired hole", boundaries=REPAIR_BOUNDS_MS,
                                  tag_keys=("scope",))
         self._seen: dict[tuple, int] = {}    # (scope, counter) -> value last copied
-        self._pubs: dict[int, int] = {}      # id(publisher) -> seq last copied
+        self._pubs: dict[int, int] = {}      # id(publisher) -> its count last copied
         self._tagged: set[str] = set()       # the topics published messages are tagged with
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scopecast-metrics", daemon=True)
@@ -119,9 +120,9 @@ class MetricsExporter:
             for ms in times[len(times) - new:]:
                 self._repair.observe(ms, tags)
             for pub in pubs:
-                seq = pub.seq
-                d = seq - self._pubs.get(id(pub), 0)
-                self._pubs[id(pub)] = seq
+                count = pub.published
+                d = count - self._pubs.get(id(pub), 0)
+                self._pubs[id(pub)] = count
                 if d > 0:
                     published[(scope, pub.topic)] = published.get((scope, pub.topic), 0) + d
         live = {id(p) for _s, _r, pubs in sources for p in pubs}
