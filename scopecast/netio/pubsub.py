@@ -62,8 +62,7 @@ class Publisher:
     """Publishes to one topic; messages are numbered 1, 2, ... per (topic, source, session)."""
 
     __slots__ = ("_element", "_runtime", "_publish", "topic", "_topic_id", "_sessions", "_session",
-                 "_start",
-                 "_max", "reliable", "_seq", "_last_sseq", "_closed")  # thousands per process
+                 "_max", "reliable", "_seq", "_start", "_last_sseq", "_closed")  # thousands a process
 
     def __init__(self, element, name: str, grant: Advertised) -> None:
         self._element = element
