@@ -246,7 +246,7 @@ def test_a_lan_loses_nothing_while_its_probe_decides(hosts):
 def test_the_demo_pipeline_runs_on_three_hosts_in_two_lans(hosts, tmp_path):
     """Issue 8 item 3: the main job (fewer rows) with its subscriber actors on the hosts of
     lan1 and lan2, Spark's executors wherever Ray puts them."""
-    out = hosts.run(hosts.head, [SCOPECAST, "demo", "--rows", "20000", "--plot",
+    out = hosts.run(hosts.head, [SCOPECAST, "demo", "--rows", "5000", "--plot",
                                  str(tmp_path / "demo.png")], capture=True, timeout=280)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "subscriber actors joined flights/* in lan1 and lan2" in out.stdout
