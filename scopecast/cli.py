@@ -326,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "running on this machine)")
         return sp
 
-    u = sub.add_parser("up", help="start a persistent local cluster (a Ray head on loopback plus "
-                                  "the scope managers), or deploy onto --address")
+    u = sub.add_parser("up", help="start a persistent local cluster (a Ray head attached on "
+                                  "loopback, with Ray's token authentication, plus the scope "
+                                  "managers), or deploy onto --address")
     u.add_argument("--address", help="deploy onto this existing Ray cluster instead")
     u.add_argument("--port", type=int, default=6390, help="port of the local Ray head (6390)")
     u.add_argument("--trusted-key", action="append", metavar="FILE",

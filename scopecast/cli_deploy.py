@@ -18,8 +18,10 @@ def cmd_up(args) -> int:
     how = "started a local Ray head and deployed" if info["started_ray"] else "deployed"
     print(f"scopecast {how} on Ray at {info['address']} (cluster {info['cluster_id']}, "
           f"state {info['state']})")
+    auth = " RAY_AUTH_MODE=token" if info.get("ray_auth") == "token" else ""
     print(f"attach with: scopecast status --address {info['address']}  |  "
-          f"scopecast.connect(address={info['address']!r})  |  RAY_ADDRESS={info['address']}")
+          f"scopecast.connect(address={info['address']!r})  |  "
+          f"RAY_ADDRESS={info['address']}{auth}")
     if info.get("dashboard"):
         print(f"Ray dashboard (jobs: `scopecast pipeline submit SCRIPT`): {info['dashboard']}")
     return 0

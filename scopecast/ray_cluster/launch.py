@@ -62,7 +62,11 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
                       settings=settings, levels=levels, max_message_bytes=max_message_bytes)
     try:
         status = cluster.status()
-        info = {"address": cluster.address, "started_ray": started_ray,
+        # a head up started is attached to where it was asked for (loopback), not at the
+        # address Ray reports for its node (the host's first interface)
+        info = {"address": address if interface else cluster.address, "started_ray": started_ray,
+                # what a plain Ray driver must set to attach (scopecast's own commands do it)
+                "ray_auth": os.environ.get("RAY_AUTH_MODE", "disabled").lower(),
                 "session_dir": ray_private.session_dir(), "cluster_id": status["cluster_id"],
                 "state": status["manager"]["state"],
                 # what `scopecast pipeline` needs: the Jobs API's address, and the Python the
@@ -127,9 +131,34 @@ def down(address: str | None = None, stop_ray: bool = False) -> dict:
     return {"removed_actors": sorted(removed), "stopped_ray_processes": stopped}
 
 
+def _head_environment(ray_bin: Path) -> dict:
+    """The environment `ray start` runs in: Ray's token authentication on, with a token made by
+    Ray's own `ray get-auth-token --generate` where none exists yet (~/.ray/auth_token, where every
+    Ray driver and tool of this user finds it). Ray 2.60 cannot bind its gRPC servers, agents and
+    workers to loopback (they listen on every interface, whatever --node-ip-address says), so the
+    token is what keeps another host out: without it every port but the read-only metrics
+    endpoint refuses the request. An explicit RAY_AUTH_MODE is the user's choice and kept."""
+    env = dict(os.environ)
+    mode = env.get("RAY_AUTH_MODE")
+    if mode is not None:
+        if mode.lower() != "token":
+            log.warning("RAY_AUTH_MODE=%s: the Ray head answers anyone who can reach this host's "
+                        "addresses (Ray listens on all of them)", mode)
+        return env
+    env["RAY_AUTH_MODE"] = "token"
+    if not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
+        made = subprocess.run([str(ray_bin), "get-auth-token", "--generate"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        if made.returncode != 0:
+            raise ScopecastError("could not make a Ray authentication token "
+                                 f"(`ray get-auth-token --generate`): {made.stderr[-1000:]}")
+    return env
+
+
 def _start_head(port: int) -> None:
     opts = embedded_ray_options()
     ray_bin = Path(sys.executable).parent / "ray"
+    env = _head_environment(ray_bin)
     # the dashboard serves Ray's Jobs API (`scopecast pipeline`): on loopback, on the first free
     # port from 8265 (Ray's choice), its agent on any free port (a fixed one may be taken by
     # another Ray on this machine, which would silently disable job submission)
@@ -139,7 +168,7 @@ def _start_head(port: int) -> None:
            "--dashboard-agent-listen-port=0", "--disable-usage-stats",
            f"--system-config={json.dumps(opts['_system_config'])}"]  # (a hidden flag of Ray's)
     log.info("starting a local Ray head: %s", " ".join(cmd))
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     if out.returncode != 0:
         raise ScopecastError(f"`ray start` failed ({out.returncode}): {out.stderr[-2000:]}")
 
