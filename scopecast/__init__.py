@@ -52,6 +52,7 @@ _LAZY = {
     "TopicCollector": "scopecast.ray_cluster.dataframes",
     "PublishReport": "scopecast.ray_cluster.dataframes",
     "foreach_batch": "scopecast.ray_cluster.streaming",
+    "read_topic": "scopecast.ray_cluster.dataset_read",
 }
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from scopecast.policies.registry import PluginRef
     from scopecast.ray_cluster.cluster import Cluster, connect
     from scopecast.ray_cluster.dataframes import PublishReport, TopicCollector, publish_dataframe
+    from scopecast.ray_cluster.dataset_read import read_topic
     from scopecast.ray_cluster.streaming import foreach_batch
     from scopecast.scopes.topics import TopicInfo
 
@@ -90,5 +92,5 @@ __all__ = [
     "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
     "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",
     "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
-    "foreach_batch", "publish_dataframe",
+    "foreach_batch", "publish_dataframe", "read_topic",
 ]

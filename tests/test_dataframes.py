@@ -277,6 +277,7 @@ def test_a_table_with_an_empty_chunk_reaches_spark_whole(spark):
 def test_round_trip_keeps_every_row_and_the_schema(cluster, spark, topic_name, mode):
     cluster.create_topic(topic_name)
     df = _typed_frame(spark)
+    read = scopecast.read_topic(topic_name, timeout=TIMEOUT)  # subscribed from here on
     with TopicCollector(topic_name) as collector, cluster.subscriber(topic_name) as sub:
         report = publish_dataframe(df, topic_name, parallelism=2, mode=mode, progress=False)
         summary = collector.wait(TIMEOUT)
@@ -302,6 +303,8 @@ def test_round_trip_keeps_every_row_and_the_schema(cluster, spark, topic_name, m
     assert _same_rows(out, df)
     assert ds.count() == 240
     assert sorted(r["id"] for r in ds.take_all()) == list(range(240))
+    assert sorted(read.take_all(), key=lambda r: r["id"]) == sorted(ds.take_all(),
+                                                                    key=lambda r: r["id"])
     assert summary["topics"][topic_name]["publishers"] == 2
     assert summary["topics"][topic_name]["rows"] == 240 and summary["aborted"] == {}
 

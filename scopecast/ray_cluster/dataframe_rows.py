@@ -48,13 +48,20 @@ class RowStream:
         self.publishers = 0                   # how many publishers the run had
         self.rows = 0
         self.skipped = 0                      # messages of topics that record no DataFrame
-        self._rows = self._iterate()
+        self._tables = self._iterate()
+        self._rows = (row for table in self._tables for row in table.to_pylist())
 
     def __iter__(self) -> RowStream:
         return self
 
     def __next__(self) -> dict:
         return next(self._rows)
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The same stream as Arrow tables of the recorded schema, each the rows of one topic
+        that arrived together (what `read_topic` makes blocks of). Iterate either this or the
+        rows, not both."""
+        return self._tables
 
     @property
     def done(self) -> bool:
@@ -69,7 +76,7 @@ class RowStream:
                 df, arrow_schema(json.loads(df.spark)))
         return self._schemas[topic]
 
-    def _iterate(self) -> Iterator[dict]:
+    def _iterate(self) -> Iterator[pa.Table]:
         while not self.done:
             batch = self._sub.receive_batch(self._timeout)
             if not batch:
@@ -88,16 +95,16 @@ class RowStream:
                 ctypes.append(m.content_type)
             yield from self._decoded(topic, payloads, ctypes)
 
-    def _decoded(self, topic: str | None, payloads: list, ctypes: list) -> Iterator[dict]:
+    def _decoded(self, topic: str | None, payloads: list, ctypes: list) -> Iterator[pa.Table]:
         if not payloads:
             return
         schema = self._schema(topic)
         if schema is None:
             self.skipped += len(payloads)
             return
-        rows = decode_payloads(payloads, ctypes, schema[1]).to_pylist()
-        self.rows += len(rows)
-        yield from rows
+        table = decode_payloads(payloads, ctypes, schema[1])
+        self.rows += table.num_rows
+        yield table
 
     def _check_order(self, m: Message) -> None:
         key = (m.topic, m.source, m.session)
