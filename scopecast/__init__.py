@@ -53,6 +53,7 @@ _LAZY = {
     "PublishReport": "scopecast.ray_cluster.dataframes",
     "foreach_batch": "scopecast.ray_cluster.streaming",
     "read_topic": "scopecast.ray_cluster.dataset_read",
+    "TopicDatasink": "scopecast.ray_cluster.dataset_write",
 }
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from scopecast.ray_cluster.cluster import Cluster, connect
     from scopecast.ray_cluster.dataframes import PublishReport, TopicCollector, publish_dataframe
     from scopecast.ray_cluster.dataset_read import read_topic
+    from scopecast.ray_cluster.dataset_write import TopicDatasink
     from scopecast.ray_cluster.streaming import foreach_batch
     from scopecast.scopes.topics import TopicInfo
 
@@ -90,7 +92,7 @@ __all__ = [
     "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
     "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound",
     "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
-    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",
+    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector", "TopicDatasink",
     "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
     "foreach_batch", "publish_dataframe", "read_topic",
 ]

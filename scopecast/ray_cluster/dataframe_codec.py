@@ -129,6 +129,45 @@ def _arrow_type(t: Any) -> pa.DataType:
     raise DataFrameRejected(f"type {type_name(t)} has no Arrow form")
 
 
+def spark_schema(schema: pa.Schema) -> dict:
+    """The Spark schema (as JSON) whose `arrow_schema` holds the values of an Arrow `schema`
+    (what a Ray Dataset records when it is published): DataFrameRejected for a type Spark has no
+    form of (maps, unsigned 64-bit integers, half floats, ...)."""
+    return {"type": "struct", "fields": [_spark_field(f, f.name) for f in schema]}
+
+
+def _spark_field(f: pa.Field, path: str) -> dict:
+    return {"name": f.name, "type": _spark_type(f.type, path), "nullable": f.nullable,
+            "metadata": {}}
+
+
+def _spark_type(t: pa.DataType, path: str) -> Any:
+    import pyarrow as pa
+
+    simple = [(pa.types.is_boolean, "boolean"), (pa.types.is_int8, "byte"),
+              (pa.types.is_int16, "short"), (pa.types.is_uint8, "short"),
+              (pa.types.is_int32, "integer"), (pa.types.is_uint16, "integer"),
+              (pa.types.is_int64, "long"), (pa.types.is_uint32, "long"),
+              (pa.types.is_float32, "float"), (pa.types.is_float64, "double"),
+              (pa.types.is_string, "string"), (pa.types.is_large_string, "string"),
+              (pa.types.is_binary, "binary"), (pa.types.is_large_binary, "binary"),
+              (pa.types.is_date, "date"), (pa.types.is_null, "void")]
+    for test, name in simple:
+        if test(t):
+            return name
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz is not None else "timestamp_ntz"
+    if pa.types.is_decimal128(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return {"type": "array", "elementType": _spark_type(t.value_type, path + "[]"),
+                "containsNull": t.value_field.nullable}
+    if pa.types.is_struct(t):
+        return {"type": "struct", "fields": [_spark_field(f, f"{path}.{f.name}") for f in t]}
+    raise DataFrameRejected(f"column {path!r} is of Arrow type {t}, which has no Spark form to "
+                            "record on a topic; cast it first")
+
+
 def wire_type(t: pa.DataType) -> pa.DataType:
     """The msgpack-native Arrow type rows mode sends a value of type `t` as (every field nullable):
     timestamp -> int64 microseconds, date -> int32 days, decimal -> string."""

@@ -1,6 +1,6 @@
-"""`publish_dataframe`: a Spark DataFrame's rows to topics, through `ray.data.from_spark` and
-publisher actors (private Ray actors, `num_cpus=0`, each a scopecast member of its own). The wire
-form of rows and the end messages: `dataframe_codec`.
+"""`publish_dataframe`: a Spark DataFrame's rows to topics, through `ray.data.from_spark` and the
+run's publisher actors (`run_publisher`). The wire form of rows and the end messages:
+`dataframe_codec`.
 """
 
 from __future__ import annotations
@@ -14,20 +14,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import ray
 
 from scopecast.actors.errors import (
     DataFrameRejected,
     InvalidConfig,
-    MessageTooLarge,
     ScopecastError,
     SparkUnavailable,
-    WindowFull,
     typed_cause,
 )
 from scopecast.extras import require
@@ -36,15 +31,11 @@ from scopecast.netio.topic_names import MAX_TOPIC_NAME, check_topic_name
 from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.dataframe_codec import (
     CHAR_TYPES,
-    END_TAG,
     MAX_PARALLELISM,
-    arrow_schema,
     check_schema,
-    packed_rows,
-    to_msgpack_rows,
     type_name,
-    wire_schema,
 )
+from scopecast.ray_cluster.run_publisher import MODES, RunPlan, start_publishers
 from scopecast.scopes.cluster_manager import MAX_SCHEMA_BYTES
 
 if TYPE_CHECKING:
@@ -54,12 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MODES = ("rows", "arrow")
 MAX_ROUTED_TOPICS = 10_000  # distinct topic_column values
 NULL_PART = "__null__"      # the topic part of a null topic_column value
 EMPTY_PART = "__empty__"    # ... and of an empty string
-ARROW_MESSAGE_BYTES = 1 << 20  # arrow mode aims at messages of this size (a single row may be larger)
-ROWS_PER_BATCH = 4096
 _PART_COLUMN = "__scopecast_publisher"
 _VALID_PART = re.compile(r"[A-Za-z0-9_.\-]")
 
@@ -221,11 +209,11 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
         while part in columns:
             part += "_"
         source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
-    actors, started = _start_publishers(run, parallelism, config, topic)  # (while Spark converts)
+    actors, started = start_publishers(run, parallelism, config, topic)  # (while Spark converts)
     report = None
     try:
         report = _publish(cluster, source, actors, schema, destinations, base, convert_timeout,
-                          _Plan(run=run, mode=mode, publishers=parallelism, topics=run_topics,
+                          RunPlan(run=run, mode=mode, publishers=parallelism, topics=run_topics,
                                 base=topic, topic_column=topic_column, routes=routes,
                                 part_column=part, max_message_bytes=max_bytes,
                                 flush_timeout=flush_timeout, spark_schema=spark_schema),
@@ -243,7 +231,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
 
 
 def _publish(cluster, source, actors: list, schema: dict, destinations: list[str], base,
-             convert_timeout: float | None, plan: _Plan, progress) -> PublishReport:
+             convert_timeout: float | None, plan: RunPlan, progress) -> PublishReport:
     """Convert, create the routed topics, record the schema, and let the publishers run."""
     refs, total = _convert(source, convert_timeout)
     try:
@@ -322,37 +310,7 @@ def _release(df) -> None:
         log.debug("releasing the converted DataFrame: %s", exc)
 
 
-@dataclass
-class _Plan:
-    """What every publisher of one run needs to know."""
-
-    run: str
-    mode: str
-    publishers: int
-    topics: list[str]
-    base: str
-    topic_column: str | None
-    routes: dict
-    part_column: str | None
-    max_message_bytes: int
-    flush_timeout: float
-    spark_schema: dict
-
-
-def _start_publishers(run: str, n: int, config: RuntimeConfig | None,
-                      topic: str) -> tuple[list, int]:
-    """The run's publisher actors, spread over the nodes (warm ones of an earlier run first, see
-    `publisher_pool`), and how many were started: each joins the cluster as a member of its own
-    and opens a publisher of the base `topic` while Spark still converts."""
-    remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(_DataFramePublisher)
-    actors, started = publisher_pool.take(
-        config, n, lambda: remote.options(scheduling_strategy="SPREAD").remote(config))
-    for index, actor in enumerate(actors):
-        actor.join.remote(run, index, topic)
-    return actors, started
-
-
-def _run_publishers(plan: _Plan, actors: list, shares: list[list], total: int,
+def _run_publishers(plan: RunPlan, actors: list, shares: list[list], total: int,
                     progress) -> PublishReport:
     callback = progress if callable(progress) else None
     bar = _progress_bar(progress, total, f"publishing to {plan.base}")
@@ -423,243 +381,3 @@ def _progress(actors) -> int:
         except Exception:  # gone or busy: counted when its result comes
             pass
     return total
-
-
-class _DataFramePublisher:
-    """One publisher of `publish_dataframe` runs (a private Ray actor): for each run it joins as
-    a scopecast member, publishes its share of the blocks to the run's topics, ends every one of
-    them and leaves; the process stays warm for the next run (see `publisher_pool`)."""
-
-    def __init__(self, config: RuntimeConfig | None) -> None:
-        import scopecast  # imported once per process, not once per run
-
-        self._connect = scopecast.connect
-        self._config = config
-        self._joined = threading.Event()
-        self._cluster = None
-        self._join_error: BaseException | None = None
-        self._rows = 0
-
-    def ping(self) -> bool:
-        return True
-
-    def join(self, run: str, index: int, topic: str) -> None:
-        """Join the cluster as this run's publisher `index` and open a publisher of `topic` (it
-        exists; nothing is published yet): called before `run`, which waits for it."""
-        self._index = index
-        self._stop: str | None = None
-        self._rows = 0
-        self._bytes = 0
-        self._pubs = {}
-        self._join_error = None
-        self._cluster = None
-        try:
-            self._cluster = self._connect(config=self._config, name=f"dataframe-{run}-p{index}")
-            self._pubs[topic] = self._cluster.publisher(topic)
-        except BaseException as exc:
-            self._join_error = exc
-        finally:
-            self._joined.set()
-
-    def _open(self, plan: _Plan) -> None:
-        """Publishers of the run's topics (created, by now)."""
-        self._plan = plan
-        self._messages = dict.fromkeys(plan.topics, 0)
-        self._topic_rows = dict.fromkeys(plan.topics, 0)
-        self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
-        for name in plan.topics:
-            if name not in self._pubs:
-                self._pubs[name] = self._cluster.publisher(name)
-
-    def progress(self) -> int:
-        return self._rows
-
-    def stop(self, reason: str) -> None:
-        self._stop = reason
-
-    def run(self, plan: _Plan, refs: list) -> dict:
-        """Publish the blocks `refs` (in order), then end every topic of the run and leave."""
-        self._joined.wait()  # (a threaded actor may start this call before join's ends)
-        self._joined.clear()
-        if self._join_error is not None:
-            if self._cluster is not None:  # joined, but the topic could not be opened
-                self._cluster.shutdown()
-            raise self._join_error
-        error: BaseException | None = None
-        try:
-            self._open(plan)
-        except BaseException:
-            self._cluster.shutdown()
-            raise
-        try:
-            for ref in refs:
-                if self._stop is not None:
-                    break
-                self._publish_block(ray.get(ref))
-        except BaseException as exc:
-            error = exc
-        if error is not None:
-            status = f"aborted: {error}"
-        elif self._stop is not None:
-            status = f"aborted: {self._stop}"
-        else:
-            status = "ok"
-        try:
-            self._end(status)
-        except BaseException as exc:
-            error = error or exc
-        finally:
-            self._cluster.shutdown()
-        counts = self._counts()
-        if error is not None:
-            if isinstance(error, ScopecastError):
-                error.counts = counts  # travels with the error to the driver
-            raise error
-        return counts
-
-    def _counts(self) -> dict:
-        plan = self._plan
-        return {"publisher": self._index, "rows": self._rows, "messages": sum(self._messages.values()),
-                "bytes": self._bytes, "topics": {t: n for t, n in self._topic_rows.items()
-                                                 if t != plan.base or not plan.topic_column}}
-
-    def _publish_block(self, table) -> None:
-        import pyarrow.compute as pc
-
-        plan = self._plan
-        if plan.part_column is not None:
-            table = table.filter(pc.equal(table.column(plan.part_column), self._index))
-            table = table.drop_columns([plan.part_column])
-        if table.num_rows == 0:
-            return
-        if plan.mode == "rows":
-            for batch in table.to_batches(max_chunksize=ROWS_PER_BATCH):
-                if self._stop is not None:
-                    return
-                self._publish_rows(batch, self._wire)
-        else:
-            for batch in table.to_batches(max_chunksize=64 * ROWS_PER_BATCH):
-                if self._stop is not None:
-                    return
-                for name, group in self._groups(batch):
-                    self._publish_arrow(name, group)
-
-    def _route(self, batch) -> list[str]:
-        plan = self._plan
-        if plan.topic_column is None:
-            return [plan.base] * batch.num_rows
-        routes = plan.routes
-        return [routes[v] for v in batch.column(plan.topic_column).to_pylist()]
-
-    def _publish_rows(self, batch, wire) -> None:
-        """One msgpack map per row, the rows of one topic in a row handed over as one batch; a
-        row over the message size stops the run just before it."""
-        limit = self._plan.max_message_bytes
-        payloads = packed_rows(batch, wire)
-        big = next((i for i, p in enumerate(payloads) if len(p) > limit), None)
-        names = self._route(batch)
-        for name, group in groupby(zip(names, payloads[:big], strict=False), key=itemgetter(0)):
-            part = [p for _, p in group]
-            queued = self._pubs[name].publish_msgpack_batch(part)
-            self._bytes += sum(map(len, part[:queued]))
-            self._messages[name] += queued
-            self._topic_rows[name] += queued
-            self._rows += queued
-            if queued < len(part):
-                raise WindowFull(f"{name!r}: the publisher's window is full (block_when_full="
-                                 "False); the run stopped")
-        if big is not None:
-            row = to_msgpack_rows(batch.slice(big, 1), wire)[0]
-            raise _too_large(row, len(payloads[big]), limit, self._rows)
-
-    def _groups(self, batch):
-        """(topic, rows of the batch routed to it), rows in their order."""
-        plan = self._plan
-        if plan.topic_column is None:
-            yield plan.base, batch
-            return
-        import numpy as np
-        import pyarrow.compute as pc
-
-        encoded = pc.dictionary_encode(batch.column(plan.topic_column), null_encoding="encode")
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        values = encoded.dictionary.to_pylist()
-        order = np.argsort(codes, kind="stable")
-        ordered = codes[order]
-        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-        ends = np.r_[starts[1:], len(ordered)]
-        for s, e in zip(starts, ends, strict=True):
-            yield plan.routes[values[ordered[s]]], batch.take(order[s:e])
-
-    def _publish_arrow(self, name: str, batch) -> None:
-        """Publish `batch` as record batches that each fit the message size."""
-        import pyarrow as pa
-
-        limit = self._plan.max_message_bytes
-        overhead = _ipc_overhead(batch.schema)
-        target = max(1, min(limit, ARROW_MESSAGE_BYTES) - overhead)
-        per_row = max(1, pa.ipc.get_record_batch_size(batch) // max(1, batch.num_rows))
-        step = max(1, target // per_row)
-        start = 0
-        while start < batch.num_rows:
-            if self._stop is not None:
-                return
-            piece = batch.slice(start, step)
-            size = pa.ipc.get_record_batch_size(piece) + overhead
-            if size > limit and piece.num_rows > 1:
-                step = max(1, piece.num_rows // 2)
-                continue
-            if size > limit:
-                raise _too_large(piece.to_pylist()[0], size, limit, self._rows)
-            try:
-                self._pubs[name].publish(piece)
-            except MessageTooLarge as exc:
-                if piece.num_rows == 1:
-                    raise _too_large(piece.to_pylist()[0], size, limit, self._rows) from exc
-                step = max(1, piece.num_rows // 2)
-                continue
-            self._bytes += size
-            self._messages[name] += 1
-            self._topic_rows[name] += piece.num_rows
-            self._rows += piece.num_rows
-            start += piece.num_rows
-
-    def _end(self, status: str) -> None:
-        """One end message per topic, then close (flush, the runtime's marker, leave)."""
-        plan = self._plan
-        errors = []
-        for name, pub in self._pubs.items():
-            try:
-                pub.publish([END_TAG, plan.run, self._index, plan.publishers, self._messages[name],
-                             self._topic_rows[name], status])
-            except Exception as exc:  # closed by a session move, ...: the others still end
-                errors.append(exc)
-        try:
-            self._cluster.close_publishers(list(self._pubs.values()), plan.flush_timeout)
-        except Exception as exc:
-            errors.append(exc)
-        if errors:
-            raise errors[0]
-
-
-def _ipc_overhead(schema) -> int:
-    """Bytes an Arrow IPC stream adds around one record batch of `schema`."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema):
-        pass
-    return len(sink.getvalue()) + 64
-
-
-def _too_large(row: dict, size: int, limit: int, before: int) -> DataFrameRejected:
-    """The error for a row over the message size, naming its largest column."""
-    sizes = {k: len(msgpack.packb(v, use_bin_type=True, default=str)) for k, v in row.items()}
-    column = max(sizes, key=sizes.get) if sizes else "?"
-    return DataFrameRejected(
-        f"a row of {size} bytes exceeds max_message_bytes={limit}: column {column!r} holds "
-        f"{sizes.get(column, 0)} bytes of it; split or shrink that column (or deploy the "
-        f"cluster with a larger max_message_bytes). This publisher had published {before} rows; "
-        "the run stopped and every publisher ended its streams")
-
-

@@ -1,13 +1,16 @@
-"""`scopecast.read_topic`: a run's rows as a Ray Dataset whose blocks stream while the run is
-still being published, ending at every publisher's end message. The run here is published by
-hand in publish_dataframe's format (the schema recorded on the topic, one msgpack map per row,
-an end message per publisher), so no Spark is needed; test_dataframes reads a real one."""
+"""Ray Data and topics: `scopecast.read_topic`, a run's rows as a Ray Dataset whose blocks stream
+while the run is still being published, ending at every publisher's end message; and
+`scopecast.TopicDatasink`, a Dataset published as a run. The first run here is published by hand
+in publish_dataframe's format (the schema recorded on the topic, one msgpack map per row, an end
+message per publisher), so no Spark is needed; test_dataframes reads a Spark run."""
 
 from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
+import ray
 
 import scopecast
 from scopecast.actors.errors import TopicNotFound
@@ -66,3 +69,31 @@ def test_blocks_stream_before_the_run_ends_and_the_dataset_ends_with_it(cluster,
 def test_a_missing_topic_is_refused_before_anything_starts(cluster, topic_name):
     with pytest.raises(TopicNotFound):
         scopecast.read_topic(topic_name + "-none")
+
+
+def test_a_dataset_written_to_a_topic_is_read_back_whole(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    ds = ray.data.from_items([{"id": i, "name": f"n{i}", "score": i / 2, "small": i % 200}
+                              for i in range(3000)], override_num_blocks=6)
+    read = scopecast.read_topic(topic_name, timeout=60)
+    sink = scopecast.TopicDatasink(topic_name, parallelism=2)
+    ds.write_datasink(sink)
+    rows = read.take_all()
+    assert sorted(r["id"] for r in rows) == list(range(3000))
+    assert all(r["name"] == f"n{r['id']}" and r["score"] == r["id"] / 2 for r in rows)
+    assert sink.report.rows == 3000 and sink.report.topics == {topic_name: 3000}
+    recorded = cluster.topic(topic_name).dataframe
+    assert recorded.publishers == 2 and recorded.mode == "rows"
+    fields = {f["name"]: f["type"] for f in json.loads(recorded.spark)["fields"]}
+    assert fields == {"id": "long", "name": "string", "score": "double", "small": "long"}
+
+
+def test_a_column_without_a_spark_form_is_refused_before_anything_is_published(cluster,
+                                                                               topic_name):
+    cluster.create_topic(topic_name)
+    ds = ray.data.from_arrow(pa.table({"x": pa.array([1, 2], pa.uint64())}))
+    with pytest.raises(Exception, match="has no Spark form") as caught:
+        ds.write_datasink(scopecast.TopicDatasink(topic_name))
+    assert isinstance(caught.value, scopecast.DataFrameRejected) or \
+        "DataFrameRejected" in repr(caught.value)
+    assert cluster.topic(topic_name).schema is None
