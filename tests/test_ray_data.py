@@ -15,6 +15,7 @@ import ray
 import scopecast
 from scopecast.actors.errors import TopicNotFound
 from scopecast.ray_cluster.dataframe_codec import END_TAG
+from scopecast.ray_cluster.dataframes import to_dataset
 
 pytestmark = pytest.mark.ray
 
@@ -75,7 +76,7 @@ def test_a_dataset_written_to_a_topic_is_read_back_whole(cluster, topic_name):
     cluster.create_topic(topic_name)
     ds = ray.data.from_items([{"id": i, "name": f"n{i}", "score": i / 2, "small": i % 200}
                               for i in range(3000)], override_num_blocks=6)
-    read = scopecast.read_topic(topic_name, timeout=60)
+    read = to_dataset(topic_name, timeout=60)  # given names: read_topic's streaming Dataset
     sink = scopecast.TopicDatasink(topic_name, parallelism=2)
     ds.write_datasink(sink)
     rows = read.take_all()

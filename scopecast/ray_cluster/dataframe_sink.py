@@ -407,12 +407,17 @@ def collect_topic(spark: SparkSession, topic: str | list[str] | TopicCollector, 
 
 
 def to_dataset(topic: str | list[str] | TopicCollector, *, timeout: float = 60.0) -> Dataset:
-    """Like `collect_topic`, as a Ray Dataset."""
-    collector = topic if isinstance(topic, TopicCollector) else TopicCollector(topic)
+    """The rows of a run as a Ray Dataset: a TopicCollector's, once the run is complete (the
+    collector is closed afterwards); given topic names or patterns, `read_topic`'s streaming
+    Dataset of the next run (the one Ray Data reading API; call it before publishing)."""
+    if not isinstance(topic, TopicCollector):
+        from scopecast.ray_cluster.dataset_read import read_topic
+
+        return read_topic(topic, timeout=timeout)
     try:
-        return collector.to_dataset(timeout)
+        return topic.to_dataset(timeout)
     finally:
-        collector.close()
+        topic.close()
 
 
 def alive_lans() -> list[str]:
