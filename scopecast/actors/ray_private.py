@@ -7,6 +7,8 @@ package's Ray range, in pyproject.toml, is the one these are tested with).
 - `use_token_if_present`: a driver attaching by address sends the token a `ray start` head
   requires when ~/.ray/auth_token exists. Without it: nothing (RAY_AUTH_MODE is the documented
   switch).
+- `quiet_token_notice`: the name of the logger Ray's token notice comes from. Without it: the
+  notice shows.
 - `dashboard_url`, `dashboard_url_at`: where the Jobs API (`scopecast pipeline`) is served.
   Without them: None, and the caller asks for the URL.
 - `session_dir`: the Ray session `scopecast up` started, so `down --ray` stops only its
@@ -15,7 +17,9 @@ package's Ray range, in pyproject.toml, is the one these are tested with).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from scopecast.actors.errors import ScopecastError
 
@@ -43,11 +47,20 @@ def use_token_if_present() -> None:
         )
     except ImportError:
         return
-    quiet = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" line, on every command
-    try:
+    with quiet_token_notice():  # its "token authentication is enabled" line, on every command
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+@contextlib.contextmanager
+def quiet_token_notice() -> Iterator[None]:
+    """Without Ray's WARNING that token authentication is on (a new local cluster turns it on by
+    default; a driver turns it on where a token exists): a normal run prints no WARNING. Only a
+    logger's name: if Ray moves it, the line shows again and nothing else changes."""
+    quiet = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
     finally:
         quiet.setLevel(level)
 

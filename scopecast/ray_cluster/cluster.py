@@ -162,7 +162,8 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
             raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
                                "`scopecast up`") from None
         return False
-    ray.init(**embedded_ray_options())
+    with ray_private.quiet_token_notice():  # (Ray's WARNING that it turned token auth on)
+        ray.init(**embedded_ray_options())
     log.info("started an embedded local Ray")
     return True
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -254,10 +255,22 @@ def _publish(cluster, source, actors: list, schema: dict, destinations: list[str
 def _convert(df, timeout: float | None) -> tuple[list, int]:
     """Block references of the DataFrame in Ray's object store, and the row count."""
     def convert():
-        ds = ray.data.from_spark(df)
-        return ds.to_arrow_refs(), ds.count()
+        # RayDP calls APIs that Ray and PySpark call deprecated (`parallelism`, `sql_ctx`): their
+        # warnings tell the user nothing they can act on
+        warnings.filterwarnings("ignore", message=r"DataFrame\.sql_ctx is an internal property")
+        read_api = logging.getLogger("ray.data.read_api")
+        read_api.addFilter(_deprecated_parallelism)
+        try:
+            ds = ray.data.from_spark(df)
+            return ds.to_arrow_refs(), ds.count()
+        finally:
+            read_api.removeFilter(_deprecated_parallelism)
 
     return _spark_job("converting the DataFrame to Ray blocks", convert, timeout)
+
+
+def _deprecated_parallelism(record: logging.LogRecord) -> bool:
+    return "``parallelism`` is deprecated" not in record.getMessage()
 
 
 def _spark_job(what: str, job: Callable[[], Any], timeout: float | None = None) -> Any:
