@@ -92,7 +92,7 @@ __all__ = [
     "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
     "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound",
     "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
-    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector", "TopicDatasink",
-    "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull", "connect",
-    "foreach_batch", "publish_dataframe", "read_topic",
+    "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",
+    "TopicDatasink", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull",
+    "connect", "foreach_batch", "publish_dataframe", "read_topic",
 ]

@@ -66,6 +66,19 @@ class PublishReport:
     topics: dict[str, int] = field(default_factory=dict)
     publishers_started: int = 0
 
+    @classmethod
+    def of(cls, results) -> PublishReport:
+        """The sums of the publishers' counts (`RunPublisher.finish`: rows, messages, bytes and
+        rows per topic)."""
+        report = cls()
+        for out in results:
+            report.rows += out["rows"]
+            report.messages += out["messages"]
+            report.bytes += out["bytes"]
+            for name, n in out["topics"].items():
+                report.topics[name] = report.topics.get(name, 0) + n
+        return report
+
 
 def topic_part(value: Any) -> str:
     """The topic-name part a `topic_column` value routes to: the value as text with every character
@@ -359,16 +372,9 @@ def _run_publishers(plan: RunPlan, actors: list, shares: list[list], total: int,
     finally:
         if bar is not None:
             bar.close()
-    report = PublishReport()
-    counts: dict[str, int] = {}
-    for out in results.values():
-        report.rows += out["rows"]
-        report.messages += out["messages"]
-        report.bytes += out["bytes"]
-        for name, n in out["topics"].items():
-            counts[name] = counts.get(name, 0) + n
+    report = PublishReport.of(results.values())
     destinations = [t for t in plan.topics if t != plan.base] if plan.topic_column else [plan.base]
-    report.topics = {t: counts.get(t, 0) for t in destinations}
+    report.topics = {t: report.topics.get(t, 0) for t in destinations}
     if error is not None:
         if isinstance(error, ScopecastError):
             error.report = report  # what was published before the run stopped

@@ -115,11 +115,7 @@ class TopicDatasink(Datasink):
             publisher_pool.kill(actors)
             raise
         publisher_pool.give_back(self.config, actors)
-        report = PublishReport()
-        for out in results:
-            report.rows += out["rows"]
-            report.messages += out["messages"]
-            report.bytes += out["bytes"]
+        report = PublishReport.of(results)
         report.topics = {self.topic: report.rows}
         self.report = report
         log.info("published %d rows of a Dataset to %s in %d messages", report.rows,
