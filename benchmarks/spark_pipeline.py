@@ -39,7 +39,9 @@ def _dataframe(spark, rows: int):
     return df.cache()
 
 
-def _ceiling(df, rows: int) -> dict:
+def ceiling(df, rows: int) -> dict:
+    """`df` (cached, `rows` rows) through `ray.data.from_spark` and iterated: the rows/s no
+    publishing of it can beat."""
     start = time.monotonic()
     ds = ray.data.from_spark(df)
     seen = sum(b.num_rows for b in ds.iter_batches(batch_format="pyarrow", batch_size=4096))
@@ -113,7 +115,7 @@ def run(cluster, stamp: str, rows: int, timeout: float = 600.0) -> dict:
         plan = [(m, p) for m in MODES for p in PARALLELISMS]
         runs: list[list[dict]] = [[] for _ in range(1 + len(plan))]
         for r in range(ROUNDS):
-            runs[0].append(_ceiling(df, rows))
+            runs[0].append(ceiling(df, rows))
             for i, (m, p) in enumerate(plan, 1):
                 runs[i].append(_pipeline(cluster, df, rows, f"bench/{stamp}/spark-{m}-p{p}-r{r}",
                                          m, p, timeout))
@@ -123,11 +125,11 @@ def run(cluster, stamp: str, rows: int, timeout: float = 600.0) -> dict:
             case["runs_publishers_started"] = [c.get("publishers_started", 0) for c in rs]
         for case, rs in zip(best[1:], runs[1:], strict=True):
             case["complete"] = all(c["complete"] for c in rs)
-        ceiling, pipelines = best[0], best[1:]
-        cases = [ceiling]
-        print(f"[spark] {ceiling['case']}: {ceiling['rows_per_s']:,.0f} rows/s", flush=True)
+        top, pipelines = best[0], best[1:]
+        cases = [top]
+        print(f"[spark] {top['case']}: {top['rows_per_s']:,.0f} rows/s", flush=True)
         for case in pipelines:
-            case["ratio"] = case["rows_per_s"] / ceiling["rows_per_s"]
+            case["ratio"] = case["rows_per_s"] / top["rows_per_s"]
             cases.append(case)
             print(f"[spark] {case['case']}: {case['rows_per_s']:,.0f} rows/s "
                   f"({case['ratio']:.2f}x the ceiling){'' if case['complete'] else ', INCOMPLETE'}",

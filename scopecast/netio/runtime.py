@@ -23,6 +23,7 @@ Above that, a publisher holds at most `stable_window_bytes` of reliable messages
 
 from __future__ import annotations
 
+import bisect
 import gc
 import itertools
 import logging
@@ -312,6 +313,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         q, ordinal = self._publish_q, self._ordinal
         sseq = start = 0
         total = len(payloads)
+        # costs[i]: the queue bytes of the first i payloads (summed in C: a Python loop per
+        # message here was a tenth of a DataFrame publisher's time)
+        costs = list(itertools.accumulate(map(MESSAGE_COST.__add__, map(len, payloads)), initial=0))
         while start < total:
             if self.app_bytes - self.taken_bytes + self.feed_bytes > self._queue_limit:
                 self._wait_for_space()
@@ -319,10 +323,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 if start and not self.config.block_when_full:
                     break
                 self._wait_for_window()
-            end, size = start, 0
-            while end < total and (size < MANY_BYTES or end == start):
-                size += MESSAGE_COST + len(payloads[end])
-                end += 1
+            # the chunk ends with the message that takes it to MANY_BYTES (at least one message)
+            end = min(bisect.bisect_left(costs, costs[start] + MANY_BYTES, start + 1), total)
+            size = costs[end] - costs[start]
             sseqs = list(itertools.islice(ordinal, end - start))
             self.app_bytes += size
             q.extend(zip(sseqs, itertools.repeat(topic), itertools.repeat(session),

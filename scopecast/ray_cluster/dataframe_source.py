@@ -247,7 +247,7 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
 def _publish(cluster, source, actors: list, schema: dict, destinations: list[str], base,
              convert_timeout: float | None, plan: RunPlan, progress) -> PublishReport:
     """Convert, create the routed topics, record the schema, and let the publishers run."""
-    refs, total = _convert(source, convert_timeout)
+    refs, total = spark_blocks(source, convert_timeout)
     try:
         for name in destinations:
             if name != base.name:
@@ -262,11 +262,14 @@ def _publish(cluster, source, actors: list, schema: dict, destinations: list[str
             shares = [refs[i::n] for i in range(n)]
         return _run_publishers(plan, actors, shares, total, progress)
     finally:
-        _release(source)
+        release(source)
 
 
-def _convert(df, timeout: float | None) -> tuple[list, int]:
-    """Block references of the DataFrame in Ray's object store, and the row count."""
+def spark_blocks(df, timeout: float | None = None) -> tuple[list, int]:
+    """References to the DataFrame's rows as Arrow tables in Ray's object store (Spark's
+    executors compute them, Ray tasks fetch them: no rows travel inside a Spark task), and the
+    row count; `release(df)` unpins what Spark cached for it. SparkUnavailable as for
+    publish_dataframe's conversion."""
     def convert():
         # RayDP calls APIs that Ray and PySpark call deprecated (`parallelism`, `sql_ctx`): their
         # warnings tell the user nothing they can act on
@@ -326,7 +329,7 @@ def _bounded(what: str, job: Callable[[], Any], timeout: float) -> Any:
     return box["result"]
 
 
-def _release(df) -> None:
+def release(df) -> None:
     """Unpin what `from_spark` cached in Spark to rebuild lost blocks (they are published now)."""
     try:
         from raydp.spark.dataset import release_spark_recoverable

@@ -26,8 +26,12 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scopecast.extras import require
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +47,17 @@ SAMPLE_PERIOD = 0.25
 @dataclass
 class DemoResult:
     """What a run of the main job found: `ok` only if every subscriber got every row; per LAN
-    scope, its members' NAKs, repair datagrams and what the NAKs asked for (`_lan_counters`)."""
+    scope, its members' NAKs, repair datagrams and what the NAKs asked for (`_lan_counters`);
+    and how the flights flowed to the first LAN's collector: seconds from the publish call to
+    the first row, to the last, and the longest time between them without a new row (sampled
+    every SAMPLE_PERIOD)."""
 
     ok: bool
     rows: int = 0
     lans: dict[str, dict[str, int]] = field(default_factory=dict)
+    first_row_seconds: float | None = None
+    all_rows_seconds: float | None = None
+    longest_gap_seconds: float | None = None
 
     @property
     def exit_code(self) -> int:
@@ -64,13 +74,37 @@ def flights_csv(directory: str) -> str:
         return z.extract("flights.csv", directory)
 
 
-def content_hash(df) -> int:
-    """An order-independent fingerprint of a DataFrame's rows: the sum of Spark's 64-bit hash of
-    each row (as a decimal, so it cannot overflow)."""
-    from pyspark.sql import functions as F
+def flights_dataframe(spark, directory: str, rows: int | None = None):
+    """The flights table (its first `rows` rows) as a cached Spark DataFrame, read by Spark from
+    a CSV file extracted into `directory` (count() it before the directory goes)."""
+    flights = spark.read.csv(flights_csv(directory), schema=FLIGHTS_SCHEMA, header=True,
+                             nullValue="NA")
+    return (flights.limit(rows) if rows is not None else flights).cache()
 
-    cols = [F.col(c) for c in df.columns]
-    return int(df.select(F.sum(F.xxhash64(*cols).cast("decimal(38,0)"))).first()[0] or 0)
+
+def arrow_rows(df) -> pa.Table:
+    """The DataFrame's rows as one Arrow table of its Arrow schema (`arrow_schema`), read by
+    Spark and handed over through Ray's object store."""
+    import pyarrow as pa
+    import ray
+
+    from scopecast.ray_cluster.dataframe_codec import arrow_schema, cast_table
+    from scopecast.ray_cluster.dataframe_source import release, spark_blocks
+
+    schema = arrow_schema(df.schema.jsonValue())
+    refs, _ = spark_blocks(df)
+    try:
+        return pa.concat_tables([cast_table(t, schema) for t in ray.get(refs)] or [schema.empty_table()])
+    finally:
+        release(df)
+
+
+def same_rows(a: pa.Table, b: pa.Table) -> bool:
+    """Whether two tables of one schema hold the same rows, in any order."""
+    if a.schema != b.schema or a.num_rows != b.num_rows:
+        return False
+    keys = [(name, "ascending") for name in a.column_names]
+    return a.sort_by(keys).equals(b.sort_by(keys))
 
 
 class _Sampler(threading.Thread):
@@ -83,12 +117,28 @@ class _Sampler(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        start = time.monotonic()
+        start = self.began = time.monotonic()
         while not self.stop.wait(SAMPLE_PERIOD):
             per_topic: dict[str, int] = {}
             for s in self.collector.status()["streams"]:
                 per_topic[s["topic"]] = per_topic.get(s["topic"], 0) + s["received"]
             self.samples.append((time.monotonic() - start, per_topic))
+
+    def flow(self, since: float) -> tuple[float | None, float | None, float | None]:
+        """Seconds from `since` (a monotonic time) to the first sample with a message, to the
+        first with all it got, and the longest time between those without a new one."""
+        totals = [(self.began + t - since, sum(c.values())) for t, c in self.samples]
+        moving = [(t, n) for t, n in totals if n > 0]
+        if not moving:
+            return None, None, None
+        last = max(n for _, n in moving)
+        end = next(t for t, n in moving if n == last)
+        gap, prev_t, prev_n = 0.0, moving[0][0], moving[0][1]
+        for t, n in moving:
+            if n > prev_n:
+                gap = max(gap, t - prev_t)
+                prev_t, prev_n = t, n
+        return moving[0][0], end, gap
 
 
 def write_plot(samples, path: str) -> bool:
@@ -177,12 +227,9 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
             "it with token_ring recovery")
 
         with tempfile.TemporaryDirectory() as tmp:
-            flights = spark.read.csv(flights_csv(tmp), schema=FLIGHTS_SCHEMA, header=True,
-                                     nullValue="NA")
-            flights = (flights.limit(rows) if rows is not None else flights).cache()
+            flights = flights_dataframe(spark, tmp, rows)
             rows = flights.count()
             per_origin = {r["origin"]: r["count"] for r in flights.groupBy("origin").count().collect()}
-            source_hash = content_hash(flights)
         routes = (flights.groupBy("origin", "dest")
                   .agg(F.count("*").alias("flights"), F.avg("dep_delay").alias("avg_dep_delay"),
                        F.avg("arr_delay").alias("avg_arr_delay"), F.first("distance").alias("distance"))
@@ -207,6 +254,7 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
 
         sampler = _Sampler(collectors[0])
         sampler.start()
+        began = time.monotonic()
         report = publish_dataframe(flights, "flights", topic_column="origin", parallelism=parallelism,
                                    flush_timeout=timeout)
         route_report = publish_dataframe(routes, "routes", parallelism=1, flush_timeout=timeout)
@@ -216,14 +264,19 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         say(f"published {report.rows:,} rows to {len(report.topics)} topics in {report.seconds:.1f}s "
             f"({report.rows / max(report.seconds, 1e-9):,.0f} rows/s, {report.bytes / 1e6:.1f} MB), "
             f"{route_report.rows:,} routes")
+        first, _, gap = sampler.flow(began)
+        if first is not None:
+            say(f"the first flight reached {lans[0]} {first:.1f}s after the publish call; the longest "
+                f"pause after it: {gap:.1f}s")
 
+        source = arrow_rows(flights)  # (after publishing: the publish call's conversion is the first)
         ok = True
         say()
         say(f"{'LAN':<8}{'topic':<14}{'delivered':>11}{'expected':>11}{'content':>10}")
         for lan, collector in zip(lans, collectors, strict=False):
             table = collector.to_arrow(timeout)
             got = Counter(table.column("origin").to_pylist())
-            same = content_hash(collector.to_spark(spark, timeout)) == source_hash
+            same = same_rows(table, source)
             ok &= same and table.num_rows == rows
             for origin, expected in sorted(per_origin.items()):
                 delivered = got.get(origin, 0)
@@ -249,7 +302,7 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         if plot and write_plot(sampler.samples, plot):  # (plot='': none)
             say(f"\nper-topic throughput: {plot}")
         say("every subscriber got every row" if ok else "FAILED: rows missing or different")
-        return DemoResult(ok, rows, counters)
+        return DemoResult(ok, rows, counters, *sampler.flow(began))
     finally:
         for c in collectors:
             c.close()

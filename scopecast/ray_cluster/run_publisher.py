@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from itertools import groupby
-from operator import itemgetter
 
 import msgpack
 import ray
@@ -204,44 +202,53 @@ class RunPublisher:
                 for name, group in self._groups(batch):
                     self._publish_arrow(name, group)
 
-    def _route(self, batch) -> list[str]:
-        plan = self._plan
-        if plan.topic_column is None:
-            return [plan.base] * batch.num_rows
-        routes = plan.routes
-        return [routes[v] for v in batch.column(plan.topic_column).to_pylist()]
-
     def _publish_rows(self, batch, wire) -> None:
-        """One msgpack map per row, the rows of one topic in a row handed over as one batch; a
-        row over the message size stops the run just before it."""
+        """One msgpack map per row, each topic's rows of the batch handed over as one batch (in
+        their order); a row over the message size stops the run just before it."""
         limit = self._plan.max_message_bytes
         payloads = packed_rows(batch, wire)
-        big = next((i for i, p in enumerate(payloads) if len(p) > limit), None)
-        names = self._route(batch)
-        for name, group in groupby(zip(names, payloads[:big], strict=False), key=itemgetter(0)):
-            part = [p for _, p in group]
-            queued = self._pubs[name].publish_msgpack_batch(part)
-            self._bytes += sum(map(len, part[:queued]))
+        big = None
+        if max(map(len, payloads), default=0) > limit:
+            big = next(i for i, p in enumerate(payloads) if len(p) > limit)
+        for name, rows in self._topic_rows_of(batch.slice(0, big), payloads[:big]):
+            queued = self._pubs[name].publish_msgpack_batch(rows)
+            self._bytes += sum(map(len, rows[:queued]))
             self._messages[name] += queued
             self._topic_rows[name] += queued
             self._rows += queued
-            if queued < len(part):
+            if queued < len(rows):
                 raise WindowFull(f"{name!r}: the publisher's window is full (block_when_full="
                                  "False); the run stopped")
         if big is not None:
             row = to_msgpack_rows(batch.slice(big, 1), wire)[0]
             raise _too_large(row, len(payloads[big]), limit, self._rows)
 
+    def _topic_rows_of(self, batch, payloads: list):
+        """(topic, the payloads of the batch's rows routed to it, in their order)."""
+        if self._plan.topic_column is None:
+            yield self._plan.base, payloads
+            return
+        for name, index in self._topic_slices(batch):
+            yield name, [payloads[i] for i in index.tolist()]
+
     def _groups(self, batch):
         """(topic, rows of the batch routed to it), rows in their order."""
-        plan = self._plan
-        if plan.topic_column is None:
-            yield plan.base, batch
+        if self._plan.topic_column is None:
+            yield self._plan.base, batch
             return
+        for name, index in self._topic_slices(batch):
+            yield name, batch.take(index)
+
+    def _topic_slices(self, batch):
+        """(topic, indices of the batch's rows routed to it, ascending) per topic_column value:
+        a stable sort of the rows by value (flights alternate between origins row by row;
+        publishing each run of equal values on its own cost a call per two rows)."""
         import numpy as np
         import pyarrow.compute as pc
 
-        encoded = pc.dictionary_encode(batch.column(plan.topic_column), null_encoding="encode")
+        if batch.num_rows == 0:
+            return
+        encoded = pc.dictionary_encode(batch.column(self._plan.topic_column), null_encoding="encode")
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         values = encoded.dictionary.to_pylist()
         order = np.argsort(codes, kind="stable")
@@ -249,7 +256,7 @@ class RunPublisher:
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
         ends = np.r_[starts[1:], len(ordered)]
         for s, e in zip(starts, ends, strict=True):
-            yield plan.routes[values[ordered[s]]], batch.take(order[s:e])
+            yield self._plan.routes[values[ordered[s]]], order[s:e]
 
     def _publish_arrow(self, name: str, batch) -> None:
         """Publish `batch` as record batches that each fit the message size."""
