@@ -378,12 +378,14 @@ def test_topic_column_routes_rows_to_topics_created_like_the_base(cluster, spark
 
 
 @pytest.mark.ray
-def test_key_column_keeps_each_key_on_one_publisher_in_order(cluster, spark, topic_name):
+@pytest.mark.parametrize("transfer", ["object_store", "stream"])
+def test_key_column_keeps_each_key_on_one_publisher_in_order(cluster, spark, topic_name, transfer):
     cluster.create_topic(topic_name)
     df = spark.createDataFrame([(k, f"key{k % 11}", k) for k in range(600)], "id long, key string, n long")
     sub = cluster.subscriber(topic_name)
     try:
-        report = publish_dataframe(df, topic_name, key_column="key", parallelism=3, progress=False)
+        report = publish_dataframe(df, topic_name, key_column="key", parallelism=3, progress=False,
+                                   transfer=transfer)
         seen: dict[str, list] = {}
         ends = 0
         deadline = time.monotonic() + TIMEOUT
@@ -402,6 +404,41 @@ def test_key_column_keeps_each_key_on_one_publisher_in_order(cluster, spark, top
         numbers = [n for _, n in got]
         assert numbers == sorted(numbers) == [k for k in range(600) if f"key{k % 11}" == key]
     assert cluster.topic(topic_name).schema["key_column"] == "key"
+
+
+@pytest.mark.ray
+def test_streamed_from_the_executors_a_retried_task_is_not_published_twice(cluster, spark,
+                                                                          topic_name):
+    """transfer="stream": the executors send the partitions to the publishers as Spark computes
+    them; partition 1's first attempt dies halfway (Arrow batches of 100 rows), and Spark's retry
+    sends it again: every row arrives once. (Here Spark's first attempt gets no batch to the
+    publisher before it dies; a retry of a partition partly handed out is test_spark_feed's.)"""
+    from pyspark.sql import functions as F
+
+    def fails_first_attempt(n):  # (nested: Spark pickles it by value)
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        if n == 1500 and task.partitionId() == 1 and task.attemptNumber() == 0:
+            raise RuntimeError("the first attempt dies here")
+        return n
+
+    cluster.create_topic(topic_name)
+    flaky = F.udf(fails_first_attempt, "long")
+    df = (spark.range(0, 3000, numPartitions=3)
+          .select(F.col("id"), flaky("id").alias("n"), (F.col("id") % 3).cast("string").alias("k")))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        with TopicCollector(f"{topic_name}/*", timeout=TIMEOUT) as collector:
+            report = publish_dataframe(df, topic_name, topic_column="k", parallelism=2,
+                                       progress=False, transfer="stream")
+            summary = collector.wait(TIMEOUT)
+            table = collector.to_arrow(TIMEOUT)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert report.rows == 3000 and not summary["aborted"]
+    assert sorted(table.column("n").to_pylist()) == list(range(3000))
+    assert report.topics == {f"{topic_name}/{k}": 1000 for k in "012"}
 
 
 # ------------------------------------------------------------------ bad input (issue 6, item 6)

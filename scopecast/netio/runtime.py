@@ -310,11 +310,9 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         per-message work in C). Returns how many were queued — all, unless the window fills and
         the runtime does not block (then the chunks before; WindowFull if not even the first)
         — and the stream sequence number of the last one."""
-        q, ordinal = self._publish_q, self._ordinal
+        q, ordinal, total = self._publish_q, self._ordinal, len(payloads)
         sseq = start = 0
-        total = len(payloads)
-        # costs[i]: the queue bytes of the first i payloads (summed in C: a Python loop per
-        # message here was a tenth of a DataFrame publisher's time)
+        # costs[i]: the queue bytes of the first i payloads, summed in C (not a loop per message)
         costs = list(itertools.accumulate(map(MESSAGE_COST.__add__, map(len, payloads)), initial=0))
         while start < total:
             if self.app_bytes - self.taken_bytes + self.feed_bytes > self._queue_limit:
@@ -323,7 +321,6 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
                 if start and not self.config.block_when_full:
                     break
                 self._wait_for_window()
-            # the chunk ends with the message that takes it to MANY_BYTES (at least one message)
             end = min(bisect.bisect_left(costs, costs[start] + MANY_BYTES, start + 1), total)
             size = costs[end] - costs[start]
             sseqs = list(itertools.islice(ordinal, end - start))

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import sys
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -37,6 +38,7 @@ from scopecast.ray_cluster.dataframe_codec import (
     type_name,
 )
 from scopecast.ray_cluster.run_publisher import MODES, RunPlan, start_publishers
+from scopecast.ray_cluster.spark_feed import RESULT_SCHEMA, SECRET_BYTES, PartitionSender
 from scopecast.scopes.cluster_manager import MAX_SCHEMA_BYTES
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ MAX_ROUTED_TOPICS = 10_000  # distinct topic_column values
 NULL_PART = "__null__"      # the topic part of a null topic_column value
 EMPTY_PART = "__empty__"    # ... and of an empty string
 _PART_COLUMN = "__scopecast_publisher"
+TRANSFERS = ("object_store", "stream")
 _VALID_PART = re.compile(r"[A-Za-z0-9_.\-]")
 
 
@@ -65,6 +68,7 @@ class PublishReport:
     seconds: float = 0.0
     topics: dict[str, int] = field(default_factory=dict)
     publishers_started: int = 0
+    resent_rows: int = 0  # transfer="stream": rows a retried Spark task sent again (not published)
 
     @classmethod
     def of(cls, results) -> PublishReport:
@@ -75,6 +79,7 @@ class PublishReport:
             report.rows += out["rows"]
             report.messages += out["messages"]
             report.bytes += out["bytes"]
+            report.resent_rows += out.get("resent_rows", 0)
             for name, n in out["topics"].items():
                 report.topics[name] = report.topics.get(name, 0) + n
         return report
@@ -120,8 +125,8 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
                       key_column: str | None = None, parallelism: int = 2, mode: str = "rows",
                       progress: bool | Callable[[int], None] | None = None,
                       cluster: Cluster | None = None, config: RuntimeConfig | None = None,
-                      flush_timeout: float = 120.0,
-                      convert_timeout: float | None = None) -> PublishReport:
+                      flush_timeout: float = 120.0, convert_timeout: float | None = None,
+                      transfer: str = "object_store") -> PublishReport:
     """Publish every row of the Spark DataFrame `df` to `topic` (which must exist) and return a
     PublishReport once every message is stable (held by every regular subscriber).
 
@@ -144,6 +149,15 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     - `progress`: a tqdm bar over rows when stderr is a terminal (False: never); a callable gets
       the number of rows published so far, about four times a second.
     - `config`: the publishers' RuntimeConfig (the cluster's max_message_bytes bounds a message).
+    - `transfer`: how the rows reach the publishers. "object_store" (the default): the DataFrame
+      is converted into Ray's object store first (below), then published. "stream": Spark's
+      executors send each partition's Arrow batches straight to its publisher over TCP as Spark
+      computes them (`spark_feed`; a secret per run), so publishing overlaps Spark's work and the
+      first rows go out while Spark still computes the rest; the publishers buffer partitions
+      that come before their turn. A failed Spark task is retried by Spark and the rows it sent
+      are not published twice (the DataFrame must compute the same rows again: cache() one that
+      would not); a Spark job that fails ends the run aborted: SparkUnavailable, its `report`
+      what was published. `report.resent_rows` counts the rows a retry sent again.
     - The publisher processes of a run that succeeds stay idle for this driver's next run with
       the same config, which starts none of its own (`report.publishers_started`; each run still
       joins as new members). `Cluster.shutdown()` stops them, and so does the driver's exit.
@@ -159,14 +173,16 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     and DataFrameRejected names the column and the row's size, its `report` what was published;
     subscribers get everything before the abort exactly once, in order, and collectors end.
 
-    A Spark executor that dies while the DataFrame is converted (Spark computes and caches the
-    partitions, then Ray tasks fetch them from the executors: `ray.data.from_spark` returns only
-    once every block is in Ray's object store) makes the conversion fail: SparkUnavailable, raised
-    before any topic is created or anything published, and Spark on Ray may need a restart
-    (stop_spark() / init_spark()). Once converted, the executors are no longer needed: one that
-    dies while the blocks are published changes nothing. RayDP retries a failed fetch without
-    end, so an executor lost while fetching may leave the conversion waiting: `convert_timeout`
-    (seconds; None: no bound) makes a longer one SparkUnavailable, before anything is published.
+    With transfer="object_store", a Spark executor that dies while the DataFrame is converted
+    (Spark computes and caches the partitions, then Ray tasks fetch them from the executors:
+    `ray.data.from_spark` returns only once every block is in Ray's object store) makes the
+    conversion fail: SparkUnavailable, raised before any topic is created or anything
+    published, and Spark on Ray may need a restart (stop_spark() / init_spark()). Once
+    converted, the executors are no longer needed: one that dies while the blocks are published
+    changes nothing. RayDP retries a failed fetch without end, so an executor lost while
+    fetching may leave the conversion waiting: `convert_timeout` (seconds; None: no bound)
+    makes a longer one SparkUnavailable, before anything is published. With transfer="stream",
+    `convert_timeout` bounds the Spark job that sends the rows.
     """
     from scopecast.ray_cluster.cluster import connect
 
@@ -174,6 +190,8 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     begun = time.monotonic()
     if mode not in MODES:
         raise InvalidConfig(f"unknown mode {mode!r}: {' or '.join(MODES)}")
+    if transfer not in TRANSFERS:
+        raise InvalidConfig(f"unknown transfer {transfer!r}: {' or '.join(TRANSFERS)}")
     if not isinstance(parallelism, int) or not 1 <= parallelism <= MAX_PARALLELISM:
         raise InvalidConfig(f"parallelism must be an integer from 1 to {MAX_PARALLELISM}")
     check_topic_name(topic)
@@ -191,21 +209,11 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
                                 "use an atomic column")
     max_bytes = cluster.max_message_bytes  # (every member's: a cluster setting)
 
-    routes: dict[Any, str] = {}
-    if topic_column is not None:
-        if columns[topic_column] not in ("string", "byte", "short", "integer", "long", "boolean") \
-                and not CHAR_TYPES.match(str(columns[topic_column])):
-            raise DataFrameRejected(f"topic_column {topic_column!r} is a {type_name(columns[topic_column])}"
-                                    "; use a string, integer or boolean column")
-        values = _spark_job("finding the topic_column values", lambda: [
-            r[0] for r in df.select(topic_column).distinct().limit(MAX_ROUTED_TOPICS + 1).collect()])
-        if len(values) > MAX_ROUTED_TOPICS:
-            raise DataFrameRejected(f"topic_column {topic_column!r} has more than {MAX_ROUTED_TOPICS} "
-                                    "distinct values; route on a coarser column")
-        routes = routed_topics(topic, values)
-    destinations = sorted(set(routes.values())) if topic_column is not None else [topic]
-    run_topics = sorted({topic, *destinations})
-
+    if topic_column is not None and \
+            columns[topic_column] not in ("string", "byte", "short", "integer", "long", "boolean") \
+            and not CHAR_TYPES.match(str(columns[topic_column])):
+        raise DataFrameRejected(f"topic_column {topic_column!r} is a {type_name(columns[topic_column])}"
+                                "; use a string, integer or boolean column")
     run = uuid.uuid4().hex[:16]
     schema = {"spark": df.schema.json(), "mode": mode, "publishers": parallelism,
               "topic_column": topic_column, "key_column": key_column, "run": run}
@@ -214,24 +222,36 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
         raise DataFrameRejected(f"the DataFrame's schema takes {size} bytes as JSON, more than a topic "
                                 f"records ({MAX_SCHEMA_BYTES}); publish fewer columns")
 
-    source = df
-    part = None
-    if key_column is not None and parallelism > 1:
-        from pyspark.sql import functions as F
-
-        part = _PART_COLUMN
-        while part in columns:
-            part += "_"
-        source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
-    actors, started = start_publishers(run, parallelism, config, topic)  # (while Spark converts)
+    # the publisher processes start and join while Spark works (the topic_column values, then
+    # the conversion or the stream)
+    actors, started = start_publishers(run, parallelism, config, topic)
     report = None
     try:
+        routes: dict[Any, str] = {}
+        if topic_column is not None:
+            values = _spark_job("finding the topic_column values", lambda: [
+                r[0] for r in df.select(topic_column).distinct().limit(MAX_ROUTED_TOPICS + 1).collect()])
+            if len(values) > MAX_ROUTED_TOPICS:
+                raise DataFrameRejected(f"topic_column {topic_column!r} has more than "
+                                        f"{MAX_ROUTED_TOPICS} distinct values; route on a coarser column")
+            routes = routed_topics(topic, values)
+        destinations = sorted(set(routes.values())) if topic_column is not None else [topic]
+        source = df
+        part = None
+        if key_column is not None and parallelism > 1:
+            from pyspark.sql import functions as F
+
+            part = _PART_COLUMN
+            while part in columns:
+                part += "_"
+            source = df.withColumn(part, F.pmod(F.hash(F.col(key_column)), F.lit(parallelism)))
         report = _publish(cluster, source, actors, schema, destinations, base, convert_timeout,
-                          RunPlan(run=run, mode=mode, publishers=parallelism, topics=run_topics,
-                                base=topic, topic_column=topic_column, routes=routes,
-                                part_column=part, max_message_bytes=max_bytes,
-                                flush_timeout=flush_timeout, spark_schema=spark_schema),
-                          progress)
+                          RunPlan(run=run, mode=mode, publishers=parallelism,
+                                  topics=sorted({topic, *destinations}), base=topic,
+                                  topic_column=topic_column, routes=routes, part_column=part,
+                                  max_message_bytes=max_bytes, flush_timeout=flush_timeout,
+                                  spark_schema=spark_schema),
+                          progress, transfer)
     finally:
         if report is None:
             publisher_pool.kill(actors)
@@ -245,24 +265,84 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
 
 
 def _publish(cluster, source, actors: list, schema: dict, destinations: list[str], base,
-             convert_timeout: float | None, plan: RunPlan, progress) -> PublishReport:
-    """Convert, create the routed topics, record the schema, and let the publishers run."""
+             convert_timeout: float | None, plan: RunPlan, progress, transfer: str) -> PublishReport:
+    """Convert (transfer="object_store"), create the routed topics, record the schema, and let
+    the publishers run."""
+    if transfer == "stream":
+        return _stream(source, actors, plan, progress, convert_timeout,
+                       lambda: _create(cluster, schema, destinations, base, plan))
     refs, total = spark_blocks(source, convert_timeout)
     try:
-        for name in destinations:
-            if name != base.name:
-                cluster.create_topic(name, policy=base.policy, recovery=base.recovery, root=base.root,
-                                     options=base.options, history=base.history)
-        for name in plan.topics:
-            cluster.set_topic_schema(name, schema)
+        _create(cluster, schema, destinations, base, plan)
         n = plan.publishers
         if plan.part_column is not None:
             shares = [refs] * n  # every publisher reads every block and keeps its keys
         else:
             shares = [refs[i::n] for i in range(n)]
-        return _run_publishers(plan, actors, shares, total, progress)
+        calls = {a.run.remote(plan, share): a for a, share in zip(actors, shares, strict=True)}
+        return _run_publishers(plan, calls, total, progress)
     finally:
         release(source)
+
+
+def _create(cluster, schema: dict, destinations: list[str], base, plan: RunPlan) -> None:
+    """The routed topics (like the base topic), and the schema recorded on every topic of the run."""
+    for name in destinations:
+        if name != base.name:
+            cluster.create_topic(name, policy=base.policy, recovery=base.recovery, root=base.root,
+                                 options=base.options, history=base.history)
+    for name in plan.topics:
+        cluster.set_topic_schema(name, schema)
+
+
+def _stream(source, actors: list, plan: RunPlan, progress, timeout: float | None,
+            create: Callable[[], None]) -> PublishReport:
+    """transfer="stream": Spark's executors send the partitions straight to the publishers
+    (`spark_feed`) while the publishers publish them; a failed Spark job stops the run. The job
+    starts first, and `create` (the run's topics and schema) runs while Spark starts it: the
+    publishers keep what arrives until they start."""
+    n = plan.publishers
+    partitions = source.rdd.getNumPartitions()
+    if plan.part_column is not None:  # every publisher gets its keys' rows of every partition
+        shares = [list(range(partitions))] * n
+    else:
+        shares = [list(range(j, partitions, n)) for j in range(n)]
+    secret = secrets.token_bytes(SECRET_BYTES)
+    endpoints = ray.get([a.open_feed.remote(secret, share)
+                         for a, share in zip(actors, shares, strict=True)])
+    job = source.mapInArrow(PartitionSender(endpoints, secret, plan.part_column), RESULT_SCHEMA)
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            _spark_job("streaming the DataFrame to the publishers", job.collect, timeout,
+                       outcome="the run stopped; subscribers got the rows before it, and an end "
+                               "message saying it was aborted")
+        except BaseException as exc:  # every publisher ends the run, aborted
+            failed.append(exc)
+            for a in actors:
+                a.stop.remote(f"Spark failed: {exc}")
+
+    sender = threading.Thread(target=send, name="scopecast-spark-feed", daemon=True)
+    sender.start()
+    try:
+        create()
+    except BaseException:
+        for a in actors:  # (the job's tasks then fail to connect, or end unread)
+            a.stop.remote("the run's topics could not be created")
+        raise
+    feed_plan = replace(plan, part_column=None)  # (the executors route on it and drop it)
+    calls = {a.run_feed.remote(feed_plan): a for a in actors}
+    try:
+        report = _run_publishers(feed_plan, calls, None, progress)
+    except ScopecastError as exc:
+        sender.join()
+        if failed:
+            failed[0].report = getattr(exc, "report", None)
+            raise failed[0] from exc
+        raise
+    sender.join()
+    return report
 
 
 def spark_blocks(df, timeout: float | None = None) -> tuple[list, int]:
@@ -289,23 +369,24 @@ def _deprecated_parallelism(record: logging.LogRecord) -> bool:
     return "``parallelism`` is deprecated" not in record.getMessage()
 
 
-def _spark_job(what: str, job: Callable[[], Any], timeout: float | None = None) -> Any:
-    """Run a Spark job for publish_dataframe (before anything is created or published); its failure
-    (typically a lost executor), or its running past `timeout` seconds, as SparkUnavailable."""
+def _spark_job(what: str, job: Callable[[], Any], timeout: float | None = None,
+               outcome: str = "nothing was published") -> Any:
+    """Run a Spark job for publish_dataframe; its failure (typically a lost executor), or its
+    running past `timeout` seconds, as SparkUnavailable saying `outcome`."""
     try:
-        return job() if timeout is None else _bounded(what, job, timeout)
+        return job() if timeout is None else _bounded(what, job, timeout, outcome)
     except ScopecastError:
         raise
     except Exception as exc:
         java = getattr(exc, "java_exception", None)  # py4j's error: the JVM's exception says more
         text = str(java) if java is not None else str(exc)
         first = text.strip().splitlines()[0] if text.strip() else ""
-        raise SparkUnavailable(f"{what} failed ({type(exc).__name__}: {first[:300]}); nothing was "
-                               "published. If a Spark executor was lost, restart Spark (stop_spark(), "
+        raise SparkUnavailable(f"{what} failed ({type(exc).__name__}: {first[:300]}); {outcome}. "
+                               "If a Spark executor was lost, restart Spark (stop_spark(), "
                                "init_spark()) and publish again") from exc
 
 
-def _bounded(what: str, job: Callable[[], Any], timeout: float) -> Any:
+def _bounded(what: str, job: Callable[[], Any], timeout: float, outcome: str) -> Any:
     """`job()` on a thread of its own, given up after `timeout` seconds (a py4j call cannot be
     cancelled: the thread is a daemon, and Spark may need a restart)."""
     box: dict[str, Any] = {}
@@ -320,7 +401,7 @@ def _bounded(what: str, job: Callable[[], Any], timeout: float) -> Any:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise SparkUnavailable(f"{what} did not finish within {timeout} s; nothing was published. "
+        raise SparkUnavailable(f"{what} did not finish within {timeout} s; {outcome}. "
                                "A Spark executor lost while its blocks were fetched leaves RayDP "
                                "retrying: restart Spark (stop_spark(), init_spark()) and publish "
                                "again")
@@ -339,11 +420,11 @@ def release(df) -> None:
         log.debug("releasing the converted DataFrame: %s", exc)
 
 
-def _run_publishers(plan: RunPlan, actors: list, shares: list[list], total: int,
-                    progress) -> PublishReport:
+def _run_publishers(plan: RunPlan, pending: dict, total: int | None, progress) -> PublishReport:
+    """Wait for the publishers' run calls (`pending`: call -> actor), showing progress; the
+    report (the first error, with the report on it, once every publisher has ended)."""
     callback = progress if callable(progress) else None
     bar = _progress_bar(progress, total, f"publishing to {plan.base}")
-    pending = {a.run.remote(plan, share): a for a, share in zip(actors, shares, strict=True)}
     results: dict[int, dict] = {}
     error: BaseException | None = None
     shown = 0

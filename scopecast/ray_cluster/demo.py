@@ -255,9 +255,11 @@ def run(out=sys.stdout, plot: str = "scopecast-demo.png", parallelism: int = 2,
         sampler = _Sampler(collectors[0])
         sampler.start()
         began = time.monotonic()
+        # (stream: Spark's executors send the rows to the publishers as they read them)
         report = publish_dataframe(flights, "flights", topic_column="origin", parallelism=parallelism,
-                                   flush_timeout=timeout)
-        route_report = publish_dataframe(routes, "routes", parallelism=1, flush_timeout=timeout)
+                                   flush_timeout=timeout, transfer="stream")
+        route_report = publish_dataframe(routes, "routes", parallelism=1, flush_timeout=timeout,
+                                         transfer="stream")
         collectors[0].wait(timeout)
         sampler.stop.set()
         sampler.join()

@@ -73,6 +73,7 @@ class RunPublisher:
         self._cluster = None
         self._join_error: BaseException | None = None
         self._rows = 0
+        self._feed = None  # the run's FeedIntake (transfer="stream")
         self._publishing = threading.Lock()  # one writer's blocks at a time (see publish_blocks)
 
     def ping(self) -> bool:
@@ -83,6 +84,7 @@ class RunPublisher:
         exists; nothing is published yet): called before `run`, which waits for it."""
         self._index = index
         self._stop: str | None = None
+        self._feed = None
         self._rows = 0
         self._bytes = 0
         self._pubs = {}
@@ -111,6 +113,8 @@ class RunPublisher:
 
     def stop(self, reason: str) -> None:
         self._stop = reason
+        if self._feed is not None:
+            self._feed.close(reason)
 
     def run(self, plan: RunPlan, refs: list) -> dict:
         """Publish the blocks `refs` (in order), then end every topic of the run and leave."""
@@ -123,6 +127,32 @@ class RunPublisher:
                 self._publish_block(ray.get(ref))
         except BaseException as exc:
             error = exc
+        return self.finish(error)
+
+    def open_feed(self, secret: bytes, partitions: list[int]) -> tuple[str, int]:
+        """Listen for the partitions `partitions` that Spark's executors stream to this publisher
+        (`spark_feed`); the address to send them to. `run_feed` publishes them."""
+        from scopecast.ray_cluster.spark_feed import FeedIntake
+
+        self._feed = FeedIntake(ray.util.get_node_ip_address(), secret, partitions)
+        return self._feed.endpoint
+
+    def run_feed(self, plan: RunPlan) -> dict:
+        """Publish the fed partitions in partition order as they arrive, then end every topic of
+        the run and leave (aborted if `stop` closes the feed first)."""
+        import pyarrow as pa
+
+        self.begin(plan)
+        error: BaseException | None = None
+        try:
+            for batch in self._feed.tables():
+                if self._stop is not None:
+                    break
+                self._publish_block(pa.Table.from_batches([batch]))
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._feed.close()
         return self.finish(error)
 
     def begin(self, plan: RunPlan) -> None:
@@ -179,7 +209,8 @@ class RunPublisher:
         plan = self._plan
         return {"publisher": self._index, "rows": self._rows, "messages": sum(self._messages.values()),
                 "bytes": self._bytes, "topics": {t: n for t, n in self._topic_rows.items()
-                                                 if t != plan.base or not plan.topic_column}}
+                                                 if t != plan.base or not plan.topic_column},
+                "resent_rows": self._feed.resent if self._feed is not None else 0}
 
     def _publish_block(self, table) -> None:
         import pyarrow.compute as pc
