@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Spark pipeline suite: N rows of ~1 KB from a DataFrame through "
                         "publish_dataframe (parallelism 1 and 2) to a subscriber, beside the "
                         "conversion ceiling (default 100000; 0 or --quick: none)")
+    p.add_argument("--spark-rounds", type=int, default=spark_pipeline.ROUNDS, metavar="N",
+                   help="Spark pipeline suite: runs of each case, interleaved; the fastest counts "
+                        f"(default {spark_pipeline.ROUNDS}: the first is in effect a warm-up)")
     p.add_argument("--demo-rows", type=int, default=None, metavar="N",
                    help="repair without loss: `make demo`'s job on the run's cluster, its first "
                         "N flights, and the NAKs each LAN sent (default: every flight; --quick "
@@ -433,7 +436,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                             log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
                                      args.memory_mb) if lossy else {}
-        pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows) if args.spark_rows else {}
+        pipeline = spark_pipeline.run(cluster, stamp, args.spark_rows, rounds=args.spark_rounds) \
+            if args.spark_rows else {}
         without_loss = demo_naks.run(None if args.demo_rows < 0 else args.demo_rows) \
             if args.demo_rows and "scopecast" in args.systems else {}
     finally:

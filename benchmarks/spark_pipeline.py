@@ -103,8 +103,11 @@ def _pipeline(cluster, df, rows: int, topic: str, mode: str, parallelism: int,
             "publishers_started": report.publishers_started}
 
 
-def run(cluster, stamp: str, rows: int, timeout: float = 600.0) -> dict:
-    """Measure the ceiling and the pipeline cases on the harness's cluster; a dict for the JSON."""
+def run(cluster, stamp: str, rows: int, timeout: float = 600.0, rounds: int = ROUNDS) -> dict:
+    """Measure the ceiling and the pipeline cases on the harness's cluster, each `rounds` times;
+    a dict for the JSON."""
+    if rounds < 1:
+        raise ValueError("the Spark pipeline suite needs at least one round")
     from scopecast.ray_cluster.spark import init_spark, stop_spark
 
     spark = init_spark("scopecast-bench", executor_memory="2G",
@@ -114,7 +117,7 @@ def run(cluster, stamp: str, rows: int, timeout: float = 600.0) -> dict:
         df.count()  # cached before any case, so every case reads the same materialised rows
         plan = [(m, p) for m in MODES for p in PARALLELISMS]
         runs: list[list[dict]] = [[] for _ in range(1 + len(plan))]
-        for r in range(ROUNDS):
+        for r in range(rounds):
             runs[0].append(ceiling(df, rows))
             for i, (m, p) in enumerate(plan, 1):
                 runs[i].append(_pipeline(cluster, df, rows, f"bench/{stamp}/spark-{m}-p{p}-r{r}",

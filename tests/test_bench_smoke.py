@@ -110,7 +110,7 @@ def test_quick_loss_steady_and_spark_suites_write_their_rows(tmp_path):
     iptables rule) with the recovery curves, the steady-throughput repeats, and the Spark pipeline
     suite (its Spark session)."""
     results = _harness(tmp_path, "--systems", "scopecast", "--loss", "0.05", "--peers", "",
-                       "--members", "", "--latency-rates", "", "--spark-rows", "2000",
+                       "--members", "", "--latency-rates", "", "--spark-rows", "2000", "--spark-rounds", "1",
                        "--steady-runs", "2")
     (row,) = results["loss_suite"]
     assert row["error"] is None and row["loss"] == 0.05 and row["lost"] == 0, row
