@@ -198,7 +198,7 @@ class FeedIntake:
             if attempt <= state.attempt:
                 return False
             state.attempt = attempt
-            state.items = deque(i for i in state.items if i[1] is not _END and i[0] == attempt)
+            state.items.clear()  # (all an older attempt's: _put takes only the current one's)
             return True
 
     def _put(self, state: _Partition, attempt: int, item) -> bool:
