@@ -1,6 +1,8 @@
 """The feed from Spark's executors to a publisher (`spark_feed`), over real TCP sockets: the
 partitions come out in partition order whatever order they arrive in, a retried task attempt's
-rows are not handed out twice, and a connection that is not the run's is refused and counted.
+rows are not handed out twice, a connection that is not the run's is refused and counted, and
+the Spark job's result settles which partitions there are (a partition missing or short aborts
+the feed instead of leaving it waiting).
 (publish_dataframe(transfer="stream") end to end, with Spark: test_dataframes.py.)"""
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import threading
 import pyarrow as pa
 import pytest
 
-from scopecast.ray_cluster.spark_feed import HEADER, MAGIC, FeedAborted, FeedIntake
+from scopecast.ray_cluster.spark_feed import HEADER, MAGIC, TRAILER, FeedAborted, FeedIntake, FeedShare
 
 SECRET = b"s" * 32
 
 
 def _send(endpoint, partition: int, attempt: int, ids: list[int], *, secret: bytes = SECRET,
           complete: bool = True, batch_rows: int = 10) -> None:
-    """What a task's PartitionSender sends: the header, then an Arrow IPC stream of `ids`
-    (cut off before its end when not `complete`, as when the task dies)."""
+    """What a task's PartitionSender sends: the header, then an Arrow IPC stream of `ids` and
+    its row count (cut off before its end when not `complete`, as when the task dies)."""
     with socket.create_connection(endpoint) as sock:
         sock.sendall(HEADER.pack(MAGIC, secret, partition, attempt))
         out = sock.makefile("wb")
@@ -29,6 +31,7 @@ def _send(endpoint, partition: int, attempt: int, ids: list[int], *, secret: byt
             writer.write_batch(batch)
         if complete:
             writer.close()
+            out.write(TRAILER.pack(len(ids)))
         out.flush()
 
 
@@ -37,7 +40,7 @@ def _ids(intake: FeedIntake) -> list[int]:
 
 
 def test_partitions_come_out_in_order_and_a_retry_is_not_handed_out_twice():
-    intake = FeedIntake("127.0.0.1", SECRET, [0, 2, 4])
+    intake = FeedIntake("127.0.0.1", SECRET, FeedShare(0, 2, False, 5))  # partitions 0, 2, 4
     try:
         _send(intake.endpoint, 4, 0, list(range(400, 430)))
         _send(intake.endpoint, 0, 0, list(range(0, 25)))
@@ -47,6 +50,7 @@ def test_partitions_come_out_in_order_and_a_retry_is_not_handed_out_twice():
         while len(got) < 25 + 10:  # partition 0, and the first batch of partition 2's attempt
             got += next(batches).column("id").to_pylist()
         _send(intake.endpoint, 2, 1, list(range(200, 230)), batch_rows=7)  # Spark's retry
+        threading.Timer(0.5, intake.sent, args=({0: 25, 2: 30, 4: 30},)).start()  # the job ends
         got += [i for b in batches for i in b.column("id").to_pylist()]
         assert got == list(range(0, 25)) + list(range(200, 230)) + list(range(400, 430))
     finally:
@@ -54,7 +58,7 @@ def test_partitions_come_out_in_order_and_a_retry_is_not_handed_out_twice():
 
 
 def test_a_connection_not_of_this_run_is_refused_and_a_closed_feed_aborts():
-    intake = FeedIntake("127.0.0.1", SECRET, [0])
+    intake = FeedIntake("127.0.0.1", SECRET, FeedShare(0, 2, False, 1))
     try:
         _send(intake.endpoint, 0, 0, [1, 2, 3], secret=b"x" * 32)  # another run's secret
         with socket.create_connection(intake.endpoint) as sock:
@@ -67,6 +71,46 @@ def test_a_connection_not_of_this_run_is_refused_and_a_closed_feed_aborts():
         assert intake.rejected == 3
         threading.Timer(0.5, intake.close, args=("the run stopped",)).start()
         with pytest.raises(FeedAborted, match="the run stopped"):
+            _ids(intake)
+    finally:
+        intake.close()
+
+
+def test_the_jobs_result_settles_the_partitions_and_a_lost_one_aborts():
+    """Adaptive execution may give the job other partitions than the DataFrame had: the job's
+    result says which were sent (none beyond it is waited for, one beyond the expected is handed
+    out after them); a partition the job sent that does not arrive whole aborts the feed."""
+    intake = FeedIntake("127.0.0.1", SECRET, FeedShare(1, 2, False, 4))  # expects 1 and 3
+    try:
+        _send(intake.endpoint, 5, 0, [50, 51])  # the job made 6 partitions, not 4
+        _send(intake.endpoint, 1, 0, [10])
+        _send(intake.endpoint, 3, 0, [])
+        intake.sent({1: 1, 3: 0, 5: 2})
+        assert _ids(intake) == [10, 50, 51]
+    finally:
+        intake.close()
+    intake = FeedIntake("127.0.0.1", SECRET, FeedShare(0, 1, True, 3))  # a key column: all three
+    try:
+        _send(intake.endpoint, 0, 0, [1, 2])
+        intake.sent({0: 2})  # the job made one partition: 1 and 2 are not waited for
+        assert _ids(intake) == [1, 2]
+    finally:
+        intake.close()
+    intake = FeedIntake("127.0.0.1", SECRET, FeedShare(0, 1, False, 2))
+    intake.late = 0.5
+    try:
+        _send(intake.endpoint, 0, 0, [1, 2, 3])
+        _send(intake.endpoint, 1, 0, [4, 5, 6], complete=False)  # broken off, yet Spark says sent
+        intake.sent({0: 3, 1: 3})
+        with pytest.raises(FeedAborted, match="partition 1: .* stopped after 3 rows"):
+            _ids(intake)
+    finally:
+        intake.close()
+    intake = FeedIntake("127.0.0.1", SECRET, FeedShare(0, 1, False, 1))
+    try:
+        _send(intake.endpoint, 0, 0, [1, 2])
+        intake.sent({0: 5})  # more than arrived
+        with pytest.raises(FeedAborted, match="partition 0: Spark sent 5 rows, 2 arrived"):
             _ids(intake)
     finally:
         intake.close()

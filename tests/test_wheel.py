@@ -47,15 +47,24 @@ def _env(tmp_path: Path) -> dict:
     return {**env, "SCOPECAST_HOME": str(tmp_path / "home")}
 
 
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 def test_the_wheel_runs_the_demo_outside_the_source_tree(installed, tmp_path):
     where = subprocess.run([installed / "python", "-c", "import scopecast.ray_cluster.demo as d; "
                             "print(d.__file__); print(d.POLICY_FILE.exists())"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     module, policy = where.stdout.split()
     assert module.startswith(str(installed.parent)) and policy == "True", where.stdout
-    out = subprocess.run([installed / "scopecast", "demo", "--rows", "2000",
-                          "--plot", str(tmp_path / "demo.png")], cwd=tmp_path, env=_env(tmp_path),
-                         capture_output=True, text=True, timeout=DEMO_SECONDS)
+    try:
+        out = subprocess.run([installed / "scopecast", "demo", "--rows", "2000",
+                              "--plot", str(tmp_path / "demo.png")], cwd=tmp_path,
+                             env=_env(tmp_path), capture_output=True, text=True,
+                             timeout=DEMO_SECONDS)
+    except subprocess.TimeoutExpired as late:  # what it had done by then says where it stood
+        pytest.fail(f"the demo ran past {DEMO_SECONDS} s:\n{_text(late.stdout)[-3000:]}\n"
+                    f"{_text(late.stderr)[-5000:]}")
     text = out.stdout
     assert out.returncode == 0, text[-3000:] + out.stderr[-3000:]
     assert "Spark read 2,000 flights" in text and "every subscriber got every row" in text

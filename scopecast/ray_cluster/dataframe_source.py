@@ -38,7 +38,7 @@ from scopecast.ray_cluster.dataframe_codec import (
     type_name,
 )
 from scopecast.ray_cluster.run_publisher import MODES, RunPlan, start_publishers
-from scopecast.ray_cluster.spark_feed import RESULT_SCHEMA, SECRET_BYTES, PartitionSender
+from scopecast.ray_cluster.spark_feed import RESULT_SCHEMA, SECRET_BYTES, FeedShare, PartitionSender
 from scopecast.scopes.cluster_manager import MAX_SCHEMA_BYTES
 
 if TYPE_CHECKING:
@@ -301,23 +301,24 @@ def _stream(source, actors: list, plan: RunPlan, progress, timeout: float | None
     (`spark_feed`) while the publishers publish them; a failed Spark job stops the run. The job
     starts first, and `create` (the run's topics and schema) runs while Spark starts it: the
     publishers keep what arrives until they start."""
-    n = plan.publishers
-    partitions = source.rdd.getNumPartitions()
-    if plan.part_column is not None:  # every publisher gets its keys' rows of every partition
-        shares = [list(range(partitions))] * n
-    else:
-        shares = [list(range(j, partitions, n)) for j in range(n)]
+    n, partitions = plan.publishers, source.rdd.getNumPartitions()
     secret = secrets.token_bytes(SECRET_BYTES)
-    endpoints = ray.get([a.open_feed.remote(secret, share)
-                         for a, share in zip(actors, shares, strict=True)])
+    endpoints = ray.get([a.open_feed.remote(secret, FeedShare(j, n, plan.part_column is not None,
+                                                               partitions))
+                         for j, a in enumerate(actors)])
     job = source.mapInArrow(PartitionSender(endpoints, secret, plan.part_column), RESULT_SCHEMA)
     failed: list[BaseException] = []
 
     def send() -> None:
         try:
-            _spark_job("streaming the DataFrame to the publishers", job.collect, timeout,
-                       outcome="the run stopped; subscribers got the rows before it, and an end "
-                               "message saying it was aborted")
+            result = _spark_job("streaming the DataFrame to the publishers", job.collect, timeout,
+                                outcome="the run stopped; subscribers got the rows before it, and "
+                                        "an end message saying it was aborted")
+            sent: list[dict[int, int]] = [{} for _ in actors]
+            for row in result:
+                sent[row["publisher"]][row["partition"]] = row["rows"]
+            for a, rows in zip(actors, sent, strict=True):
+                a.feed_sent.remote(rows)
         except BaseException as exc:  # every publisher ends the run, aborted
             failed.append(exc)
             for a in actors:

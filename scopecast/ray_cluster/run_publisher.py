@@ -129,13 +129,17 @@ class RunPublisher:
             error = exc
         return self.finish(error)
 
-    def open_feed(self, secret: bytes, partitions: list[int]) -> tuple[str, int]:
-        """Listen for the partitions `partitions` that Spark's executors stream to this publisher
-        (`spark_feed`); the address to send them to. `run_feed` publishes them."""
+    def open_feed(self, secret: bytes, share) -> tuple[str, int]:
+        """Listen for the partitions (`share`, a spark_feed.FeedShare) that Spark's executors
+        stream to this publisher; the address to send them to. `run_feed` publishes them."""
         from scopecast.ray_cluster.spark_feed import FeedIntake
 
-        self._feed = FeedIntake(ray.util.get_node_ip_address(), secret, partitions)
+        self._feed = FeedIntake(ray.util.get_node_ip_address(), secret, share)
         return self._feed.endpoint
+
+    def feed_sent(self, rows: dict[int, int]) -> None:
+        """The Spark job of the feed ended; the rows it sent this publisher, by partition."""
+        self._feed.sent(rows)
 
     def run_feed(self, plan: RunPlan) -> dict:
         """Publish the fed partitions in partition order as they arrive, then end every topic of
