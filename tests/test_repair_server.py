@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections import Counter
 
 from scopecast.netio import wire
-from scopecast.netio.repair_server import ANY_TOPIC, REPAIR_BURST, RepairServer
+from scopecast.netio.repair_server import ANY_TOPIC, REPAIR_BURST, REPAIR_RATE, RepairServer
 
 T = 3
 ASKER = ("127.0.0.1", 9)
 ME = 5  # the serving member (known only once registered: given with each NAK)
 
 
-def _server(sent: list) -> tuple[RepairServer, Counter]:
+def _server(sent: list, clock=lambda: 0.0) -> tuple[RepairServer, Counter]:
     stats: Counter = Counter()
     return RepairServer(1400, lambda datagram, address: sent.append((datagram, address)),
-                        stats), stats
+                        stats, clock), stats
 
 
 def _messages(sent: list) -> list[tuple]:
@@ -41,6 +41,28 @@ def test_each_requester_gets_a_budget_a_period_and_the_rest_at_its_next_nak():
     rest = len(first) + 1
     server.serve_own(ME, cache, 0, [ANY_TOPIC, 0, rest, n, rest, n], ASKER)
     assert _messages(sent)[0][2] == rest
+
+
+def test_the_budget_comes_back_with_time_whatever_the_period():
+    """A sender whose token period is the idle one (a second) still repairs at REPAIR_RATE."""
+    sent: list = []
+    now = [100.0]
+    server, stats = _server(sent, lambda: now[0])
+    n = 3 * REPAIR_BURST // 1000
+    cache = [(q, T, 1, q, 0, b"x" * 900) for q in range(1, n + 1)]
+    nak = [ANY_TOPIC, 0, 1, n, 1, n]
+    server.serve_own(ME, cache, 0, nak, ASKER)
+    first = len(_messages(sent))
+    sent.clear()
+    now[0] += REPAIR_BURST / REPAIR_RATE / 4  # a quarter of a burst back: a quarter served
+    server.serve_own(ME, cache, 0, nak, ASKER)
+    assert 0 < len(_messages(sent)) < first
+    sent.clear()
+    server.serve_own(ME, cache, 0, nak, ASKER)  # none back yet
+    assert sent == [] and stats["repairs_deferred"] == 1
+    now[0] += 10 * REPAIR_BURST / REPAIR_RATE  # no more than a burst comes back
+    server.serve_own(ME, cache, 0, nak, ASKER)
+    assert len(_messages(sent)) == first
 
 
 def test_a_peers_stream_not_cached_is_a_counted_miss():

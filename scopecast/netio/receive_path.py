@@ -218,6 +218,9 @@ class ReceivePath:
                     self._take_run(data, routes, *run)
         if header.ptype == wire.PacketType.REPAIR:
             self.stats["repair_datagrams_in"] += 1
+            # this member is repairing a loss: what lies beyond (a sender serves a burst a
+            # NAK) is asked for next period, not after TAIL_FALLBACK (a 40 MB tail took 80 s)
+            self.loss_seen_at = time.monotonic()
         else:
             self._note_received(header)
 

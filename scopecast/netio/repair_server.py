@@ -4,14 +4,17 @@ sends them as REPAIR datagrams to the asker only, under a routing record no chan
 
 Two caches are served: a sender's own unstable messages (entries `(sseq, topic, session, seq,
 ctype, payload)`) and the runs a caching member keeps of a peer's stream (`CachedRun`s, the
-payloads cut out only to repair). Each requester gets REPAIR_BURST bytes of repair per recovery
-period, counting a cost per message sent and per cached message looked at, so that a storm of NAKs
-never stalls the I/O loop; the rest it gets at its next NAK.
+payloads cut out only to repair). Each requester gets REPAIR_BURST bytes of repair at once, and
+more at REPAIR_RATE (and whole again each recovery period), counting a cost per message sent and
+per cached message looked at, so that a storm of NAKs never stalls the I/O loop; the rest it gets
+at its next NAK. (The rate is by time, not by period alone: a sender whose own period is the idle
+one, a second, served a member repairing after its stream had ended 1 MB a second.)
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import islice, repeat
@@ -23,7 +26,8 @@ from scopecast.netio.feed import MESSAGE_COST
 REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
 REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
 ANY_TOPIC = 0                        # a NAK's topic: every message in its stream seq range
-REPAIR_BURST = 1 << 20               # bytes of repair one requester gets per period
+REPAIR_BURST = 1 << 20               # bytes of repair one requester gets at once
+REPAIR_RATE = 100 << 20              # ... and a second (a burst per active token period, 10 ms)
 REPAIR_ENTRY_COST = 64               # ... counting this per message sent
 REPAIR_SCAN_COST = 16                # ... and this per cached message looked at
 
@@ -67,11 +71,12 @@ class RepairServer:
     each NAK served (`me`): a member learns it only once its scope registered it."""
 
     def __init__(self, capacity: int, send: Callable[[bytes, tuple], None],
-                 stats: Counter) -> None:
+                 stats: Counter, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
         self.send = send
         self._stats = stats
-        self._used: dict[tuple, int] = {}  # requester -> budget used this period
+        self._clock = clock
+        self._used: dict[tuple, tuple[int, float]] = {}  # requester -> (budget used, when)
 
     def new_period(self) -> None:
         """A recovery period begins: every requester's budget is whole again."""
@@ -97,7 +102,9 @@ class RepairServer:
 
     def _serve(self, me: int, source: int, messages, nak, address: tuple[str, int]) -> None:
         topic, session, lo, hi, lo_sseq, hi_sseq = (int(v) for v in nak)
-        budget = REPAIR_BURST - self._used.get(address, 0)
+        now = self._clock()
+        used, at = self._used.get(address, (0, now))
+        budget = REPAIR_BURST - max(0, used - int((now - at) * REPAIR_RATE))
         if budget <= 0:
             self._stats["repairs_deferred"] += 1
             return
@@ -111,7 +118,7 @@ class RepairServer:
                                     and lo <= e[3] <= hi):
                 picked.append(e)
                 left -= len(e[5]) + REPAIR_ENTRY_COST
-        self._used[address] = REPAIR_BURST - left
+        self._used[address] = (REPAIR_BURST - left, now)
         if picked:
             self._send_entries(me, source, picked, address)
 
