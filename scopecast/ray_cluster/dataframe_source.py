@@ -59,8 +59,9 @@ _VALID_PART = re.compile(r"[A-Za-z0-9_.\-]")
 @dataclass
 class PublishReport:
     """What `publish_dataframe` published: rows, messages (end messages not counted), payload bytes,
-    wall-clock seconds, rows per destination topic, and how many publisher processes it started
-    (the others were warm from an earlier run of this driver)."""
+    wall-clock seconds, rows per destination topic, how many publisher processes it started
+    (the others were warm from an earlier run of this driver) and, with transfer="stream", the
+    rows a retried Spark task sent again (skipped: published once)."""
 
     rows: int = 0
     messages: int = 0
@@ -157,7 +158,9 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
       that come before their turn. A failed Spark task is retried by Spark and the rows it sent
       are not published twice (the DataFrame must compute the same rows again: cache() one that
       would not); a Spark job that fails ends the run aborted: SparkUnavailable, its `report`
-      what was published. `report.resent_rows` counts the rows a retry sent again.
+      what was published. `report.resent_rows` counts the rows a retry sent again. The job's
+      result says what each task sent, and is checked against what arrived: a partition
+      missing or short ends the run aborted too (FeedAborted, a SparkUnavailable).
     - The publisher processes of a run that succeeds stay idle for this driver's next run with
       the same config, which starts none of its own (`report.publishers_started`; each run still
       joins as new members). `Cluster.shutdown()` stops them, and so does the driver's exit.

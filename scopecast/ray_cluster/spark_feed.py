@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from scopecast.actors.errors import ScopecastError
+from scopecast.actors.errors import SparkUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ class FeedShare:
         return [p for p in range(self.partitions) if self.mine(p)]
 
 
-class FeedAborted(ScopecastError):
-    """The feed was closed before every partition arrived (the run stopped)."""
+class FeedAborted(SparkUnavailable):
+    """Not every row Spark's executors sent arrived whole (a partition missing or short), or
+    the feed was closed before (the run stopped)."""
 
 
 class PartitionSender:
