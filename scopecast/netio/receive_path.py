@@ -23,8 +23,7 @@ from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 from scopecast.timing import TIMING
 
 log = logging.getLogger("scopecast.netio.runtime")
-HEADER = wire.HEADER
-MIXED = wire.MIXED
+HEADER, MIXED = wire.HEADER, wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 ACK_NOW_GAP = TIMING.ack_now_gap
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
@@ -218,9 +217,7 @@ class ReceivePath:
                     self._take_run(data, routes, *run)
         if header.ptype == wire.PacketType.REPAIR:
             self.stats["repair_datagrams_in"] += 1
-            # this member is repairing a loss: what lies beyond (a sender serves a burst a
-            # NAK) is asked for next period, not after TAIL_FALLBACK (a 40 MB tail took 80 s)
-            self.loss_seen_at = time.monotonic()
+            self.loss_seen_at = time.monotonic()  # repairing: a tail's rest is asked at once
         else:
             self._note_received(header)
 
