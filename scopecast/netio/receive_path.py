@@ -217,7 +217,6 @@ class ReceivePath:
                     self._take_run(data, routes, *run)
         if header.ptype == wire.PacketType.REPAIR:
             self.stats["repair_datagrams_in"] += 1
-            self.loss_seen_at = time.monotonic()  # repairing: a tail's rest is asked at once
         else:
             self._note_received(header)
 
