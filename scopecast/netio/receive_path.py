@@ -23,7 +23,8 @@ from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 from scopecast.timing import TIMING
 
 log = logging.getLogger("scopecast.netio.runtime")
-HEADER, MIXED = wire.HEADER, wire.MIXED
+HEADER = wire.HEADER
+MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 ACK_NOW_GAP = TIMING.ack_now_gap
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
