@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import pytest
 
+from scopecast.netio import repair_server, wire
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.pause_bound import PAUSE_MAX, TAIL_FALLBACK_MAX, PauseBound
 from scopecast.netio.recovery_path import (
@@ -15,11 +17,11 @@ from scopecast.netio.recovery_path import (
     RETRY_MIN,
     SETTLE_FOR,
     SETTLE_REPORT,
-    TAIL_FALLBACK,
     TAIL_SEQ,
 )
 from scopecast.netio.recovery_records import RECORD_ENTRY, named_topics
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
+from scopecast.netio.tail_evidence import TAIL_FALLBACK
 
 T, SOURCE = 3, 9
 PROTOCOL = "token_ring"
@@ -681,3 +683,35 @@ def _behind_its_record(member):
         member._on_instructions(record, PROTOCOL)
         return member._owed(at)[1]
     return summary
+
+
+def test_a_repair_its_server_cut_short_has_the_rest_asked_for_at_the_next_summary(
+        member, monkeypatch):
+    """A repair server gives each asker a budget of repair at once; the last datagram of a repair
+    the budget cut short says so (FLAG_MORE), and the member asks for the rest at its next
+    summary, though the repair itself just moved its stream and nothing else shows a loss (it
+    would otherwise wait out TAIL_FALLBACK per budget). A repair that was whole asks for nothing."""
+    monkeypatch.setattr(repair_server, "REPAIR_BURST", 20_000)  # ~20 messages of 900 bytes
+    summary = _with_records_of(member)
+    sent: list = []
+    server = repair_server.RepairServer(1400, lambda d, _a: sent.append(d), Counter())
+    cache = [(q, T, 1, q, 0, b"x" * 900) for q in range(201, 301)]
+
+    def repair(hi: int) -> None:
+        sent.clear()
+        server.new_period()
+        server.serve_own(SOURCE, cache, 0, [T, 1, 201, hi, 201, hi], ("127.0.0.1", 9))
+        for d in sent:
+            member.call_wait(member._on_data, wire.unpack_header(d), memoryview(d), d)
+
+    start = time.monotonic()
+    assert [member.call_wait(summary, 300, start + 0.03 * i) for i in range(2)] == [[]] * 2
+    repair(205)  # whole
+    assert not wire.unpack_header(sent[-1]).flags & wire.FLAG_MORE
+    assert member.call_wait(summary, 300, start + 0.09) == []  # it moved, no evidence
+    repair(300)  # cut short
+    got = member._max_seen[SOURCE]
+    assert 205 < got < 300 and wire.unpack_header(sent[-1]).flags & wire.FLAG_MORE
+    assert member.call_wait(summary, 300, start + 0.12) == [[SOURCE, T, 1, got + 1, 300, got + 1,
+                                                            300]]
+    assert member.stats["tails_on_cut"] == 1

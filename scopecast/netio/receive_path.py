@@ -11,6 +11,7 @@ import socket
 import time
 from collections import deque
 from itertools import repeat
+from operator import itemgetter
 
 from scopecast.netio import wire
 from scopecast.netio.delivery import Subscription
@@ -27,11 +28,8 @@ HEADER = wire.HEADER
 MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 ACK_NOW_GAP = TIMING.ack_now_gap
+_first = itemgetter(0)  # (a held run's first seq: its bisect key)
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
-
-
-def _first(held: tuple) -> int:
-    return held[0]
 
 
 class ReceivePath:
@@ -216,6 +214,8 @@ class ReceivePath:
                                  run[5], run[6], run[7], lengths, run[9])
                 else:
                     self._take_run(data, routes, *run)
+            if header.flags & wire.FLAG_MORE and header.count:  # a repair its budget cut short
+                self._evidence.cut_short(source)
         if header.ptype == wire.PacketType.REPAIR:
             self.stats["repair_datagrams_in"] += 1
         else:

@@ -41,11 +41,11 @@ from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.native import TailTable
-from scopecast.netio.pause_bound import PauseBound
 from scopecast.netio.peer_cache import PeerCache
 from scopecast.netio.recovery_records import MAX_RECORD_TOPICS, AgentReply, SenderRecord, named_topics
 from scopecast.netio.repair_server import ANY_TOPIC, RepairServer, entry_sseq
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
+from scopecast.netio.tail_evidence import TailEvidence
 from scopecast.timing import TIMING
 
 MAX_NAKS = 64
@@ -54,7 +54,6 @@ MAX_STREAM_NAKS = 8                  # holes of a dense stream asked for per sum
 TAIL_SPAN = 1024                     # messages a NAK of a stream's tail asks for at most (a lost
                                      # tail is a datagram or two; more is data still in flight)
 TAIL_PATIENCE = TIMING.tail_patience
-TAIL_FALLBACK = TIMING.tail_fallback
 TAIL_SEQ = 0xFFFFFFFF                # "and everything after" in a tail NAK
 TAIL_ANY = 1 << 64                   # a tail bound past any stream seq
 OWED_NOTHING = 1 << 62               # the acknowledgement of a member that takes no reliable topic
@@ -86,10 +85,9 @@ class RecoveryPath:
         self._tails = TailTable()
         self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
                                                  # summary
-        self._moved: dict[int, float] = {}       # source -> the summary that first saw it there
         self._behind: dict[int, float] = {}      # source -> since when its record names more
                                                  # than this member saw, the stream standing still
-        self._pauses = PauseBound()              # how long such a spell may last, learnt
+        self._evidence = TailEvidence()          # whether a stream's tail may be asked for
         self.loss_seen_at = -INF                 # when a channel last showed a datagram lost
         self.data_seen_at = -INF                 # when a channel's datagram last came
         self._peer_cache = PeerCache()           # peers' runs kept to repair others with
@@ -110,8 +108,6 @@ class RecoveryPath:
         self._repair_avg = 0.0                   # recent repair time (s), a moving average
         self.hole_opened = False                 # a new hole: NAK it now, not at the next period
         self.progressed = False                  # sent or delivered since the last summary
-        self._tail_why: dict[int, str] = {}      # source -> the evidence its tail was last
-        #                                           wanted on (a stats key, see _tail_wanted)
         self._unknown_sources: set[int] = set()  # to NAK, not known yet: to look up
         self.repair_ms: deque[float] = deque(maxlen=4096)  # gap seen -> filled, latest gaps
         self._gap_at: dict[tuple, list] = {}      # key -> [(hole's last seq, opened at)]
@@ -317,15 +313,12 @@ class RecoveryPath:
             seen = self._stalls[source] = self._max_seen.get(source, 0)
             stalled = stalls.get(source) == seen
             if not stalled:
-                self._moved[source] = now
-                self._pauses.moved(source, self._behind.get(source), now)
+                self._evidence.moved(source, self._behind.get(source), now)
             if record.top <= seen:
                 self._behind.pop(source, None)
             elif not stalled or source not in self._behind:
                 self._behind[source] = now
-            wanted = stalled and self._tail_wanted(source, now, self._behind.get(source))
-            if wanted:
-                self._pauses.asked(source)
+            wanted = self._tail_wanted(source, now, stalled, self._behind.get(source))
             acks[source] = self._owed_of(source, record, seen, wanted, now, naks, streams) \
                 if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
@@ -334,39 +327,17 @@ class RecoveryPath:
         if self._reliable and self.handed:
             acks[self.member_id] = self.handed  # on the wire: nothing is stable before it is sent
         naks += self._tail_naks(now)
+        self._evidence.period_done()
         return acks, naks
 
-    def _tail_wanted(self, source: int, now: float, since: float | None = None) -> bool:
-        """Whether this member may ask for what `source`'s record names beyond what it received,
-        its stream having stood still since the last summary. A stream that stands still while
-        its sender has sent more is lost only if something was lost: a forwarding member that
-        pauses holds it as well. So only once a channel showed a datagram lost since the stream
-        last moved (a gap in its datagram numbers, revealed by the next datagram or by the
-        sender's tail probe, see `feed`), a run this member had no room to hold, or a member
-        that left (what it held to forward is gone). What a forwarding member lost and was
-        repaired it forwards. A stall without such evidence is a pause (a forwarding member
-        working through its queue, or not scheduled): asked for only once it stood still for
-        TAIL_FALLBACK with no new datagram on any channel, or for the bound `pause_bound` learns
-        (TAIL_FALLBACK_MAX, longer where pauses that long ended by themselves: a forwarding
-        member further behind is not waited for, the sender still holds it all).
-        Those spells count from `since`, when given: when the sender was first known to have
-        sent more than this member saw, not when the stream last moved here (a sender held by
-        its window sends nothing for seconds; what it sends after that is in flight, not late);
-        else from the move (the record names no more than that: a topic's tail lost below later
-        messages of other topics)."""
-        moved = self._moved.setdefault(source, now)
-        still = now - (moved if since is None else since)
-        # (the evidence that let it is kept: each tail NAK is counted by it, so `status` tells
-        # a loss from a pause waited out)
-        if self.loss_seen_at >= moved - 2 * self._period:
-            self._tail_why[source] = "tails_on_loss"
-        elif still >= self._pauses.bound(source):
-            self._tail_why[source] = "tails_on_bound"
-        elif still >= TAIL_FALLBACK and now - self.data_seen_at >= TAIL_FALLBACK:
-            self._tail_why[source] = "tails_on_quiet"
-        else:
-            return False
-        return True
+    def _tail_wanted(self, source: int, now: float, stalled: bool = True,
+                     since: float | None = None) -> bool:
+        """Whether this member may ask for what `source`'s record names beyond what it received
+        (see tail_evidence). What a forwarding member lost and was repaired it forwards; a
+        forwarding member further behind than the learnt bound is not waited for (the sender
+        still holds it all)."""
+        return self._evidence.wanted(source, now, stalled, since, self.loss_seen_at,
+                                     self.data_seen_at, self._period)
 
     def _owed_of(self, source: int, record: SenderRecord, seen: int, stalled: bool, now: float,
                  naks: list, streams: list) -> int:
@@ -478,7 +449,7 @@ class RecoveryPath:
                 naks.append([source, ANY_TOPIC, 0, lo, TAIL_SEQ, lo, hi])
                 if lo > end:
                     self.stats["nak_stream_tails"] += 1
-                    self.stats[self._tail_why.get(source, "tails_on_loss")] += 1
+                    self.stats[self._evidence.why(source)] += 1
                 else:
                     self.stats["nak_stream_gaps"] += 1
 
@@ -524,7 +495,7 @@ class RecoveryPath:
         if tail is not None and nxt <= tail[0] and last < tail[1]:
             out.append([nxt, min(tail[0], nxt + TAIL_SPAN - 1), last + 1, tail[1]])
             self.stats["nak_tails"] += 1
-            self.stats[self._tail_why.get(key[1], "tails_on_loss")] += 1
+            self.stats[self._evidence.why(key[1])] += 1
         return out
 
     def _tail_naks(self, now: float) -> list[list]:
@@ -552,7 +523,7 @@ class RecoveryPath:
                         last = self._last_sseq.get((topic, src, session), 0)
                         out.append([source, topic, session, nxt, TAIL_SEQ, last + 1, hi])
                         self.stats["nak_gone_tails"] += 1
-                        self.stats[self._tail_why.get(source, "tails_on_loss")] += 1
+                        self.stats[self._evidence.why(source)] += 1
         return out
 
     # ----------------------------------------------------------------- the periodic push
@@ -633,8 +604,7 @@ class RecoveryPath:
         for source in [s for s, r in self._records.items() if now - r.received > RECORD_TTL]:
             del self._records[source]
             self._behind.pop(source, None)
-            self._tail_why.pop(source, None)
-            self._pauses.forget(source)
+            self._evidence.forget(source)
 
     def _on_instructions(self, ins: dict, key: str) -> None:
         """Agent `key`'s reply: stability and records from above, repairs to push."""

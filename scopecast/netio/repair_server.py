@@ -7,8 +7,10 @@ ctype, payload)`) and the runs a caching member keeps of a peer's stream (`Cache
 payloads cut out only to repair). Each requester gets REPAIR_BURST bytes of repair at once, and
 more at REPAIR_RATE (and whole again each recovery period), counting a cost per message sent and
 per cached message looked at, so that a storm of NAKs never stalls the I/O loop; the rest it gets
-at its next NAK. (The rate is by time, not by period alone: a sender whose own period is the idle
-one, a second, served a member repairing after its stream had ended 1 MB a second.)
+at its next NAK, which the last datagram of a repair cut short asks for (FLAG_MORE: the asker asks
+on at its next period, see tail_evidence). (The rate is by time, not by period alone: a sender
+whose own period is the idle one, a second, served a member repairing after its stream had ended
+1 MB a second.)
 """
 
 from __future__ import annotations
@@ -109,9 +111,10 @@ class RepairServer:
             self._stats["repairs_deferred"] += 1
             return
         picked: list[tuple] = []
-        left = budget
+        left, more = budget, False
         for e in messages:
             if e[0] > hi_sseq or left <= 0:
+                more = e[0] <= hi_sseq
                 break
             left -= REPAIR_SCAN_COST
             if e[0] >= lo_sseq and (topic == ANY_TOPIC or e[1] == topic and e[2] == session
@@ -120,12 +123,15 @@ class RepairServer:
                 left -= len(e[5]) + REPAIR_ENTRY_COST
         self._used[address] = (REPAIR_BURST - left, now)
         if picked:
-            self._send_entries(me, source, picked, address)
+            self._send_entries(me, source, picked, address, more)
+            self._stats["repairs_cut"] += more
 
     def _send_entries(self, me: int, source: int, entries: list[tuple],
-                      address: tuple[str, int]) -> None:
+                      address: tuple[str, int], more: bool = False) -> None:
         """Pack `entries` into REPAIR datagrams: runs of one topic's consecutive seqs, as many as
-        fit in a datagram; a message larger than a datagram in fragments of its own."""
+        fit in a datagram; a message larger than a datagram in fragments of its own. `more`: the
+        budget cut the repair short, which the last datagram says (FLAG_MORE) so that the asker
+        asks on at once, not once its stream has stood still long enough to be lost."""
         room = self.capacity - wire.HEADER.size - len(REPAIR_TABLE)
         parts: list = []
         runs = size = 0
@@ -139,13 +145,13 @@ class RepairServer:
             runs += 1
             run.clear()
 
-        def flush() -> None:
+        def flush(flags: int = 0) -> None:
             nonlocal runs, size
             if run:
                 close_run()
             if runs:
                 self.send(wire.encode_data(wire.PacketType.REPAIR, me, 0, 0, REPAIR_TABLE, runs,
-                                           parts), address)
+                                           parts, flags=flags), address)
             parts.clear()
             runs = size = 0
 
@@ -164,7 +170,7 @@ class RepairServer:
                 close_run()
             size += n + (0 if extends else wire.RUN.size)
             run.append(e)
-        flush()
+        flush(wire.FLAG_MORE if more else 0)
         self._stats["repairs_sent"] += len(entries)
 
     def _send_fragments(self, me: int, source: int, e: tuple, address: tuple[str, int]) -> None:

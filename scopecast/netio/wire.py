@@ -59,6 +59,7 @@ PAD = struct.Struct("!H")
 FLAG_FRAGMENT = 0x01
 PAD_AT = 14  # the header's pad field (see `padded`)
 FLAG_ACK_NOW = 0x02   # a DATA datagram: the sender's window is filling, acknowledge without delay
+FLAG_MORE = 0x04      # a REPAIR datagram: its server's budget cut the repair short (ask on)
 
 MAX_ROUTES = 255
 MAX_RUN = 0xFFFF

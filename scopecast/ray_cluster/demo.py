@@ -169,9 +169,9 @@ def write_plot(samples, path: str) -> bool:
     return True
 
 
-# what a member's NAKs asked for, and on what evidence it asked for a tail (recovery_path)
+# what a member's NAKs asked for, and on what evidence it asked for a tail (tail_evidence)
 NAK_KINDS = ("nak_gaps", "nak_tails", "nak_stream_gaps", "nak_stream_tails", "nak_gone_tails",
-             "tails_on_loss", "tails_on_bound", "tails_on_quiet", "channel_gaps",
+             "tails_on_loss", "tails_on_cut", "tails_on_bound", "tails_on_quiet", "channel_gaps",
              "loss_member_left")
 
 
