@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -16,6 +17,7 @@ from scopecast.ray_cluster.spark import (
     FETCH_CPU_KEY,
     JAVA_OPTION_KEYS,
     JAVA_OPTIONS,
+    LOG4J_KEY,
     check_cpus,
     check_java,
     init_spark,
@@ -105,6 +107,13 @@ def test_configs_open_java_modules_and_keep_user_options():
     assert spark_configs({"spark.pyspark.python": "/opt/py"})["spark.pyspark.python"] == "/opt/py"
     assert merged[FETCH_CPU_KEY] == "1"  # from_spark's fetch tasks: as many at once as free CPUs
     assert spark_configs({FETCH_CPU_KEY: 0})[FETCH_CPU_KEY] == "0"
+
+
+def test_the_driver_gets_a_log4j_file_that_exists_unless_the_user_names_one():
+    """RayDP's default names a file that does not exist (log4j then prints an error at start)."""
+    ours = Path(spark_configs()[LOG4J_KEY])
+    assert ours.is_file() and "rootLogger.level = warn" in ours.read_text()
+    assert spark_configs({LOG4J_KEY: "/etc/mine.properties"})[LOG4J_KEY] == "/etc/mine.properties"
 
 
 def test_init_spark_needs_connect(monkeypatch):

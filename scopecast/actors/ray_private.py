@@ -34,8 +34,17 @@ def upload_py_modules(package: str, scratch_dir: str) -> dict:
     except ImportError as exc:
         raise ScopecastError(f"this Ray version cannot ship plug-in files to actors ({exc}); "
                              "scopecast is tested with the Ray range pyproject.toml names") from exc
-    return upload_py_modules_if_needed({"py_modules": [package]}, include_gitignore=False,
-                                       scratch_dir=scratch_dir)
+    # Ray's upload says at INFO what it packs and pushes (its packaging module's own logger, and
+    # the one given), which the actor's log brought to the user's console at every plug-in
+    # submitted; its warnings still show
+    packaging = logging.getLogger("ray._private.runtime_env.packaging")
+    level = packaging.level
+    packaging.setLevel(max(level, logging.WARNING))
+    try:
+        return upload_py_modules_if_needed({"py_modules": [package]}, include_gitignore=False,
+                                           scratch_dir=scratch_dir, logger=packaging)
+    finally:
+        packaging.setLevel(level)
 
 
 def use_token_if_present() -> None:

@@ -56,6 +56,12 @@ RESERVED_CPUS = 1
 # free CPUs (RESERVED_CPUS at least), and the processes are reused from task to task.
 FETCH_CPU_KEY = "spark.ray.raydp_recoverable_fetch.task.resource.CPU"
 
+# RayDP names the driver's log4j2 file with this key; its default names a file that does not
+# exist, so log4j printed "Reconfiguration failed: No configuration found" and Spark its notice
+# about the default level. Ours is Spark's defaults at WARN, without Hadoop's native-library warning.
+LOG4J_KEY = "spark.log4j.config.file.name"
+LOG4J_FILE = Path(__file__).with_name("spark-log4j2.properties")
+
 _VERSION = re.compile(r'version\s+"([^"]+)"')
 
 
@@ -112,8 +118,9 @@ def check_java() -> int:
 def spark_configs(configs: dict | None = None) -> dict[str, str]:
     """The Spark configs init_spark passes to RayDP: the user's, with JAVA_OPTIONS appended to each of
     JAVA_OPTION_KEYS (not replacing a user's value) and the venv's Python for Spark's Python workers
-    (without it, `createDataFrame` from pandas and Python UDFs run another interpreter and fail), and
-    a CPU for each of `from_spark`'s fetch tasks (see FETCH_CPU_KEY)."""
+    (without it, `createDataFrame` from pandas and Python UDFs run another interpreter and fail), a
+    CPU for each of `from_spark`'s fetch tasks (see FETCH_CPU_KEY), and the driver's log4j2 file
+    (see LOG4J_KEY)."""
     merged = {k: str(v) for k, v in (configs or {}).items()}
     opened = " ".join(JAVA_OPTIONS)
     for key in JAVA_OPTION_KEYS:
@@ -121,6 +128,7 @@ def spark_configs(configs: dict | None = None) -> dict[str, str]:
         merged[key] = f"{user} {opened}" if user else opened
     merged.setdefault("spark.pyspark.python", sys.executable)
     merged.setdefault(FETCH_CPU_KEY, "1")
+    merged.setdefault(LOG4J_KEY, str(LOG4J_FILE))
     return merged
 
 
@@ -161,6 +169,9 @@ def init_spark(app_name: str = "scopecast", *, num_executors: int = 1, executor_
     check_cpus(num_executors, executor_cores)
     merged = spark_configs(configs)
     os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
+    # the address Spark binds to is Ray's node address (RayDP's driver host): said, not guessed,
+    # Spark does not warn that the host name resolves to a loopback address
+    os.environ.setdefault("SPARK_LOCAL_IP", ray.util.get_node_ip_address())
     session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory,
                                configs=merged)
     log.info("started Spark %s app %r on Ray (Java %d): %d executor(s) x %d core(s), %s each, "
