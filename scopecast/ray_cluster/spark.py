@@ -169,9 +169,6 @@ def init_spark(app_name: str = "scopecast", *, num_executors: int = 1, executor_
     check_cpus(num_executors, executor_cores)
     merged = spark_configs(configs)
     os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
-    # the address Spark binds to is Ray's node address (RayDP's driver host): said, not guessed,
-    # Spark does not warn that the host name resolves to a loopback address
-    os.environ.setdefault("SPARK_LOCAL_IP", ray.util.get_node_ip_address())
     session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory,
                                configs=merged)
     log.info("started Spark %s app %r on Ray (Java %d): %d executor(s) x %d core(s), %s each, "
