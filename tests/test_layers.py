@@ -111,7 +111,7 @@ def test_the_library_never_imports_the_benchmarks_and_the_cli_only_for_bench():
 def _loaded_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json\n"
                           "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
-                          "('scopecast', 'benchmarks')))))"],
+                          "('scopecast', 'benchmarks', 'ray.autoscaler.v2.utils')))))"],
                          capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -131,6 +131,8 @@ def test_connect_loads_neither_the_local_hosts_tooling_nor_the_benchmarks(ray_ad
     assert "scopecast.ray_cluster.cluster" in loaded
     assert "scopecast.ray_cluster.local_hosts" not in loaded
     assert not any(m.startswith("benchmarks") for m in loaded)
+    # what Ray's log thread would import mid-stream at the autoscaler's first event line
+    assert "ray.autoscaler.v2.utils" in loaded
 
 
 def test_a_driver_finds_its_own_hosts_ray_node_in_the_map_the_local_hosts_tooling_passes_down():

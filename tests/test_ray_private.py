@@ -4,6 +4,7 @@ Ray this project pins, and each has its fallback or typed error when a Ray versi
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import pytest
@@ -34,3 +35,14 @@ def test_without_them_each_falls_back_or_says_why(monkeypatch, tmp_path):
         ray_private.upload_py_modules(str(tmp_path), str(tmp_path))
     with pytest.raises(ScopecastError, match="no GcsClient"):
         ray_private.dashboard_url_at("127.0.0.1:1")
+
+
+def test_the_log_threads_lazy_import_is_the_one_connect_preloads(monkeypatch):
+    """Ray's driver log thread imports `ray.autoscaler.v2.utils` at the autoscaler's first event
+    line (`filter_autoscaler_events`); connect() imports it first so no member process pays for
+    it mid-stream. A Ray without it: the preload does nothing and raises nothing."""
+    from ray._private import worker
+
+    assert "from ray.autoscaler.v2.utils import" in inspect.getsource(worker.filter_autoscaler_events)
+    monkeypatch.setitem(sys.modules, "ray.autoscaler.v2.utils", None)
+    ray_private.preload_log_thread_imports()

@@ -11,6 +11,8 @@ package's Ray range, in pyproject.toml, is the one these are tested with).
   notice shows.
 - `dashboard_url`, `dashboard_url_at`: where the Jobs API (`scopecast pipeline`) is served.
   Without them: None, and the caller asks for the URL.
+- `preload_log_thread_imports`: the modules Ray's driver log thread imports the first time the
+  autoscaler logs an event. Without them: that import happens then, in every member process.
 - `session_dir`: the Ray session `scopecast up` started, so `down --ray` stops only its
   processes. Without it: "".
 """
@@ -72,6 +74,18 @@ def quiet_token_notice() -> Iterator[None]:
         yield
     finally:
         quiet.setLevel(level)
+
+
+def preload_log_thread_imports() -> None:
+    """Import now what Ray's log thread (`ray_print_logs`, in every driver) imports lazily at the
+    autoscaler's first event line: `ray.autoscaler.v2.utils`, and through it click and the
+    autoscaler's CLI logger, about 17 ms of CPU on an idle core. Lazily, that import ran in every
+    member process of a machine at the same moment, mid-stream: in `make bench` it starved the
+    members' I/O threads for 40-90 ms and was the whole p99 of the latency cases it hit."""
+    try:
+        import ray.autoscaler.v2.utils  # noqa: F401
+    except ImportError:  # moved in another Ray: the first event line pays for it, as before
+        log.debug("ray.autoscaler.v2.utils not found; Ray's log thread imports its own")
 
 
 def dashboard_url() -> str | None:

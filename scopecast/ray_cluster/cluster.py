@@ -161,9 +161,11 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
         except ConnectionError as exc:
             raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
                                "`scopecast up`") from None
+        ray_private.preload_log_thread_imports()
         return False
     with ray_private.quiet_token_notice():  # (Ray's WARNING that it turned token auth on)
         ray.init(**embedded_ray_options())
+    ray_private.preload_log_thread_imports()
     log.info("started an embedded local Ray")
     return True
 
