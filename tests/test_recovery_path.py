@@ -21,7 +21,7 @@ from scopecast.netio.recovery_path import (
 )
 from scopecast.netio.recovery_records import RECORD_ENTRY, named_topics
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
-from scopecast.netio.tail_evidence import TAIL_FALLBACK
+from scopecast.netio.tail_evidence import TAIL_FALLBACK, TailEvidence
 
 T, SOURCE = 3, 9
 PROTOCOL = "token_ring"
@@ -715,3 +715,43 @@ def test_a_repair_its_server_cut_short_has_the_rest_asked_for_at_the_next_summar
     assert member.call_wait(summary, 300, start + 0.12) == [[SOURCE, T, 1, got + 1, 300, got + 1,
                                                             300]]
     assert member.stats["tails_on_cut"] == 1
+
+
+def test_a_cut_repair_that_ends_in_fragments_says_so_on_its_last_fragment(member, monkeypatch):
+    """A message larger than a datagram is repaired in fragments of its own; when it is the last
+    one a cut repair holds, its last fragment is the repair's last datagram and carries FLAG_MORE,
+    and the member asks for the rest at its next summary as after a cut repair of whole runs."""
+    monkeypatch.setattr(repair_server, "REPAIR_BURST", 20_000)  # ~6 messages of 3,000 bytes
+    summary = _with_records_of(member)
+    sent: list = []
+    server = repair_server.RepairServer(1400, lambda d, _a: sent.append(d), Counter())
+    cache = [(q, T, 1, q, 0, b"y" * 3000) for q in range(201, 301)]
+
+    start = time.monotonic()
+    assert [member.call_wait(summary, 300, start + 0.03 * i) for i in range(2)] == [[]] * 2
+    server.new_period()
+    server.serve_own(SOURCE, cache, 0, [T, 1, 201, 300, 201, 300], ("127.0.0.1", 9))
+    headers = [wire.unpack_header(d) for d in sent]
+    assert all(h.flags & wire.FLAG_FRAGMENT for h in headers)
+    assert [bool(h.flags & wire.FLAG_MORE) for h in headers] == [False] * (len(sent) - 1) + [True]
+    for d in sent:
+        member.call_wait(member._on_data, wire.unpack_header(d), memoryview(d), d)
+    got = member._max_seen[SOURCE]
+    assert 201 < got < 300
+    assert member.call_wait(summary, 300, start + 0.12) == [[SOURCE, T, 1, got + 1, 300, got + 1,
+                                                            300]]
+    assert member.stats["tails_on_cut"] == 1
+
+
+def test_a_sender_forgotten_and_known_again_is_judged_from_then():
+    """Once a sender's record expired, nothing of it is kept: known again, its stream's stall
+    counts from then, not from when it last moved in its earlier life (which would make its
+    first pause a lost tail at once)."""
+    def wanted(evidence: TailEvidence) -> bool:
+        return evidence.wanted(1, 100.0, True, None, 0.0, 100.0, 0.02)
+
+    remembered, forgotten = TailEvidence(), TailEvidence()
+    for evidence in (remembered, forgotten):
+        evidence.moved(1, None, 0.0)
+    forgotten.forget(1)
+    assert wanted(remembered) and not wanted(forgotten)

@@ -49,10 +49,8 @@ class ReceivePath:
             except BlockingIOError:
                 # drained: a sender whose window is filling asked for an acknowledgement without
                 # delay (FLAG_ACK_NOW); it resumes as soon as this burst is taken
-                if self._ack_now:
-                    now = time.monotonic()
-                    if now - self._last_ack >= ACK_NOW_GAP:
-                        self._send_acks(now)
+                if self._ack_now and (now := time.monotonic()) - self._last_ack >= ACK_NOW_GAP:
+                    self._send_acks(now)
                 return
             except OSError as exc:
                 self.drops["socket_error"] += 1
@@ -182,7 +180,7 @@ class ReceivePath:
         receive call, not per datagram of a batch)."""
         routes, off = wire.decode_routes(body, HEADER.size)
         if header.flags & wire.FLAG_FRAGMENT:
-            self._on_fragment(header, body, routes, off)
+            source = self._on_fragment(header, body, routes, off)
         else:
             # runs are validated as they are read: the runs before a malformed one in an
             # authenticated datagram are kept
@@ -214,8 +212,8 @@ class ReceivePath:
                                  run[5], run[6], run[7], lengths, run[9])
                 else:
                     self._take_run(data, routes, *run)
-            if header.flags & wire.FLAG_MORE and header.count:  # a repair its budget cut short
-                self._evidence.cut_short(source)
+        if header.flags & wire.FLAG_MORE and header.count:  # a repair its budget cut short
+            self._evidence.cut_short(source)
         if header.ptype == wire.PacketType.REPAIR:
             self.stats["repair_datagrams_in"] += 1
         else:
@@ -571,7 +569,8 @@ class ReceivePath:
             sub.event.set()
         self._to_wake.clear()
 
-    def _on_fragment(self, header: wire.Header, body: memoryview, routes: list, off: int) -> None:
+    def _on_fragment(self, header: wire.Header, body: memoryview, routes: list, off: int) -> int:
+        """Take a fragment to its message; returns the message's source."""
         if header.count != 1 or off + wire.FRAGMENT.size > len(body):
             raise wire.DecodeError("bad_fragment")
         total, index, count, chunk = wire.FRAGMENT.unpack_from(body, off)
@@ -581,7 +580,7 @@ class ReceivePath:
             raise wire.DecodeError("bad_fragment", "fragment run of several messages")
         if seq < self._next_seq.get((topic, source, session), 0):
             self.stats["duplicates"] += 1  # a piece of a message delivered already (a repair's)
-            return
+            return source
         piece = wire.WireMessage(topic, source, session, seq, stream, sseq, ctype, routes[ridx],
                                  bytes(body[start:start + lengths[0]]))
         try:
@@ -589,12 +588,12 @@ class ReceivePath:
                                           wire.Fragment(piece, total, index, count, chunk))
         except ReassemblyError as exc:
             self._drop(exc.reason)
-            return
-        if whole is not None:
+            return source
+        if (m := whole) is not None:
             self.stats["reassembled"] += 1
-            m = whole
             self._take_run(m.payload, [m.route], m.topic_id, m.source, m.session, m.seq,
                            m.stream, m.stream_seq, m.content_type, 0, (len(m.payload),), 0)
+        return source
 
     def _on_control(self, header: wire.Header, body: memoryview) -> None:
         header, msg = wire.decode_control(body)

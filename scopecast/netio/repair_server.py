@@ -158,8 +158,9 @@ class RepairServer:
         for e in entries:
             n = len(e[5]) + MESSAGE_COST
             if wire.RUN.size + n > room:  # larger than a datagram: on its own, in fragments
-                flush()
-                self._send_fragments(me, source, e, address)
+                flush()  # (the last entry's last fragment is the repair's last datagram)
+                self._send_fragments(me, source, e, address,
+                                     wire.FLAG_MORE if more and e is entries[-1] else 0)
                 continue
             extends = run and e[3] == run[-1][3] + 1 and e[0] == run[-1][0] + 1 \
                 and e[1:3] == run[-1][1:3] and e[4] == run[-1][4]
@@ -173,11 +174,14 @@ class RepairServer:
         flush(wire.FLAG_MORE if more else 0)
         self._stats["repairs_sent"] += len(entries)
 
-    def _send_fragments(self, me: int, source: int, e: tuple, address: tuple[str, int]) -> None:
+    def _send_fragments(self, me: int, source: int, e: tuple, address: tuple[str, int],
+                        last_flags: int = 0) -> None:
+        """`e` in fragments, `last_flags` on the last one."""
         sseq, topic, session, seq, ctype, payload = e
         chunk = self.capacity - wire.HEADER.size - len(REPAIR_TABLE) - wire.FRAGMENT.size \
             - wire.run_size(1, 0)
         for frag, piece in wire.fragments(payload, chunk):
             parts = wire.run_parts(topic, source, session, seq, source, sseq, ctype, 0, [piece])
+            flags = last_flags if frag[1] == frag[2] - 1 else 0
             self.send(wire.encode_data(wire.PacketType.REPAIR, me, 0, 0, REPAIR_TABLE, 1, parts,
-                                       frag), address)
+                                       frag, flags), address)

@@ -74,5 +74,9 @@ class TailEvidence:
         return self._why.get(source, "tails_on_loss")
 
     def forget(self, source: int) -> None:
+        """`source`'s record expired: nothing of it is kept (a sender known again later is
+        judged from then)."""
+        self._moved.pop(source, None)
+        self._cut.discard(source)
         self._why.pop(source, None)
         self._pauses.forget(source)
