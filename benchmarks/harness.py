@@ -423,7 +423,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                                topic_pairs=args.topic_pairs) if args.peers else {}
         latency = latency_suite.run(
             cluster, stamp, log_dir,
-            systems=["scopecast"] + [p for p in args.peers if p in latency_suite.SYSTEMS],
+            systems=["scopecast"] + [p for p in args.peers
+                                     if p in latency_suite.SYSTEMS and p != "scopecast"],
             rates=args.latency_rates, subscribers=args.latency_subscribers,
             repeats=args.latency_repeats, messages=args.latency_messages,
             case_timeout=args.case_timeout, policy=args.policy, placement=placement) \
