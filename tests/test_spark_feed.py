@@ -114,3 +114,30 @@ def test_the_jobs_result_settles_the_partitions_and_a_lost_one_aborts():
             _ids(intake)
     finally:
         intake.close()
+
+
+def test_a_feed_opened_before_its_runs_join_starts_is_kept(monkeypatch):
+    """A run's publisher is a threaded actor, and a new one gets `join` and `open_feed` at once
+    when it starts: open_feed may run first. It waits for join (which starts a run afresh), so the
+    feed it opens is the one `run_feed` reads (the CI saw join forget it: run_feed found None)."""
+    import ray
+
+    from scopecast.ray_cluster.run_publisher import RunPublisher
+
+    publisher = RunPublisher(None)
+    entered = threading.Event()
+
+    def connect(**_kw):  # join's own work; it fails here, which join keeps for `begin`
+        entered.set()
+        raise ConnectionError("no cluster in this test")
+
+    publisher._connect = connect
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    opening = threading.Thread(target=publisher.open_feed, args=(SECRET, FeedShare(0, 1, False, 1)))
+    opening.start()
+    opening.join(0.3)  # open_feed first ...
+    publisher.join("run", 0, "topic")  # ... then join
+    opening.join(10)
+    assert entered.is_set() and not opening.is_alive()
+    assert isinstance(publisher._feed, FeedIntake)
+    publisher._feed.close()

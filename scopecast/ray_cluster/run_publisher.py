@@ -134,6 +134,9 @@ class RunPublisher:
         stream to this publisher; the address to send them to. `run_feed` publishes them."""
         from scopecast.ray_cluster.spark_feed import FeedIntake
 
+        # after this run's `join`, which starts afresh: a threaded actor may run this call first
+        # (both wait for the actor to start), and join would then forget the feed
+        self._joined.wait()
         self._feed = FeedIntake(ray.util.get_node_ip_address(), secret, share)
         return self._feed.endpoint
 
