@@ -131,8 +131,12 @@ def test_connect_loads_neither_the_local_hosts_tooling_nor_the_benchmarks(ray_ad
     assert "scopecast.ray_cluster.cluster" in loaded
     assert "scopecast.ray_cluster.local_hosts" not in loaded
     assert not any(m.startswith("benchmarks") for m in loaded)
-    # what Ray's log thread would import mid-stream at the autoscaler's first event line
+    # what Ray's log thread would import mid-stream at the autoscaler's first event line, also
+    # in a driver that called ray.init itself
     assert "ray.autoscaler.v2.utils" in loaded
+    assert "ray.autoscaler.v2.utils" in _loaded_after(
+        f"import ray, scopecast\nray.init(address={ray_address!r}, namespace='scopecast')\n"
+        "c = scopecast.connect()\nc.shutdown()")
 
 
 def test_a_driver_finds_its_own_hosts_ray_node_in_the_map_the_local_hosts_tooling_passes_down():

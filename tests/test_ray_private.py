@@ -17,7 +17,8 @@ USED = [("ray._private.runtime_env.py_modules", "upload_py_modules_if_needed"),
          "maybe_enable_token_auth_if_token_available"),
         ("ray._private.services", "get_webui_url_from_internal_kv"),
         ("ray._raylet", "GcsClient"),
-        ("ray._private.worker", "_global_node")]
+        ("ray._private.worker", "_global_node"),
+        ("ray._private.worker", "global_worker"), ("ray._private.worker", "SCRIPT_MODE")]
 
 
 @pytest.mark.parametrize("module, name", USED)

@@ -81,9 +81,13 @@ def preload_log_thread_imports() -> None:
     autoscaler's first event line: `ray.autoscaler.v2.utils`, and through it click and the
     autoscaler's CLI logger, about 17 ms of CPU on an idle core. Lazily, that import ran in every
     member process of a machine at the same moment, mid-stream: in `make bench` it starved the
-    members' I/O threads for 40-90 ms and was the whole p99 of the latency cases it hit."""
+    members' I/O threads for 40-90 ms and was the whole p99 of the latency cases it hit. Drivers
+    only: a Ray worker (a scopecast actor) has no such thread."""
     try:
-        import ray.autoscaler.v2.utils  # noqa: F401
+        from ray._private.worker import SCRIPT_MODE, global_worker
+
+        if global_worker.mode == SCRIPT_MODE:
+            import ray.autoscaler.v2.utils  # noqa: F401
     except ImportError:  # moved in another Ray: the first event line pays for it, as before
         log.debug("ray.autoscaler.v2.utils not found; Ray's log thread imports its own")
 

@@ -110,6 +110,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     if max_message_bytes is not None:
         RuntimeConfig(max_message_bytes=max_message_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)
+    ray_private.preload_log_thread_imports()  # (a driver that called ray.init itself, too)
     # an embedded Ray ends with this process, and so does its cluster: its root keeps its state
     # (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which belongs to
     # persistent clusters (`scopecast up`); a fresh embedded cluster starts empty
@@ -161,11 +162,9 @@ def attach_ray(address: str | None = None, start: bool = True) -> bool:
         except ConnectionError as exc:
             raise NotConnected(f"no Ray cluster at {target}: {exc}. Start one with "
                                "`scopecast up`") from None
-        ray_private.preload_log_thread_imports()
         return False
     with ray_private.quiet_token_notice():  # (Ray's WARNING that it turned token auth on)
         ray.init(**embedded_ray_options())
-    ray_private.preload_log_thread_imports()
     log.info("started an embedded local Ray")
     return True
 
