@@ -19,6 +19,7 @@ import pytest
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.channel import MulticastGroup, UnicastEndpoint
+from scopecast.netio.control_messages import Kind
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
@@ -341,18 +342,22 @@ def test_unknown_sender(make_env):
     env.assert_valid_stream_intact()  # and none of the stranger's messages was delivered
 
 
+JOIN = int(Kind.JOIN_POINT)
 BAD_JOIN_POINTS = [
-    ["from", TOPIC, SESSION, wire.SEQ_LIMIT, 1],       # a seq the per-topic tables cannot hold
-    ["from", TOPIC, SESSION, 1, -1],                    # negative
-    ["from", wire.MAX_TOPIC + 1, SESSION, 1, 1],        # no topic id
-    ["from", TOPIC, SESSION, 1.5, 1],                   # not an int
-    ["from", TOPIC, SESSION, 1],                        # one short
+    [JOIN, TOPIC, SESSION, wire.SEQ_LIMIT, 1],       # a seq the per-topic tables cannot hold
+    [JOIN, TOPIC, SESSION, 1, -1],                    # negative
+    [JOIN, wire.MAX_TOPIC + 1, SESSION, 1, 1],        # no topic id
+    [JOIN, TOPIC, SESSION, 1.5, 1],                   # not an int
+    [JOIN, TOPIC, SESSION, 1],                        # one short
+    ["from", TOPIC, SESSION, 1, 1],                   # wire version 3's encoding
+    [int(Kind.SUMMARY), {}],                          # a kind members do not take
 ]
 
 
 def test_join_points_out_of_range(make_env):
-    """Signed join points ("from": topic, session, first seq, cached) from a known member with
-    values out of range are each counted as bad_control, and change nothing."""
+    """Signed join points (`control_messages.JoinPoint`: topic, session, first seq, cached)
+    from a known member with values out of range, or not join points, are each counted as
+    bad_control, and change nothing."""
     env = make_env()
     sent = 0
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from scopecast.netio import wire
+from scopecast.netio import control_messages, wire
 from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
 from scopecast.netio.auth import GmacAuthenticator
 
@@ -77,7 +77,8 @@ def test_the_scan_ends_before_a_datagram_that_does_not_continue(spoil):
 
 def test_other_datagrams_and_garbage_are_left_to_the_slow_path():
     signer = GmacAuthenticator(KEY)
-    control = wire.encode_control(wire.PacketType.CONTROL, 9, ["ack", 1, 2, 0])
+    control = wire.encode_control(wire.PacketType.CONTROL, 9,
+                                  control_messages.encode(control_messages.Ack(1, 2, 0))[1])
     mixed_msgs = [wire.WireMessage(t, 9, 1, 1, 9, 1 + i, 0, (("a", "b"),), b"p")
                   for i, t in enumerate((3, 4))]
     mixed = wire.encode_datagram(wire.PacketType.DATA, 9, 1, 1, mixed_msgs)

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from scopecast.netio import repair_server, wire
+from scopecast.netio.control_messages import Nak
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.pause_bound import PAUSE_MAX, TAIL_FALLBACK_MAX, PauseBound
 from scopecast.netio.recovery_path import (
@@ -79,7 +80,7 @@ def test_a_member_behind_its_peers_asks_them_for_the_tail_once_the_senders_heart
     timeout could run out first)."""
     _deliver(member, 1, 400)
     naks = _tail_naks_after(member, lambda: _instructions(300, 500), 0.3)
-    assert naks == [[SOURCE, T, 1, 401, TAIL_SEQ, 401, 500]]
+    assert naks == [Nak(SOURCE, T, 1, 401, TAIL_SEQ, 401, 500)]
 
 
 def test_no_tail_nak_while_the_sender_lives_even_when_it_waits_on_its_window(member):
@@ -97,7 +98,7 @@ def test_a_member_behind_keeps_asking_for_the_tail_while_it_makes_no_progress(me
     than its peers)."""
     _deliver(member, 1, 400)
     naks = _tail_naks_after(member, lambda: _instructions(300, 500), 1.5)  # 75 periods of 20 ms
-    assert naks == [[SOURCE, T, 1, 401, TAIL_SEQ, 401, 500]]
+    assert naks == [Nak(SOURCE, T, 1, 401, TAIL_SEQ, 401, 500)]
 
 
 def test_a_member_that_joined_after_all_its_sender_named_owes_no_ack_of_it(member):
@@ -193,7 +194,7 @@ def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_sta
     _lossy(member)
     stalled = [member.call_wait(summary, None) for _ in range(2)]
     assert moving == [[]] * 4
-    assert stalled[-1] == [[SOURCE, T, 1, 201, 300, 201, 300]]
+    assert stalled[-1] == [Nak(SOURCE, T, 1, 201, 300, 201, 300)]
 
 
 @pytest.mark.parametrize("sender", ["sending", "idle"])
@@ -219,9 +220,9 @@ def test_a_tail_the_sender_may_not_have_sent_yet_is_asked_for_only_once_it_was_o
         assert before == [[]] * 3  # 201..300 may all be past 4,900: not asked for
         member.call_wait(summary, 5100)  # the stream passes 5,000 ...
         after = member.call_wait(summary, 5200)  # ... a period ago
-        assert after == [[SOURCE, T, 1, 201, 300, 201, 5000]]
+        assert after == [Nak(SOURCE, T, 1, 201, 300, 201, 5000)]
     else:  # idle at 4,000 for IDLE_PERIODS periods: what it has sent, it has sent
-        assert before[0] == [] and before[-1] == [[SOURCE, T, 1, 201, 300, 201, 4000]]
+        assert before[0] == [] and before[-1] == [Nak(SOURCE, T, 1, 201, 300, 201, 4000)]
 
 
 def test_a_hole_in_a_topic_the_record_does_not_name_holds_the_acknowledgement_back(member):
@@ -244,7 +245,7 @@ def test_a_hole_in_a_topic_the_record_does_not_name_holds_the_acknowledgement_ba
         return member._owed(time.monotonic())
     acks, naks = member.call_wait(owed)
     assert acks[SOURCE] == 11  # U 1, the last before the hole
-    assert [SOURCE, u, 1, 2, 2, 12, 14] in naks
+    assert Nak(SOURCE, u, 1, 2, 2, 12, 14) in naks
 
 
 def _unnamed_tail_case(member, keys: tuple[int, int]) -> tuple[dict, list]:
@@ -288,7 +289,7 @@ def test_a_dense_stream_is_acknowledged_and_repaired_by_stream_position(member):
     sent.add(T + 1, 1)
     acks, naks = _unnamed_tail_case(member, (sent.count, sent.digest))
     assert acks[SOURCE] == 11
-    assert naks == [[SOURCE, ANY_TOPIC, 0, 12, TAIL_SEQ, 12, 12]]
+    assert naks == [Nak(SOURCE, ANY_TOPIC, 0, 12, TAIL_SEQ, 12, 12)]
 
 
 @pytest.mark.parametrize("dense", [True, False])
@@ -420,7 +421,7 @@ def test_a_dense_stream_asks_again_for_none_of_the_runs_it_holds_after_a_hole(me
     time.sleep(0.3)  # the sender idle since (its record the same): a stalled stream
     acks, naks = member.call_wait(owed)
     assert acks[SOURCE] == 10
-    assert naks == [[SOURCE, T, 1, 11, 11, 11, 11]]
+    assert naks == [Nak(SOURCE, T, 1, 11, 11, 11, 11)]
 
 
 def test_a_stream_is_no_longer_dense_once_the_member_drops_one_of_its_topics(member):
@@ -548,7 +549,7 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
     _deliver(member, 1, 200)  # T 1..200; the record names T up to 300, sent long ago
     record = {"down": {str(SOURCE): [0, [300, [[T, 1, 1, 1, 300, 300]], 7]]},
               "hi": {str(SOURCE): 0}, "period": 0.02}
-    tail = [[SOURCE, T, 1, 201, 300, 201, 300]]
+    tail = [Nak(SOURCE, T, 1, 201, 300, 201, 300)]
 
     def summary(at: float) -> list:
         member._on_instructions(record, PROTOCOL)
@@ -600,7 +601,7 @@ def test_the_safety_nets_spell_counts_from_when_the_sender_sent_more(member):
         == [[]] * 4
     # still nothing a whole spell after the sender sent it: asked for (the safety net)
     assert member.call_wait(summary, 300, sent + TAIL_FALLBACK_MAX + 0.1) \
-        == [[SOURCE, T, 1, 201, 300, 201, 300]]
+        == [Nak(SOURCE, T, 1, 201, 300, 201, 300)]
 
 
 def test_the_safety_net_waits_out_pauses_as_long_as_those_that_ended_by_themselves(member):
@@ -618,7 +619,7 @@ def test_the_safety_net_waits_out_pauses_as_long_as_those_that_ended_by_themselv
     # behind again: past the default spell, not yet twice the pause seen
     assert [member.call_wait(summary, 400, moved + t) for t in (1, TAIL_FALLBACK_MAX + 1)] \
         == [[]] * 2
-    tail = [[SOURCE, T, 1, 301, 400, 301, 400]]
+    tail = [Nak(SOURCE, T, 1, 301, 400, 301, 400)]
     assert member.call_wait(summary, 400, moved + 2 * (pause + 0.5) + 0.1) == tail
     member.loss_seen_at = moved + 30  # later, evidence of loss: asked for at once
     assert member.call_wait(summary, 400, moved + 30.01) == tail
@@ -669,7 +670,7 @@ def test_a_member_leaving_is_evidence_that_a_stalled_streams_tail_is_lost(member
     member.call_wait(member.install_members, [sender, forwarder])
     assert member.call_wait(summary, start + 0.4) == []  # one joined: no evidence
     member.call_wait(member.install_members, [sender])  # the forwarder left
-    assert member.call_wait(summary, start + 0.5) == [[SOURCE, T, 1, 201, 300, 201, 300]]
+    assert member.call_wait(summary, start + 0.5) == [Nak(SOURCE, T, 1, 201, 300, 201, 300)]
 
 
 def _behind_its_record(member):
@@ -712,8 +713,8 @@ def test_a_repair_its_server_cut_short_has_the_rest_asked_for_at_the_next_summar
     repair(300)  # cut short
     got = member._max_seen[SOURCE]
     assert 205 < got < 300 and wire.unpack_header(sent[-1]).flags & wire.FLAG_MORE
-    assert member.call_wait(summary, 300, start + 0.12) == [[SOURCE, T, 1, got + 1, 300, got + 1,
-                                                            300]]
+    assert member.call_wait(summary, 300, start + 0.12) == [Nak(SOURCE, T, 1, got + 1, 300, got + 1,
+                                                            300)]
     assert member.stats["tails_on_cut"] == 1
 
 
@@ -738,8 +739,8 @@ def test_a_cut_repair_that_ends_in_fragments_says_so_on_its_last_fragment(member
         member.call_wait(member._on_data, wire.unpack_header(d), memoryview(d), d)
     got = member._max_seen[SOURCE]
     assert 201 < got < 300
-    assert member.call_wait(summary, 300, start + 0.12) == [[SOURCE, T, 1, got + 1, 300, got + 1,
-                                                            300]]
+    assert member.call_wait(summary, 300, start + 0.12) == [Nak(SOURCE, T, 1, got + 1, 300, got + 1,
+                                                            300)]
     assert member.stats["tails_on_cut"] == 1
 
 

@@ -15,10 +15,10 @@ calls only set agents up: the owning scope ensures its agent exists (the reply c
 incarnation, so a host that Ray restarted recreates its agents on the next ping), installs
 peer-group views and reads status; no Ray call is on the path of a token or a summary.
 
-Packets (all `PacketType.TOKEN`, msgpack bodies): ``["sum", summary]`` from a bottom (answered
-``["ins", instructions, protocol]`` to the address it came from: a member has one agent per
-protocol among its topics), ``["tok", version, index, body]`` between peers, and ``["sum",
-aggregate]`` / ``["ins", ...]`` between a group's leader and the agent above.
+Packets (all `PacketType.TOKEN`, typed in `netio.control_messages`): a `Summary` from a bottom
+(answered with an `InstructionsEnvelope` to the address it came from, naming the protocol: a member
+has one agent per protocol among its topics), `PeerToken`s between peers, and a `Summary` of the
+aggregate / an `InstructionsEnvelope` between a group's leader and the agent above.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ import ray
 from scopecast.actors import logs
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 from scopecast.agents.builtin import BUILTIN_PROTOCOLS
-from scopecast.netio import wire
+from scopecast.netio import control_messages, wire
 from scopecast.netio.auth import authenticator
+from scopecast.netio.control_messages import InstructionsEnvelope, PeerToken, Summary
 from scopecast.netio.transport import TransportConfig, unicast_socket
 from scopecast.policies.host import PLUGIN_MEMORY, confine
 from scopecast.timing import TIMING
@@ -100,7 +101,7 @@ class RecoveryAgent:
         self._send_peers(self.protocol.on_tick(now))
         up = self.protocol.upward()
         if up is not None and self._upper is not None:
-            self._send(["sum", up], self._upper)
+            self._send(Summary(up), self._upper)
 
     def drain(self) -> None:
         while True:
@@ -122,17 +123,19 @@ class RecoveryAgent:
             header, body = wire.decode_control(memoryview(data)[:n])
             if header.ptype != wire.PacketType.TOKEN:
                 raise wire.DecodeError("bad_type", "not a token packet")
-            kind = body[0]
+            msg = control_messages.decode(header.ptype, body)
             now = time.monotonic()
-            if kind == "sum" and isinstance(body[1], dict):
+            if msg.__class__ is Summary:
                 self._last_bottom = now
                 self.stats["summaries"] += 1
-                self._send(["ins", self.protocol.on_summary(body[1], now), self.key], addr)
-            elif kind == "tok" and self._view is not None and body[1] == self._view.version:
+                self._send(InstructionsEnvelope(self.protocol.on_summary(msg.body, now),
+                                                self.key), addr)
+            elif msg.__class__ is PeerToken and self._view is not None \
+                    and msg.version == self._view.version:
                 self.stats["tokens"] += 1
-                self._send_peers(self.protocol.on_peer(int(body[2]), body[3], now))
-            elif kind == "ins" and isinstance(body[1], dict):
-                self.protocol.on_down(body[1])
+                self._send_peers(self.protocol.on_peer(msg.index, msg.body, now))
+            elif msg.__class__ is InstructionsEnvelope:
+                self.protocol.on_down(msg.body)
             else:
                 self.drops["stale_or_unknown"] += 1
         except (wire.DecodeError, IndexError, KeyError, TypeError, ValueError, AttributeError):
@@ -142,11 +145,12 @@ class RecoveryAgent:
         v = self._view
         for index, body in out:
             if v is not None and 0 <= index < len(self._peers):
-                self._send(["tok", v.version, v.index, body], self._peers[index])
+                self._send(PeerToken(v.version, v.index, body), self._peers[index])
 
-    def _send(self, body, address: tuple[str, int]) -> None:
+    def _send(self, message, address: tuple[str, int]) -> None:
         try:
-            data = wire.encode_control(wire.PacketType.TOKEN, 0, body)
+            ptype, body = control_messages.encode(message)
+            data = wire.encode_control(ptype, 0, body)
         except (ValueError, TypeError):  # too large, or not msgpack-able (a faulty plug-in)
             self.drops["unsendable"] += 1
             return

@@ -37,7 +37,7 @@
 #define TRAILER 28
 #define NONCE 12
 #define TAG 16
-#define VERSION 3
+#define VERSION 4
 #define PTYPE_DATA 1
 #define FLAG_FRAGMENT 0x01
 #define CTYPE_END 3
@@ -515,7 +515,8 @@ PyInit__datagram_batch(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "BatchScanner", (PyObject *)&BatchScannerType) < 0
-        || PyModule_AddObjectRef(m, "BatchSealer", (PyObject *)&BatchSealerType) < 0) {
+        || PyModule_AddObjectRef(m, "BatchSealer", (PyObject *)&BatchSealerType) < 0
+        || PyModule_AddIntConstant(m, "WIRE_VERSION", VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }

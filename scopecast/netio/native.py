@@ -19,6 +19,7 @@ import os
 log = logging.getLogger(__name__)
 
 FORCE_PURE = "SCOPECAST_PURE_PYTHON"
+DATAGRAM_WIRE_VERSION = 4  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
 
 
 def _forced() -> bool:
@@ -45,7 +46,10 @@ else:
         missing.append(f"_tail_table ({e})")
         from scopecast.netio._tail_table_py import TailTable
     try:
-        from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
+        from scopecast.netio._datagram_batch import WIRE_VERSION, BatchScanner, BatchSealer
+        if WIRE_VERSION != DATAGRAM_WIRE_VERSION:  # a build left from another version
+            raise ImportError(f"built for wire version {WIRE_VERSION}, not "
+                              f"{DATAGRAM_WIRE_VERSION}: reinstall")
     except ImportError as e:
         missing.append(f"_datagram_batch ({e})")
         BatchScanner = BatchSealer = None

@@ -12,8 +12,10 @@ import time
 from collections import deque
 from itertools import repeat
 from operator import itemgetter
+from typing import NamedTuple
 
-from scopecast.netio import wire
+from scopecast.netio import control_messages, wire
+from scopecast.netio.control_messages import Ack, InstructionsEnvelope, JoinPoint, NakAsk, WhereAsk
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.message import Message
@@ -21,6 +23,7 @@ from scopecast.netio.native import NameTable, SeqTable, take_mixed
 from scopecast.netio.reassembly import ReassemblyError
 from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun
 from scopecast.netio.udp_batch import GRO_SPACE, segment_size
+from scopecast.netio.wire import WireRun
 from scopecast.timing import TIMING
 
 log = logging.getLogger("scopecast.netio.runtime")
@@ -28,8 +31,17 @@ HEADER = wire.HEADER
 MIXED = wire.MIXED
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 ACK_NOW_GAP = TIMING.ack_now_gap
-_first = itemgetter(0)  # (a held run's first seq: its bisect key)
+_first = itemgetter(0)  # (an EarlyRun's first seq: its bisect key)
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
+
+
+class EarlyRun(NamedTuple):
+    """A run held because it came ahead of its predecessors (see `_hold_early`)."""
+    first: int      # its first seq (the list of a key's held runs is ordered by it)
+    at: float       # when it came (time.monotonic())
+    data: bytes     # the datagram it is in
+    routes: list    # the datagram's routing table
+    run: WireRun
 
 
 class ReceivePath:
@@ -188,7 +200,7 @@ class ReceivePath:
             by_source, sessions = self._next_seq.by_source, self._sessions
             in_order = not self._early  # else every run goes by _take_run (held runs)
             for run in wire.iter_runs(body, off, header.count, len(routes)):
-                topic, source, session, first = run[0], run[1], run[2], run[3]
+                topic, source, session, first, stream, sseq, ctype, ridx, lengths, at = run
                 if source not in names and source != me:
                     # a source never known yet (forwarded from another scope): held until
                     # it is, so that its messages name it from the first (runs taken already
@@ -206,10 +218,9 @@ class ReceivePath:
                         and session <= sessions.get(topic, session):
                     # the common case, checked here rather than in a call per run: next in
                     # order, of an announced session
-                    lengths = run[8]
                     topics[topic] = first + len(lengths)
-                    self._accept(data, routes, (topic, source, session), first, run[4],
-                                 run[5], run[6], run[7], lengths, run[9])
+                    self._accept(data, routes, (topic, source, session), first, stream, sseq,
+                                 ctype, ridx, lengths, at)
                 else:
                     self._take_run(data, routes, *run)
         if header.flags & wire.FLAG_MORE and header.count:  # a repair its budget cut short
@@ -264,8 +275,9 @@ class ReceivePath:
             # a run ahead of its predecessors (or the first seen of a source, not starting at 1)
             # waits a little for them: replicated channels and re-layouts reorder
             if first > (1 if expected is None else expected):
-                if self._hold_early(key, first, (data, routes, topic, source, session, first,
-                                                 stream, first_sseq, ctype, ridx, lengths, off)):
+                run = WireRun(topic, source, session, first, stream, first_sseq, ctype, ridx,
+                              lengths, off)
+                if self._hold_early(key, data, routes, run):
                     return
                 expected = self._next_seq.get(key)  # the held runs went ahead of this one
             if expected is not None and first != expected:
@@ -452,13 +464,13 @@ class ReceivePath:
 
     # ------------------------------------------------------------ runs that arrive early
 
-    def _hold_early(self, key: tuple, first: int, run: tuple) -> bool:
+    def _hold_early(self, key: tuple, data: bytes, routes: list, run: WireRun) -> bool:
         """Keep a run that arrived ahead of its predecessors (channels replicated modulo n, or a
         path changed by a re-layout) until they come, within a byte budget; False when full."""
-        size = sum(run[10])
+        size, first = sum(run.lengths), run.first
         if self._early_bytes + size > self.config.reorder_bytes:
             if key[0] in self._reliable:
-                self.drops["reorder_full"] += len(run[10])  # not acknowledged: NAKed later
+                self.drops["reorder_full"] += len(run.lengths)  # not acknowledged: NAKed later
                 self.loss_seen_at = time.monotonic()  # (a tail dropped here shows no other gap)
                 return True
             if key in self._early:  # out of room: what is held goes first, with its gaps
@@ -466,15 +478,16 @@ class ReceivePath:
             return False
         held = self._early.setdefault(key, [])
         # (runs mostly come in order: found from the end, so thousands held stay cheap)
-        at = len(held) if not held or held[-1][0] < first else bisect.bisect(held, first, key=_first)
+        at = len(held) if not held or held[-1].first < first \
+            else bisect.bisect(held, first, key=_first)
         if key[0] in self._reliable:  # a new hole ends just before this run: when did it open
             before = held[at - 1] if at else None
-            if before is None or before[0] + len(before[2][10]) != first:
+            if before is None or before.first + len(before.run.lengths) != first:
                 self._gap_at.setdefault(key, []).append((first - 1, time.monotonic()))
                 self.hole_opened = True
-        held.insert(at, (first, time.monotonic(), run))
-        if key[0] in self._reliable:  # taken, as far as the stream position goes (it is held
-            self._positions.mark(key[1], run[7], run[7] + len(run[10]) - 1)  # till delivered)
+        held.insert(at, EarlyRun(first, time.monotonic(), data, routes, run))
+        if key[0] in self._reliable:  # taken, for the stream position (held till delivered)
+            self._positions.mark(key[1], run.first_sseq, run.first_sseq + len(run.lengths) - 1)
         self._early_bytes += size
         self.stats["held_early"] += 1
         return True
@@ -488,17 +501,17 @@ class ReceivePath:
         taken = 0
         self._releasing = True
         try:
-            for first, _t, run in held:
+            for early in held:
                 expected = self._next_seq.get(key)
-                if expected is None or first > expected:
+                if expected is None or early.first > expected:
                     if not give_up:
                         break
                     if expected is not None:  # else it is where this member joined the stream
                         self.stats["gaps"] += 1
-                    self._next_seq[key] = first
+                    self._next_seq[key] = early.first
                 taken += 1
-                self._early_bytes -= sum(run[10])
-                self._take_run(*run)
+                self._early_bytes -= sum(early.run.lengths)
+                self._take_run(early.data, early.routes, *early.run)
                 if key in self._gap_at:
                     self._note_filled(key, give_up)
         finally:
@@ -513,7 +526,7 @@ class ReceivePath:
         (`join_timeout`): it starts at the first run it holds, and NAKs the holes after it."""
         for key in [k for k, held in self._early.items() if self._given_up(k, held, now)]:
             if key[0] in self._reliable:
-                self._next_seq[key] = self._early[key][0][0]
+                self._next_seq[key] = self._early[key][0].first
                 self.stats["started_unasked"] += 1
                 self._release_early(key)
             else:
@@ -521,7 +534,7 @@ class ReceivePath:
         self._deliver()
 
     def _given_up(self, key: tuple, held: list, now: float) -> bool:
-        age = now - min(h[1] for h in held)
+        age = now - min(h.at for h in held)
         if key[0] not in self._reliable:
             return age > self.config.reorder_timeout
         return key not in self._next_seq and not self._pending(key) \
@@ -596,36 +609,24 @@ class ReceivePath:
         return source
 
     def _on_control(self, header: wire.Header, body: memoryview) -> None:
-        header, msg = wire.decode_control(body)
-        if header.ptype == wire.PacketType.TOKEN:
-            if isinstance(msg, list) and len(msg) == 3 and msg[0] == "ins" \
-                    and isinstance(msg[1], dict) and isinstance(msg[2], str):
-                try:
-                    self._on_instructions(msg[1], msg[2])
-                except (TypeError, ValueError, IndexError, AttributeError):
-                    self._drop("bad_instructions")
-            else:
-                self._drop("bad_control")
-        elif header.ptype == wire.PacketType.NAK:
-            if isinstance(msg, list) and len(msg) == 6 and all(isinstance(v, int) for v in msg):
-                self._on_nak(header.sender, msg)
-            else:
-                self._drop("bad_nak")
-        elif header.ptype == wire.PacketType.CONTROL:
-            if (isinstance(msg, list) and len(msg) == 4 and msg[0] == "ack"
-                    and all(isinstance(v, int) and v >= 0 for v in msg[1:])):
-                self._on_ack(header.sender, msg[1], msg[2], msg[3] / 1e6)
-            elif isinstance(msg, list) and msg[:1] == ["where"] and len(msg) == 3 \
-                    and all(isinstance(v, int) for v in msg[1:]):
-                self._on_where(header.sender, msg[1], msg[2])
-            elif isinstance(msg, list) and msg[:1] == ["from"] and len(msg) == 5 \
-                    and all(isinstance(v, int) and 0 <= v < wire.SEQ_LIMIT for v in msg[1:]) \
-                    and msg[1] <= wire.MAX_TOPIC:
-                self._on_join_point(header.sender, *msg[1:])
-            else:
-                self._drop("bad_control")
-        else:
-            self.stats[f"ignored_{wire.PacketType(header.ptype).name.lower()}"] += 1
+        header, body = wire.decode_control(body)
+        msg = control_messages.decode(header.ptype, body)  # (DecodeError: counted by the caller)
+        kind = msg.__class__
+        if kind is Ack:
+            self._on_ack(header.sender, msg.channel, msg.dseq, msg.held_us / 1e6)
+        elif kind is NakAsk:
+            self._on_nak(header.sender, msg)
+        elif kind is InstructionsEnvelope:
+            try:
+                self._on_instructions(msg.body, msg.protocol)
+            except (TypeError, ValueError, IndexError, AttributeError):
+                self._drop("bad_instructions")
+        elif kind is WhereAsk:
+            self._on_where(header.sender, msg.topic, msg.session)
+        elif kind is JoinPoint:
+            self._on_join_point(header.sender, *msg)
+        else:  # a summary or a peer token: for agents, not members
+            self._drop("bad_control")
 
     def _on_end_of_stream(self, source: int, topic: int, session: int, last_seq: int) -> None:
         """`source`'s stream of `topic` ended after `last_seq`: what came before goes to the
@@ -667,11 +668,11 @@ class ReceivePath:
             # how long the acknowledged datagram waited for this ack (acks go every ack_period):
             # the sender's round-trip sample leaves it out (see delay_window)
             held = max(0, round((now - pos[4]) * 1e6))
-            self._send_control(wire.PacketType.CONTROL, ["ack", channel, pos[0], held],
-                               (member.host, member.port))
+            self._send_control(Ack(channel, pos[0], held), (member.host, member.port))
 
-    def _send_control(self, ptype: int, body, address, channel: int = 0, dseq: int = 0) -> None:
-        data = wire.encode_control(ptype, self.member_id, body, channel, dseq)
+    def _send_control(self, message, address) -> None:
+        ptype, body = control_messages.encode(message)
+        data = wire.encode_control(ptype, self.member_id, body)
         try:
             self._sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
             self.stats["control_out"] += 1

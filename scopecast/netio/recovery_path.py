@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Set
 
-from scopecast.netio import wire
+from scopecast.netio.control_messages import Instructions, JoinPoint, Nak, Summary, WhereAsk
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.native import TailTable
@@ -225,8 +225,7 @@ class RecoveryPath:
         cached = tail[0] if tail.__class__ is list else tail + 1
         points = self._join_points.get(receiver)
         start = points.get((topic, session), 1) if points is not None else cached
-        self._send_control(wire.PacketType.CONTROL, ["from", topic, session, start, cached],
-                           (member.host, member.port))
+        self._send_control(JoinPoint(topic, session, start, cached), (member.host, member.port))
 
     def _on_join_point(self, sender: int, topic: int, session: int, start: int,
                        cached: int) -> None:
@@ -240,8 +239,8 @@ class RecoveryPath:
             # what became stable before it is held by nobody any more: from the cache on
             start = cached if topic in self._cached_history else max(start, cached)
             held = self._early.get(key)
-            if held and held[0][0] < start:  # it was listening before its sender noticed it
-                start = held[0][0]
+            if held and held[0].first < start:  # it listened before its sender noticed it
+                start = held[0].first
             self._next_seq[key] = start
             self.stats["joined_at"] = start
             if key in self._early:
@@ -262,8 +261,7 @@ class RecoveryPath:
         if now - ask[1] >= min(self._period, 0.25):
             member = self._members.get(key[1])
             if member is not None:
-                self._send_control(wire.PacketType.CONTROL, ["where", key[0], key[2]],
-                                   (member.host, member.port))
+                self._send_control(WhereAsk(key[0], key[2]), (member.host, member.port))
             else:
                 self._look_up(key[1])
             ask[0] += 1
@@ -290,7 +288,7 @@ class RecoveryPath:
 
     # ----------------------------------------------------------------------- the receiver
 
-    def _owed(self, now: float) -> tuple[dict[int, int], list[list]]:
+    def _owed(self, now: float) -> tuple[dict[int, int], list[Nak]]:
         """(MaxContiguous per sender stream, NAKs) of what this member is owed and misses.
 
         What a sender's record names beyond the last run received is NAKed only once the sender's
@@ -299,7 +297,7 @@ class RecoveryPath:
         twice. (The stream, not the topic: a sender going round thousands of topics moves each
         of them less often than once a period.)"""
         acks: dict[int, int] = {}
-        naks: list[list] = []
+        naks: list[Nak] = []
         streams: list[tuple[int, int]] = []  # dense: (source, its tail to ask for up to)
         stalls, self._stalls = self._stalls, {}
         self._digest_keys()
@@ -385,7 +383,7 @@ class RecoveryPath:
             if nxt is None:
                 held = self._early.get(key)
                 # joined while these were unstable: owed from the first the sender still holds
-                nxt = min(fs, held[0][0]) if held else fs
+                nxt = min(fs, held[0].first) if held else fs
                 self._next_seq[key] = nxt
                 if held:
                     self._release_early(key)
@@ -394,7 +392,7 @@ class RecoveryPath:
                 continue
             if nxt < fs:  # what the sender let go before `fs` is stable (see _pass_stable)
                 held = self._early.get(key)
-                self._skip_to(key, min(fs, held[0][0]) if held else fs)
+                self._skip_to(key, min(fs, held[0].first) if held else fs)
                 nxt = self._next_seq[key]
             last = self._last_sseq.get(key, fss - 1)
             tail = (ls, min(lss, record.top)) if lss <= tail_upto else None
@@ -406,7 +404,7 @@ class RecoveryPath:
         """Gaps no record names (it has not come yet, or the record names only
         MAX_RECORD_TOPICS of the sender's topics): pulled from the sender all the same, and not
         acknowledged."""
-        named = {(n[1], n[0], n[2]) for n in naks}
+        named = {(n.topic, n.source, n.session) for n in naks}
         for key in self._early:
             if key[0] not in self._reliable or key in named:
                 continue
@@ -442,11 +440,11 @@ class RecoveryPath:
     def _stream_naks(self, source: int, tail_top: int, naks: list) -> None:
         """NAKs of a dense stream's holes (by stream seq, any topic) that no per-topic NAK
         covers, and of its tail up to `tail_top`."""
-        covered = [(n[5], n[6]) for n in naks if n[0] == source]
+        covered = [(n.lo_sseq, n.hi_sseq) for n in naks if n.source == source]
         end = self._positions.end(source)
         for lo, hi in [*self._positions.holes(source, MAX_STREAM_NAKS), (end + 1, tail_top)]:
             if lo <= hi and not any(c_lo <= lo and hi <= c_hi for c_lo, c_hi in covered):
-                naks.append([source, ANY_TOPIC, 0, lo, TAIL_SEQ, lo, hi])
+                naks.append(Nak(source, ANY_TOPIC, 0, lo, TAIL_SEQ, lo, hi))
                 if lo > end:
                     self.stats["nak_stream_tails"] += 1
                     self.stats[self._evidence.why(source)] += 1
@@ -478,19 +476,19 @@ class RecoveryPath:
         holes = self._holes(key, nxt, last, tail)
         if holes:
             topic, source, session = key
-            naks += [[source, topic, session, *h] for h in holes]
+            naks += [Nak(source, topic, session, *h) for h in holes]
         return bool(holes)
 
     def _holes(self, key: tuple, nxt: int, last: int, tail: tuple | None = None) -> list[list]:
         """[seq lo, hi, sseq lo, hi] missing before, between and (`tail`: the sender's last seq
         and sseq) after the runs held for `key`: all NAKed at once, not one gap per period."""
         out = []
-        for first, _t, run in self._early.get(key, ()):
+        for early in self._early.get(key, ()):
+            first, sseq, n = early.first, early.run.first_sseq, len(early.run.lengths)
             if first > nxt:
-                out.append([nxt, first - 1, last + 1, run[7] - 1])
-            n = len(run[10])
+                out.append([nxt, first - 1, last + 1, sseq - 1])
             if first + n > nxt:
-                nxt, last = first + n, run[7] + n - 1
+                nxt, last = first + n, sseq + n - 1
         self.stats["nak_gaps"] += len(out)
         if tail is not None and nxt <= tail[0] and last < tail[1]:
             out.append([nxt, min(tail[0], nxt + TAIL_SPAN - 1), last + 1, tail[1]])
@@ -498,7 +496,7 @@ class RecoveryPath:
             self.stats[self._evidence.why(key[1])] += 1
         return out
 
-    def _tail_naks(self, now: float) -> list[list]:
+    def _tail_naks(self, now: float) -> list[Nak]:
         """Ask peers for what another member delivered beyond this one, from a sender whose
         heartbeat stopped (it is gone): so survivors of a sender's crash end on the same prefix.
         Every period until it catches up; it stops asking after TAIL_PATIENCE without progress
@@ -521,7 +519,7 @@ class RecoveryPath:
                 for (topic, src, session), nxt in self._next_seq.items():
                     if src == source and topic in self._reliable:
                         last = self._last_sseq.get((topic, src, session), 0)
-                        out.append([source, topic, session, nxt, TAIL_SEQ, last + 1, hi])
+                        out.append(Nak(source, topic, session, nxt, TAIL_SEQ, last + 1, hi))
                         self.stats["nak_gone_tails"] += 1
                         self.stats[self._evidence.why(source)] += 1
         return out
@@ -544,18 +542,18 @@ class RecoveryPath:
         self._caught_up()
         # each hole by itself: one found since the last tick is NAKed now, even on a stream
         # whose other holes were NAKed a moment ago; each again once a period passed
-        missing = {(n[1], n[0], n[2], n[3]) for n in naks}
+        missing = {(n.topic, n.source, n.session, n.lo) for n in naks}
         for key in [k for k in self._nak_at if k not in missing]:
             del self._nak_at[key]
         record = {self.member_id: self._own_record()} if self._taken_sseq else None
         protocols = self._protocols
         for key, agent in self._agents.items():
             summary = {"acks": acks, "seen": self._max_seen,
-                       "naks": [[*n, self.member_id, *self.address] for n in naks
-                                if protocols.get(n[1]) == key][:MAX_NAKS]}
+                       "naks": [n.row(self.member_id, self.address) for n in naks
+                                if protocols.get(n.topic) == key][:MAX_NAKS]}
             if record is not None:
                 summary["recs"] = record
-            self._send_control(wire.PacketType.TOKEN, ["sum", summary], agent)
+            self._send_control(Summary(summary), agent)
             self.stats["summaries_sent"] += 1
             self.stats["naks_reported"] += len(summary["naks"])
         # the sender holds everything not yet stable: pull from it (again once a repair should
@@ -564,17 +562,17 @@ class RecoveryPath:
         nak_at = self._nak_at
         retry = min(self._period, max(RETRY_MIN, RETRY_TIMES * self._repair_avg))
         for nak in naks[:MAX_NAKS]:
-            key = (nak[1], nak[0], nak[2], nak[3])
+            key = (nak.topic, nak.source, nak.session, nak.lo)
             if now - (last := nak_at.get(key, -INF)) < retry:
                 continue
             self.stats["nak_retries"] += last > -INF  # (a NAK or its repair was lost, or late)
             nak_at[key] = now
-            member = self._members.get(nak[0])
+            member = self._members.get(nak.source)
             if member is not None:
-                self._send_control(wire.PacketType.NAK, nak[1:], (member.host, member.port))
+                self._send_control(nak.ask(), (member.host, member.port))
                 self.stats["naks_sent"] += 1
             else:
-                self._look_up(nak[0])
+                self._look_up(nak.source)
         self.retry_at = min(nak_at.values()) + retry if nak_at else INF
         self._expire_records(now)
 
@@ -606,29 +604,28 @@ class RecoveryPath:
             self._behind.pop(source, None)
             self._evidence.forget(source)
 
-    def _on_instructions(self, ins: dict, key: str) -> None:
-        """Agent `key`'s reply: stability and records from above, repairs to push."""
+    def _on_instructions(self, body: dict, key: str) -> None:
+        """Agent `key`'s reply (`agents.api` instructions, read here; ValueError or TypeError
+        when malformed): stability and records from above, repairs to push."""
         if key not in self._agents:
             self._drop("stale_instructions")  # from an agent this member no longer has
             return
+        ins = Instructions.from_wire(body)
         now = time.monotonic()
         reply = self._replies[key] = AgentReply(
-            {}, {int(s): int(v) for s, v in ins.get("hi", {}).items()},
-            float(ins.get("period", self._period)), bool(ins.get("cacher")), now)
+            {}, ins.hi, self._period if ins.period is None else ins.period, ins.cacher, now)
         replies = self._replies.values()
-        for source, (stable, record) in ins.get("down", {}).items():
-            source = int(source)
-            reply.down[source] = int(stable)
-            if record and source != self.member_id:  # (its own: nothing to learn from it)
+        for source, (stable, record) in ins.down.items():
+            reply.down[source] = stable
+            if record is not None and source != self.member_id:  # (its own: nothing to learn)
                 # a dead sender's last record may still come down (its agent keeps folding the
                 # last summary in until the scope drops it): gone is when its heartbeat stops
                 old = self._records.get(source)
-                top, beat = int(record[0]), int(record[2]) if len(record) > 2 else 0
-                horizon = int(record[3]) if len(record) > 3 else top
-                keys = (int(record[4]), int(record[5])) if len(record) > 5 else (0, 0)
+                top, beat = record.top, record.beat
+                keys = (record.key_count, record.key_digest)
                 self._records[source] = SenderRecord(
-                    top, None if self._dense(source, keys) else named_topics(record[1]),
-                    horizon, keys, now,
+                    top, None if self._dense(source, keys) else named_topics(record.named),
+                    record.horizon, keys, now,
                     old.beat_at if old is not None and (old.top, old.beat) == (top, beat) else now,
                     beat, *self._top_moved(old, top, now))
         stables: dict[int, int] = {}  # peers' streams
@@ -645,9 +642,9 @@ class RecoveryPath:
                 stable = stables[source] = self._peer_stable(source)
                 self._peer_cache.prune(source, stable)
         self._pass_stable(stables)
-        for nak in ins.get("push", ()):
+        for push in ins.push:
             self.stats["pushes"] += 1
-            self._serve(int(nak[0]), nak[1:7], (nak[8], int(nak[9])))
+            self._serve(push.source, push.nak, push.address)
         self._hi = {}
         for r in replies:
             for source, v in r.hi.items():
@@ -679,8 +676,9 @@ class RecoveryPath:
                 self._positions.mark(source, c + 1, stable)
         for key in [k for k in self._early if k[1] in stables and k[0] in self._reliable]:
             nxt = self._next_seq.get(key)
-            first, _t, run = self._early[key][0]
-            if nxt is not None and first > nxt and run[7] - 1 <= stables[key[1]]:
+            early = self._early[key][0]
+            first = early.first
+            if nxt is not None and first > nxt and early.run.first_sseq - 1 <= stables[key[1]]:
                 self._skip_to(key, first)
         self._deliver()
 

@@ -218,7 +218,7 @@ class MemberRuntime(ReceivePath, SendPath, RecoveryPath):
         self._recv_pos: dict[tuple[int, int], list] = {}
         self._held: deque[tuple[float, int, bytes]] = deque()
         self._held_bytes = 0
-        self._early: dict[tuple, list] = {}  # (topic, source, session) -> runs held, in order
+        self._early: dict[tuple, list] = {}  # (topic, source, session) -> EarlyRuns, in order
         self._early_bytes = 0
         self._releasing = False
         self._last_ack = 0.0

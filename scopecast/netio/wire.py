@@ -45,7 +45,7 @@ import msgpack
 from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
-VERSION = 3
+VERSION = 4  # 4: control bodies are `control_messages` records ([kind, *fields])
 
 HEADER = struct.Struct("!2sBBBBHIHHQ")
 RUN = struct.Struct("!IIIQIQBBH")
@@ -346,12 +346,29 @@ def encode_fragment(ptype: int, sender: int, channel: int, dseq: int, fragment: 
                        (fragment.total, fragment.index, fragment.count, fragment.chunk))
 
 
+class WireRun(NamedTuple):
+    """A run as `iter_runs` reads it from a datagram (a tuple: one is made per run received)."""
+
+    topic: int
+    source: int
+    session: int
+    first: int                # the seq of its first message
+    stream: int               # the stream (sending member) its stream seqs are of
+    first_sseq: int
+    ctype: int
+    route_index: int          # into the datagram's routing table
+    lengths: tuple[int, ...]  # of its payloads (a mixed run: its message count)
+    offset: int               # of its first payload in the datagram
+
+
+_new_run = tuple.__new__
+
+
 def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
-    """Validate and yield the runs of a data datagram body (without MAC) starting at `offset`:
-    (topic, source, session, first seq, stream, first stream seq, content type, routing index,
-    payload lengths, offset of the first payload). A mixed run comes as topic MIXED with, in
-    place of the lengths, its message count: its entries are read where they lie (checked here
-    in C, unpacked by `mixed_entries` when wanted). Raises DecodeError on malformed input."""
+    """Validate and yield the runs of a data datagram body (without MAC) starting at `offset`,
+    as `WireRun`s. A mixed run comes as topic MIXED with, in place of the lengths, its message
+    count: its entries are read where they lie (checked here in C, unpacked by `mixed_entries`
+    when wanted). Raises DecodeError on malformed input."""
     end = len(view)
     unpack = RUN.unpack_from
     for _ in range(runs):
@@ -385,7 +402,7 @@ def iter_runs(view: memoryview, offset: int, runs: int, nroutes: int):
             offset += sum(lengths)
         if offset > end:
             raise DecodeError("truncated", "payload")
-        yield fields[:8] + (lengths, start)
+        yield _new_run(WireRun, fields[:8] + (lengths, start))
     if offset != end:
         raise DecodeError("trailing_bytes", str(end - offset))
 
