@@ -453,9 +453,10 @@ def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
         member._tails[(T + 1, 2)] = [3, 4, 3, 4]
         return member._own_record()
     record = member.call_wait(own)
-    assert isinstance(record[1], bytes) and len(record[1]) == 2 * RECORD_ENTRY.size
-    assert named_topics(record[1]) == {(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]}
-    cut = {"down": {str(SOURCE): [0, [9, record[1][:-1], 7, 9, 0, 0]]}, "hi": {}, "period": 0.02}
+    assert isinstance(record.named, bytes) and len(record.named) == 2 * RECORD_ENTRY.size
+    assert named_topics(record.named) == {(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]}
+    cut = {"down": {str(SOURCE): [0, [9, record.named[:-1], 7, 9, 0, 0]]}, "hi": {},
+           "period": 0.02}
     with pytest.raises(ValueError):  # (the I/O loop counts it as bad_instructions)
         member.call_wait(member._on_instructions, cut, PROTOCOL)
 
@@ -486,7 +487,7 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
     member.call_wait(member._take_publishes)
     assert dict(member._tails.items()) == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
     record = member.call_wait(member._own_record)
-    assert named_topics(record[1]) == {(U, 1): [3, 6, 3, 6]}
+    assert named_topics(record.named) == {(U, 1): [3, 6, 3, 6]}
 
 
 def _delivered(rt: MemberRuntime) -> list[int]:

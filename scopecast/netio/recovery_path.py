@@ -37,7 +37,14 @@ import time
 from collections import deque
 from collections.abc import Set
 
-from scopecast.netio.control_messages import Instructions, JoinPoint, Nak, Summary, WhereAsk
+from scopecast.netio.control_messages import (
+    Instructions,
+    JoinPoint,
+    Nak,
+    SenderRecordWire,
+    Summary,
+    WhereAsk,
+)
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.native import TailTable
@@ -158,9 +165,9 @@ class RecoveryPath:
         self.stats["stable_sseq"] = stable
         self._space.set()
 
-    def _own_record(self) -> list:
-        """[what is on the wire, the unstable runs per topic, a heartbeat, the horizon, the keys
-        sent (count, digest)]: a receiver NAKs a tail only up to the first (what is still queued
+    def _own_record(self) -> SenderRecordWire:
+        """What is on the wire, the unstable runs per topic, a heartbeat, the horizon, the keys
+        sent (count, digest): a receiver NAKs a tail only up to the first (what is still queued
         here is not lost, only not sent yet); the heartbeat moves with every summary, so
         receivers tell a sender that waits (on its window) from one that is gone; a receiver
         whose stream is not dense acknowledges no further than the horizon (topics it does not
@@ -169,7 +176,7 @@ class RecoveryPath:
         named, horizon = self._tails.record(self._cache, self._cache_head, self.handed,
                                             RECORD_SCAN, MAX_RECORD_TOPICS)
         keys = (0, 0) if self._sent_unreliable else (self._published.count, self._published.digest)
-        return [self.handed, named, self._beat, horizon, *keys]
+        return SenderRecordWire(self.handed, named, self._beat, horizon, *keys)
 
     def stability_digest(self) -> str:
         """What holds this member's own messages back, for a flush that timed out: how far
