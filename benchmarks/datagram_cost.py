@@ -66,14 +66,14 @@ def measure(size: int, datagram_bytes: int, count: int, batch_c: bool = True) ->
         batch = batch_limit(datagram_bytes)
         calls = [b"".join(data[i:i + batch]) for i in range(0, len(data), batch)]
         if not batch_c:
-            rt._scanner = None
+            rt.receiver._scanner = None
         segment = len(data[0])
 
         def take() -> float:
             began = time.thread_time()
             for call in calls:  # as one GRO receive call hands them over
-                rt._take_segments(call, segment)
-                rt._deliver()
+                rt.receiver._take_segments(call, segment)
+                rt.delivery.deliver()
                 while sub.queue:  # the application takes what came
                     sub.consumed_bytes += sub.queue.popleft()[1]
             return time.thread_time() - began
@@ -96,7 +96,7 @@ def measure_send(size: int, datagram_bytes: int, count: int, batch_c: bool = Tru
     rt = MemberRuntime(ME, "A", os.urandom(32), config)  # (the label below routes from A)
     payload = bytes(size)
     if not batch_c:
-        rt._sealer = None
+        rt.sender._sealer = None
     try:
         rt.call_wait(rt.install_members, [MemberInfo(ME, "A", *rt.address)])
         rt.call_wait(rt.install_topics, {TOPIC: "t"}, {TOPIC: 1})
@@ -110,8 +110,8 @@ def measure_send(size: int, datagram_bytes: int, count: int, batch_c: bool = Tru
             for first in range(1, messages + 1, 1000):  # (as publishers hand them over)
                 q.extend((i, TOPIC, 1, i, 0, payload)
                          for i in range(first, min(first + 1000, messages + 1)))
-                rt._take_publishes()
-                while rt._pump():
+                rt.sender.take_publishes()
+                while rt.sender.pump():
                     pass
             return time.thread_time() - began
 

@@ -40,7 +40,7 @@ def datagrams(key: bytes, topics: int, messages: int, size: int) -> list[bytes]:
             seqs[topic] += 1
             sseq = rt.publish(topic, 1, seqs[topic], 0, payload)
             if i % ROUND == ROUND - 1 or i == messages - 1:
-                rt.call_wait(rt._release_own, max(0, sseq - LAG))
+                rt.call_wait(rt.own.release, max(0, sseq - LAG))
                 sent = _collect(rt, sink, sent, out)
         return out
     finally:
@@ -90,8 +90,8 @@ def us_per_message(topics: int, messages: int, size: int) -> float:
 
 def _take(rt: MemberRuntime, datagrams: list[bytes]) -> None:
     for data in datagrams:
-        rt._on_datagram(data)
-    rt._deliver()
+        rt.receiver._on_datagram(data)
+    rt.delivery.deliver()
 
 
 def main() -> None:

@@ -66,8 +66,8 @@ def us_per_message(topics: int, messages: int, size: int) -> float:
             seqs[topic] += 1
             sseq = rt.publish(topic, 1, seqs[topic], 0, payload)
             if i % ROUND == ROUND - 1:
-                rt.call_wait(rt._release_own, max(0, sseq - LAG))
-        rt.call_wait(rt._release_own, sseq)
+                rt.call_wait(rt.own.release, max(0, sseq - LAG))
+        rt.call_wait(rt.own.release, sseq)
         return (thread_cpu(rt._thread) - start) / messages * 1e6
     finally:
         rt.close()

@@ -16,13 +16,17 @@ TOPIC = 7
 
 
 @contextlib.contextmanager
-def member_pair(config: RuntimeConfig | None = None, session: int = 1, window: bool = False):
+def member_pair(config: RuntimeConfig | None = None, session: int = 1, window: bool = False,
+                registered: bool = False):
     """Members A (1) and B (2) that know each other; A's topic 7 ("T") goes to B by unicast
     (`window`: B holds A's flow window, as an announced receiver does); B subscribes. Yields
-    (A, B, B's subscription); both closed afterwards."""
+    (A, B, B's subscription); both closed afterwards. `registered`: each is made with id 0 and
+    given its id afterwards, as a member's scope registers it."""
     key = os.urandom(32)
-    a = MemberRuntime(1, "A", key, config or RuntimeConfig())
-    b = MemberRuntime(2, "B", key, config or RuntimeConfig())
+    a = MemberRuntime(0 if registered else 1, "A", key, config or RuntimeConfig())
+    b = MemberRuntime(0 if registered else 2, "B", key, config or RuntimeConfig())
+    if registered:
+        a.member_id, b.member_id = 1, 2
     try:
         members = [MemberInfo(rt.member_id, rt.name, *rt.address) for rt in (a, b)]
         for rt in (a, b):

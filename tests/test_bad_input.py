@@ -273,7 +273,7 @@ def test_oversized_fragment(make_env):
 
     env.interleave(junk)
     env.wait(counter_at_least(env, "oversized", sent), "oversized count")
-    assert env.sub._reassembler.bytes_held == 0
+    assert env.sub.receiver._reassembler.bytes_held == 0
     env.assert_valid_stream_intact()
 
 
@@ -307,18 +307,18 @@ def test_fragment_flood_never_completing(make_env):
         for _ in range(10):  # 10 distinct message ids per round, first fragment of 8 only
             env.send(env.signed(fragment_body(total, 0, total // chunk, chunk, b"f" * chunk,
                                               next(ids))))
-        held_samples.append(env.sub._reassembler.bytes_held)
+        held_samples.append(env.sub.receiver._reassembler.bytes_held)
 
-    env.interleave(junk, between=lambda: held_samples.append(env.sub._reassembler.bytes_held))
+    env.interleave(junk, between=lambda: held_samples.append(env.sub.receiver._reassembler.bytes_held))
     env.wait(lambda: env.sub.drops["reassembly_budget"] >= 1, "reassembly_budget count")
 
     def expired_and_empty() -> bool:
-        held_samples.append(env.sub._reassembler.bytes_held)
-        return env.sub.drops["reassembly_timeout"] >= 1 and env.sub._reassembler.bytes_held == 0
+        held_samples.append(env.sub.receiver._reassembler.bytes_held)
+        return env.sub.drops["reassembly_timeout"] >= 1 and env.sub.receiver._reassembler.bytes_held == 0
 
     env.wait(expired_and_empty, "expiry of the partial messages")
     assert max(held_samples) <= budget
-    assert len(env.sub._reassembler) == 0
+    assert len(env.sub.receiver._reassembler) == 0
     assert env.sub.stats["reassembled"] == 0
     env.assert_valid_stream_intact()
 
@@ -338,7 +338,7 @@ def test_unknown_sender(make_env):
     env.interleave(junk)
     assert env.sub.unknown_sender.wait(LIVENESS), "the control thread was not asked to refresh"
     env.wait(counter_at_least(env, "unknown_sender", sent), "unknown_sender count")
-    assert len(env.sub._held) == 0
+    assert len(env.sub.receiver._held) == 0
     env.assert_valid_stream_intact()  # and none of the stranger's messages was delivered
 
 
@@ -408,7 +408,7 @@ def test_malformed_routing_record_at_a_forwarder(make_env):
 def test_io_thread_survives_an_exception_while_idle(make_env):
     """A failure while handling a datagram that woke the idle loop is counted, not fatal."""
     env = make_env()
-    original = env.sub._on_data
+    original = env.sub.receiver._on_data
     calls: list = []
 
     def fails_once(*args) -> None:
@@ -417,7 +417,7 @@ def test_io_thread_survives_an_exception_while_idle(make_env):
             raise RuntimeError("injected failure")
         original(*args)
 
-    env.sub._on_data = fails_once
+    env.sub.receiver._on_data = fails_once
     # one message at a time, so the subscriber handles each datagram from its idle wait
     env.publish(1)
     env.wait(lambda: env.sub.drops["internal_error"] == 1 or not env.sub.alive, "the failure")

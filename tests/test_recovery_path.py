@@ -43,9 +43,9 @@ def _deliver(rt: MemberRuntime, first: int, count: int) -> None:
     payloads = [b"%d" % s for s in range(first, first + count)]
 
     def take():
-        rt._take_run(b"".join(payloads), [()], T, SOURCE, 1, first, SOURCE, first, 0, 0,
+        rt.receiver.take_run(b"".join(payloads), [()], T, SOURCE, 1, first, SOURCE, first, 0, 0,
                      tuple(len(p) for p in payloads), 0)
-        rt._deliver()
+        rt.delivery.deliver()
     rt.call_wait(take)
 
 
@@ -62,15 +62,15 @@ def _tail_naks_after(rt: MemberRuntime, instructions, seconds: float) -> list:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         _lossy(rt)
-        rt.call_wait(rt._on_instructions, instructions(), PROTOCOL)
+        rt.call_wait(rt.recovery.on_instructions, instructions(), PROTOCOL)
         time.sleep(0.01)
-    return rt.call_wait(lambda: rt._tail_naks(time.monotonic()))
+    return rt.call_wait(lambda: rt.recovery._tail_naks(time.monotonic()))
 
 
 def _lossy(rt: MemberRuntime) -> None:
     """A channel of the member has just shown a datagram lost (a gap in its datagram numbers:
     see test_window_probe): the evidence that lets it ask for a stream's tail."""
-    rt.loss_seen_at = time.monotonic()
+    rt.recovery.loss_seen_at = time.monotonic()
 
 
 def test_a_member_behind_its_peers_asks_them_for_the_tail_once_the_senders_heartbeat_stops(member):
@@ -108,10 +108,10 @@ def test_a_member_that_joined_after_all_its_sender_named_owes_no_ack_of_it(membe
     key = (T, SOURCE, 1)
 
     def joined_after_100():
-        member._asks[key] = [1, time.monotonic()]
-        member._on_join_point(SOURCE, T, 1, 101, 101)
-        member._on_instructions(_instructions(100, 0), PROTOCOL)
-        return member._owed(time.monotonic())
+        member.joins._asks[key] = [1, time.monotonic()]
+        member.joins.on_join_point(SOURCE, T, 1, 101, 101)
+        member.recovery.on_instructions(_instructions(100, 0), PROTOCOL)
+        return member.recovery._owed(time.monotonic())
     acks, naks = member.call_wait(joined_after_100)
     assert acks[SOURCE] == 100 and naks == []
 
@@ -120,7 +120,7 @@ def test_a_new_hole_is_asked_of_the_sender_at_once_even_if_another_of_its_stream
     """Each hole is NAKed to the sender by itself: one that opens a moment after another of the
     same stream was NAKed does not wait a period behind it (it used to: repair p50 halved)."""
     def tick() -> int:
-        member._recovery_tick(time.monotonic())
+        member.recovery._recovery_tick(time.monotonic())
         return member.stats["naks_sent"]
 
     _deliver(member, 1, 10)
@@ -135,7 +135,7 @@ def test_a_hole_is_asked_for_again_once_its_repair_is_overdue_not_a_period_later
     """A lost NAK or repair used to cost a whole period (and the p99 of repair times was those):
     the hole is asked for again after twice the recent repair time, at least RETRY_MIN."""
     def naks_at(now: float) -> int:
-        member._recovery_tick(now)
+        member.recovery._recovery_tick(now)
         return member.stats["naks_sent"]
 
     _deliver(member, 1, 10)
@@ -143,9 +143,9 @@ def test_a_hole_is_asked_for_again_once_its_repair_is_overdue_not_a_period_later
     t = time.monotonic()
     later = t + RETRY_MIN * 1.5
     sent = member.call_wait(lambda: [naks_at(t), naks_at(t + RETRY_MIN / 2), naks_at(later)])
-    assert member._period >= 4 * RETRY_MIN  # (what it waited for before)
+    assert member.recovery._period >= 4 * RETRY_MIN  # (what it waited for before)
     assert sent == [1, 1, 2]
-    assert member.retry_at == pytest.approx(later + RETRY_MIN)  # the step loop ticks then
+    assert member.recovery.retry_at == pytest.approx(later + RETRY_MIN)  # the step loop ticks then
 
 
 def test_an_idle_member_holding_what_is_not_stable_yet_reports_again_soon(member):
@@ -154,12 +154,12 @@ def test_an_idle_member_holding_what_is_not_stable_yet_reports_again_soon(member
     which the data's stability needed (a flush of one message took over a second). It reports
     again within SETTLE_REPORT while what it delivered is not stable, and only then."""
     def due(stable: int, period: float, moved_ago: float = 0.0) -> float:
-        member._on_instructions({"down": {str(SOURCE): [stable, [15, [[T, 1, 1, 1, 15, 15]], 7]]},
+        member.recovery.on_instructions({"down": {str(SOURCE): [stable, [15, [[T, 1, 1, 1, 15, 15]], 7]]},
                                  "hi": {}, "period": period}, PROTOCOL)
         now = time.monotonic()
-        member._moved_at = min(member._moved_at, now - moved_ago)
-        member._recovery_tick(now)
-        return member.settle_at - now
+        member.recovery._moved_at = min(member.recovery._moved_at, now - moved_ago)
+        member.recovery._recovery_tick(now)
+        return member.recovery.settle_at - now
 
     _deliver(member, 1, 10)
     assert member.call_wait(lambda: due(0, 1.0)) == pytest.approx(SETTLE_REPORT)
@@ -186,9 +186,9 @@ def test_a_topic_behind_the_record_is_asked_for_only_once_the_senders_stream_sta
 
     def summary(u_seq: int | None) -> list:
         if u_seq is not None:  # the stream moves on another topic
-            member._take_run(b"u", [()], u, SOURCE, 1, u_seq, SOURCE, 400 + u_seq, 0, 0, (1,), 0)
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(time.monotonic())[1]
+            member.receiver.take_run(b"u", [()], u, SOURCE, 1, u_seq, SOURCE, 400 + u_seq, 0, 0, (1,), 0)
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(time.monotonic())[1]
 
     moving = [member.call_wait(summary, i) for i in range(1, 5)]
     _lossy(member)
@@ -209,9 +209,9 @@ def test_a_tail_the_sender_may_not_have_sent_yet_is_asked_for_only_once_it_was_o
 
     def summary(top: int) -> list:
         time.sleep(0.03)  # each record a period (20 ms) after the one before
-        member._on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, 300, 5000]], 7]]},
+        member.recovery.on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, 300, 5000]], 7]]},
                                  "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
-        return member._owed(time.monotonic())[1]
+        return member.recovery._owed(time.monotonic())[1]
 
     tops = [4000, 4500, 4900] if sender == "sending" else [4000] * 5
     _lossy(member)
@@ -239,10 +239,10 @@ def test_a_hole_in_a_topic_the_record_does_not_name_holds_the_acknowledgement_ba
               "hi": {str(SOURCE): 0}, "period": 0.02}
 
     def owed():
-        member._take_run(b"u", [()], u, SOURCE, 1, 1, SOURCE, 11, 0, 0, (1,), 0)
-        member._take_run(b"u", [()], u, SOURCE, 1, 3, SOURCE, 15, 0, 0, (1,), 0)  # U 2 lost
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(time.monotonic())
+        member.receiver.take_run(b"u", [()], u, SOURCE, 1, 1, SOURCE, 11, 0, 0, (1,), 0)
+        member.receiver.take_run(b"u", [()], u, SOURCE, 1, 3, SOURCE, 15, 0, 0, (1,), 0)  # U 2 lost
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(time.monotonic())
     acks, naks = member.call_wait(owed)
     assert acks[SOURCE] == 11  # U 1, the last before the hole
     assert Nak(SOURCE, u, 1, 2, 2, 12, 14) in naks
@@ -261,10 +261,10 @@ def _unnamed_tail_case(member, keys: tuple[int, int]) -> tuple[dict, list]:
               "hi": {str(SOURCE): 0}, "period": 0.02}
 
     def owed():
-        member._take_run(b"u", [()], u, SOURCE, 1, 1, SOURCE, 11, 0, 0, (1,), 0)
-        member._take_run(b"t", [()], T, SOURCE, 1, 11, SOURCE, 13, 0, 0, (1,), 0)
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(time.monotonic())
+        member.receiver.take_run(b"u", [()], u, SOURCE, 1, 1, SOURCE, 11, 0, 0, (1,), 0)
+        member.receiver.take_run(b"t", [()], T, SOURCE, 1, 11, SOURCE, 13, 0, 0, (1,), 0)
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(time.monotonic())
     return member.call_wait(owed)
 
 
@@ -306,8 +306,8 @@ def test_a_dense_stream_is_acknowledged_past_the_record_it_has_of_its_sender(mem
                                          sent.digest]]}, "hi": {str(SOURCE): 0}, "period": 0.02}
 
     def owed():
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(time.monotonic())
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(time.monotonic())
     acks, naks = member.call_wait(owed)
     assert acks[SOURCE] == (30 if dense else 20)
     assert naks == []
@@ -326,8 +326,8 @@ def test_a_member_that_takes_no_reliable_topic_acknowledges_every_stream_whole()
         rt.call_wait(rt.install_recovery, {PROTOCOL: ("127.0.0.1", 9)}, {T: PROTOCOL})
 
         def owed():
-            rt._on_instructions(_instructions(20, 0), PROTOCOL)
-            return rt._owed(time.monotonic())
+            rt.recovery.on_instructions(_instructions(20, 0), PROTOCOL)
+            return rt.recovery._owed(time.monotonic())
         acks, naks = rt.call_wait(owed)
         assert acks[SOURCE] == OWED_NOTHING and naks == []
         sub = Subscription(frozenset([T]))
@@ -346,10 +346,10 @@ def test_a_nak_of_any_topic_is_served_with_each_topics_messages_in_runs_of_their
     u = T + 1
 
     def serve():
-        member._cache[:] = [(5, T, 1, 4, 0, b"t4"), (6, u, 1, 5, 0, b"u5"), (7, T, 1, 5, 0, b"t5")]
-        member._cache_head = 0
-        member._repairs.send = lambda datagram, address: sent.append(datagram)
-        member._serve(member.member_id, [ANY_TOPIC, 0, 5, TAIL_SEQ, 5, 7], ("127.0.0.1", 9))
+        member.own.cache[:] = [(5, T, 1, 4, 0, b"t4"), (6, u, 1, 5, 0, b"u5"), (7, T, 1, 5, 0, b"t5")]
+        member.own.head = 0
+        member.recovery._repairs.send = lambda datagram, address: sent.append(datagram)
+        member.recovery._serve(member.member_id, [ANY_TOPIC, 0, 5, TAIL_SEQ, 5, 7], ("127.0.0.1", 9))
     member.call_wait(serve)
     got = [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
            for d in sent for m in wire.decode_data(d)[1]]
@@ -364,15 +364,15 @@ def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_ru
     from scopecast.netio import wire
     from scopecast.netio.repair_server import ANY_TOPIC
     sent: list[bytes] = []
-    member._cacher = True
+    member.recovery.cacher = True
     _deliver(member, 1, 4)
     _deliver(member, 5, 6)
 
     def serve(nak):
         sent.clear()
-        member._repairs.new_period()
-        member._repairs.send = lambda datagram, address: sent.append(datagram)
-        member._serve(SOURCE, nak, ("127.0.0.1", 9))
+        member.recovery._repairs.new_period()
+        member.recovery._repairs.send = lambda datagram, address: sent.append(datagram)
+        member.recovery._serve(SOURCE, nak, ("127.0.0.1", 9))
         return [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
                 for d in sent for m in wire.decode_data(d)[1]]
     assert member.call_wait(serve, [T, 1, 3, 6, 3, 6]) == [
@@ -386,10 +386,10 @@ def test_a_caching_member_lets_go_of_runs_as_they_become_stable(member):
     """Stable runs leave the cache at once: their datagrams are freed, not when more than half
     of the list is stable and it is cut (a member caching a fast stream held up to twice what
     was unstable)."""
-    member._cacher = True
+    member.recovery.cacher = True
     for first in (1, 3, 5, 7, 9, 11):
         _deliver(member, first, 2)
-    cache = member._peer_cache
+    cache = member.recovery.peer_cache
     assert member.call_wait(cache.count) == 6
     member.call_wait(cache.prune, SOURCE, 4)
     assert member.call_wait(cache.count) == 4
@@ -412,10 +412,10 @@ def test_a_dense_stream_asks_again_for_none_of_the_runs_it_holds_after_a_hole(me
                                           sent.digest]]}, "hi": {str(SOURCE): 0}, "period": 0.02}
 
     def owed():
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(time.monotonic())
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(time.monotonic())
     payloads = [b"%d" % s for s in range(12, 21)]
-    member.call_wait(lambda: member._take_run(b"".join(payloads), [()], T, SOURCE, 1, 12, SOURCE,
+    member.call_wait(lambda: member.receiver.take_run(b"".join(payloads), [()], T, SOURCE, 1, 12, SOURCE,
                                               12, 0, 0, tuple(len(p) for p in payloads), 0))
     member.call_wait(owed)
     time.sleep(0.3)  # the sender idle since (its record the same): a stalled stream
@@ -435,30 +435,30 @@ def test_a_stream_is_no_longer_dense_once_the_member_drops_one_of_its_topics(mem
     record["down"][str(SOURCE)][1] += [10, sent.count, sent.digest]
 
     def dense() -> bool:
-        member._on_instructions(record, PROTOCOL)
-        member._owed(time.monotonic())
-        return member._dense(SOURCE, member._records[SOURCE].keys)
+        member.recovery.on_instructions(record, PROTOCOL)
+        member.recovery._owed(time.monotonic())
+        return member.recovery._dense(SOURCE, member.recovery._records[SOURCE].keys)
     assert member.call_wait(dense)
-    member.call_wait(member.remove_subscription, next(iter(member._subscriptions)))
-    member.call_wait(member.forget_keys, {T})  # again: counted once
+    member.call_wait(member.remove_subscription, next(iter(member.tables.subscriptions)))
+    member.call_wait(member.recovery.forget_keys, {T})  # again: counted once
     assert not member.call_wait(dense)
-    assert member._taken_keys[SOURCE].count == 0
+    assert member.recovery._taken_keys[SOURCE].count == 0
 
 
 def test_a_record_names_its_topics_packed_and_a_cut_one_is_dropped(member):
     """The sender's record carries its named topics packed (agents pass it on every period);
     the receiver reads them back, and drops instructions whose record is cut short."""
     def own():
-        member._tails[(T, 1)] = [1, 1, 5, 9]
-        member._tails[(T + 1, 2)] = [3, 4, 3, 4]
-        return member._own_record()
+        member.own.tails[(T, 1)] = [1, 1, 5, 9]
+        member.own.tails[(T + 1, 2)] = [3, 4, 3, 4]
+        return member.own.record(member.sender.handed)
     record = member.call_wait(own)
     assert isinstance(record.named, bytes) and len(record.named) == 2 * RECORD_ENTRY.size
     assert named_topics(record.named) == {(T, 1): [1, 1, 5, 9], (T + 1, 2): [3, 4, 3, 4]}
     cut = {"down": {str(SOURCE): [0, [9, record.named[:-1], 7, 9, 0, 0]]}, "hi": {},
            "period": 0.02}
     with pytest.raises(ValueError):  # (the I/O loop counts it as bad_instructions)
-        member.call_wait(member._on_instructions, cut, PROTOCOL)
+        member.call_wait(member.recovery.on_instructions, cut, PROTOCOL)
 
 
 def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tail(member):
@@ -470,29 +470,29 @@ def test_a_sender_releases_what_became_stable_and_keeps_each_topics_unstable_tai
                      {T: PROTOCOL, U: PROTOCOL})
     for topic, seq in [(T, 1), (U, 1), (T, 2), (U, 2), (T, 3)]:
         member.publish(topic, 1, seq, 0, b"x" * 10)
-    member.call_wait(member._take_publishes)
-    base = member.released_bytes
-    member.call_wait(member._release_own, 3)
-    assert dict(member._tails.items()) == {(T, 1): [3, 4, 3, 5], (U, 1): [2, 3, 2, 4]}
-    member.call_wait(member._release_own, 5)
-    assert dict(member._tails.items()) == {(T, 1): 3, (U, 1): 2}
-    assert member.released_bytes - base == member.app_bytes
-    assert [e for e in member._cache if e is not None] == []
+    member.call_wait(member.sender.take_publishes)
+    base = member.own.released_bytes
+    member.call_wait(member.own.release, 3)
+    assert dict(member.own.tails.items()) == {(T, 1): [3, 4, 3, 5], (U, 1): [2, 3, 2, 4]}
+    member.call_wait(member.own.release, 5)
+    assert dict(member.own.tails.items()) == {(T, 1): 3, (U, 1): 2}
+    assert member.own.released_bytes - base == member.app_bytes
+    assert [e for e in member.own.cache if e is not None] == []
     # a receiver appearing now joins each topic after its last message
-    member.call_wait(member._note_receivers, {99})
-    assert member._join_points[99] == {(T, 1): 4, (U, 1): 3}
+    member.call_wait(member.joins.note_receivers, {99})
+    assert member.joins._join_points[99] == {(T, 1): 4, (U, 1): 3}
     # a topic wholly stable that publishes again has a tail from its new message on, and only
     # the unstable topics are named in the record
     member.publish(U, 1, 3, 0, b"x" * 10)
-    member.call_wait(member._take_publishes)
-    assert dict(member._tails.items()) == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
-    record = member.call_wait(member._own_record)
+    member.call_wait(member.sender.take_publishes)
+    assert dict(member.own.tails.items()) == {(T, 1): 3, (U, 1): [3, 6, 3, 6]}
+    record = member.call_wait(member.own.record, member.sender.handed)
     assert named_topics(record.named) == {(U, 1): [3, 6, 3, 6]}
 
 
 def _delivered(rt: MemberRuntime) -> list[int]:
     """Seqs in the member's delivery queue."""
-    (sub,) = rt._subscriptions
+    (sub,) = rt.tables.subscriptions
     return [m.seq for batch, _n in sub.queue for m in batch]
 
 
@@ -505,7 +505,7 @@ def test_a_hole_stability_has_passed_is_given_up_and_what_waits_behind_it_delive
     sender's flush) for good. A hole not yet all stable is waited for."""
     _deliver(member, 1, 10)
     _deliver(member, 20, 11)  # 11..19 missing (stream seqs = seqs here)
-    member.call_wait(member._on_instructions,
+    member.call_wait(member.recovery.on_instructions,
                      {"down": {str(SOURCE): [stable, 0]}, "hi": {}, "period": 0.02}, PROTOCOL)
     if passed:
         assert _delivered(member) == [*range(1, 11), *range(20, 31)]
@@ -521,12 +521,12 @@ def test_messages_before_what_the_sender_still_holds_are_given_up(member):
     _deliver(member, 1, 10)
 
     def summary():
-        member._on_instructions({"down": {str(SOURCE): [0, [60, [[T, 1, 50, 50, 60, 60]], 7]]},
+        member.recovery.on_instructions({"down": {str(SOURCE): [0, [60, [[T, 1, 50, 50, 60, 60]], 7]]},
                                  "hi": {}, "period": 0.02}, PROTOCOL)
-        return member._owed(time.monotonic())
+        return member.recovery._owed(time.monotonic())
     acks, naks = member.call_wait(summary)
     assert member.stats["unrecoverable"] == 39
-    assert member._next_seq[(T, SOURCE, 1)] == 50
+    assert member.receiver.next_seq[(T, SOURCE, 1)] == 50
     assert all(nak[3] >= 50 for nak in naks)
 
 
@@ -534,9 +534,9 @@ def test_the_stability_digest_tells_an_agent_that_has_not_named_the_stream_yet(m
     """What a flush that timed out says of each agent: never answered, answered without this
     member's stream, or how far it is stable there."""
     assert "token_ring agent at 127.0.0.1:9 never answered" in member.stability_digest()
-    member.call_wait(member._on_instructions, {"down": {}, "period": 0.02}, PROTOCOL)
+    member.call_wait(member.recovery.on_instructions, {"down": {}, "period": 0.02}, PROTOCOL)
     assert "not naming this stream yet" in member.stability_digest()
-    member.call_wait(member._on_instructions, {"down": {"1": [0, None]}, "period": 0.02},
+    member.call_wait(member.recovery.on_instructions, {"down": {"1": [0, None]}, "period": 0.02},
                      PROTOCOL)
     assert member.stability_digest().endswith("s ago, stable up to 0")
 
@@ -553,15 +553,15 @@ def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):
     tail = [Nak(SOURCE, T, 1, 201, 300, 201, 300)]
 
     def summary(at: float) -> list:
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(at)[1]
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(at)[1]
 
     start = time.monotonic()
-    member.data_seen_at = start  # a datagram came just now (on some channel)
+    member.recovery.data_seen_at = start  # a datagram came just now (on some channel)
     quiet = [member.call_wait(summary, start + 0.03 * i) for i in range(5)]
     assert quiet == [[]] * 5  # stalled for 4 periods, nothing lost: not asked for
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.5) == tail  # quiet that long
-    member.loss_seen_at = start + TAIL_FALLBACK + 0.6  # a channel shows a loss at once
+    member.recovery.loss_seen_at = start + TAIL_FALLBACK + 0.6  # a channel shows a loss at once
     assert member.call_wait(summary, start + TAIL_FALLBACK + 0.62) == tail
     # each tail NAK counted by the evidence it was asked on
     assert [member.stats[k] for k in ("nak_tails", "tails_on_quiet", "tails_on_loss")] \
@@ -576,11 +576,11 @@ def _with_records_of(member):
     beat = iter(range(10, 1000))
 
     def summary(top: int, at: float) -> list:
-        member.data_seen_at = at  # datagrams keep coming (of other streams)
-        member._on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]],
+        member.recovery.data_seen_at = at  # datagrams keep coming (of other streams)
+        member.recovery.on_instructions({"down": {str(SOURCE): [0, [top, [[T, 1, 1, 1, top, top]],
                                                             next(beat)]]},
                                  "hi": {str(SOURCE): 0}, "period": 0.02}, PROTOCOL)
-        return member._owed(at)[1]
+        return member.recovery._owed(at)[1]
 
     return summary
 
@@ -622,7 +622,7 @@ def test_the_safety_net_waits_out_pauses_as_long_as_those_that_ended_by_themselv
         == [[]] * 2
     tail = [Nak(SOURCE, T, 1, 301, 400, 301, 400)]
     assert member.call_wait(summary, 400, moved + 2 * (pause + 0.5) + 0.1) == tail
-    member.loss_seen_at = moved + 30  # later, evidence of loss: asked for at once
+    member.recovery.loss_seen_at = moved + 30  # later, evidence of loss: asked for at once
     assert member.call_wait(summary, 400, moved + 30.01) == tail
     assert [member.stats[k] for k in ("tails_on_bound", "tails_on_loss")] == [1, 1]
 
@@ -649,11 +649,11 @@ def test_a_stream_that_moves_again_needs_new_evidence(member):
     summary = _behind_its_record(member)
 
     start = time.monotonic()
-    member.loss_seen_at = member.data_seen_at = start
+    member.recovery.loss_seen_at = member.recovery.data_seen_at = start
     member.call_wait(summary, start)
     _deliver(member, 201, 10)  # the stream moves on a second later ...
     member.call_wait(summary, start + 1.0)
-    member.data_seen_at = start + 1.0
+    member.recovery.data_seen_at = start + 1.0
     # ... and stalls, with no new loss seen
     assert member.call_wait(summary, start + 1.05) == []
 
@@ -664,7 +664,7 @@ def test_a_member_leaving_is_evidence_that_a_stalled_streams_tail_is_lost(member
     summary = _behind_its_record(member)
 
     start = time.monotonic()
-    member.data_seen_at = start
+    member.recovery.data_seen_at = start
     assert [member.call_wait(summary, start + 0.03 * i) for i in range(3)] == [[]] * 3
     forwarder = MemberInfo(11, "forwarder", "127.0.0.1", 11)
     sender = MemberInfo(SOURCE, "src", "127.0.0.1", 9)
@@ -682,8 +682,8 @@ def _behind_its_record(member):
               "hi": {str(SOURCE): 0}, "period": 0.02}
 
     def summary(at: float) -> list:
-        member._on_instructions(record, PROTOCOL)
-        return member._owed(at)[1]
+        member.recovery.on_instructions(record, PROTOCOL)
+        return member.recovery._owed(at)[1]
     return summary
 
 
@@ -704,7 +704,7 @@ def test_a_repair_its_server_cut_short_has_the_rest_asked_for_at_the_next_summar
         server.new_period()
         server.serve_own(SOURCE, cache, 0, [T, 1, 201, hi, 201, hi], ("127.0.0.1", 9))
         for d in sent:
-            member.call_wait(member._on_data, wire.unpack_header(d), memoryview(d), d)
+            member.call_wait(member.receiver._on_data, wire.unpack_header(d), memoryview(d), d)
 
     start = time.monotonic()
     assert [member.call_wait(summary, 300, start + 0.03 * i) for i in range(2)] == [[]] * 2
@@ -712,7 +712,7 @@ def test_a_repair_its_server_cut_short_has_the_rest_asked_for_at_the_next_summar
     assert not wire.unpack_header(sent[-1]).flags & wire.FLAG_MORE
     assert member.call_wait(summary, 300, start + 0.09) == []  # it moved, no evidence
     repair(300)  # cut short
-    got = member._max_seen[SOURCE]
+    got = member.recovery.max_seen[SOURCE]
     assert 205 < got < 300 and wire.unpack_header(sent[-1]).flags & wire.FLAG_MORE
     assert member.call_wait(summary, 300, start + 0.12) == [Nak(SOURCE, T, 1, got + 1, 300, got + 1,
                                                             300)]
@@ -737,8 +737,8 @@ def test_a_cut_repair_that_ends_in_fragments_says_so_on_its_last_fragment(member
     assert all(h.flags & wire.FLAG_FRAGMENT for h in headers)
     assert [bool(h.flags & wire.FLAG_MORE) for h in headers] == [False] * (len(sent) - 1) + [True]
     for d in sent:
-        member.call_wait(member._on_data, wire.unpack_header(d), memoryview(d), d)
-    got = member._max_seen[SOURCE]
+        member.call_wait(member.receiver._on_data, wire.unpack_header(d), memoryview(d), d)
+    got = member.recovery.max_seen[SOURCE]
     assert 201 < got < 300
     assert member.call_wait(summary, 300, start + 0.12) == [Nak(SOURCE, T, 1, got + 1, 300, got + 1,
                                                             300)]

@@ -25,14 +25,14 @@ def _send_one(pub, seq: int, payload: bytes, lose: bool = False) -> None:
     built but never sent, as if the network dropped it."""
     def step():
         pub.publish(TOPIC, 1, seq, 0, payload)
-        pub._take_publishes()
-        feed = next(iter(pub._feeds.values()))
+        pub.sender.take_publishes()
+        feed = next(iter(pub.sender._feeds.values()))
         if lose:
-            pub._pull(feed)
+            pub.sender._pull(feed)
         else:
-            pub._pump()
-            if pub._batch_n:
-                pub._flush_batch()
+            pub.sender.pump()
+            if pub.sender._batch_n:
+                pub.sender._flush_batch()
     pub.call_wait(step)
 
 
@@ -44,12 +44,12 @@ def test_a_receiver_stops_taking_its_backlog_when_a_hole_opens():
         def backlog():  # on the receiver's I/O thread: its socket fills meanwhile
             held.set()
             go.wait(10)
-            sub.hole_opened = False
+            sub.recovery.hole_opened = False
             before = sub.stats["datagrams_in"]
-            sub._drain(sub._sock)
+            sub.receiver.drain(sub._sock)
             seen["first pass"] = sub.stats["datagrams_in"] - before
-            seen["hole"] = sub.hole_opened
-            sub._drain(sub._sock)  # the hole is known now: the rest in one pass
+            seen["hole"] = sub.recovery.hole_opened
+            sub.receiver.drain(sub._sock)  # the hole is known now: the rest in one pass
             seen["both passes"] = sub.stats["datagrams_in"] - before
 
         paused = threading.Thread(target=sub.call_wait, args=(backlog,))
@@ -69,7 +69,7 @@ def test_a_receiver_stops_taking_its_backlog_when_a_hole_opens():
         assert seen == {"first pass": 2, "hole": True, "both passes": 5}
         got: list[int] = []
         wait_for(lambda: got.extend(m.seq for m in received(inbox)) or got == [1], "message 1")
-        assert sub.stats["gaps"] == 0 and sub._early  # 3-6 held for the repair of 2
+        assert sub.stats["gaps"] == 0 and sub.reorder.held  # 3-6 held for the repair of 2
 
 
 def test_the_members_own_socket_is_read_before_its_multicast_sockets():
@@ -81,8 +81,8 @@ def test_the_members_own_socket_is_read_before_its_multicast_sockets():
 
         def register():
             sub._sel.register(group, selectors.EVENT_READ)
-            drain = sub._drain
-            sub._drain = lambda sock: (order.append("own" if sock is sub._sock else "group"),
+            drain = sub.receiver.drain
+            sub.receiver.drain = lambda sock: (order.append("own" if sock is sub._sock else "group"),
                                       drain(sock))
         sub.call_wait(register)
         try:
@@ -123,10 +123,10 @@ def test_a_senders_pump_looks_at_its_sockets_again_after_pump_bytes():
         def queue_and_pump_once():
             for seq in range(1, n + 1):
                 pub.publish(TOPIC, 1, seq, 0, b"z" * (8 * KIB))
-            pub._take_publishes()
-            feed = next(iter(pub._feeds.values()))
+            pub.sender.take_publishes()
+            feed = next(iter(pub.sender._feeds.values()))
             before = feed.sent_bytes
-            pub._pump()
+            pub.sender.pump()
             return feed.sent_bytes - before, feed.pending()
 
         sent, pending = pub.call_wait(queue_and_pump_once)

@@ -34,9 +34,9 @@ def run(rt: MemberRuntime, first: int, count: int) -> None:
     data = b"".join(payloads)
 
     def take():
-        rt._take_run(data, [()], T, SOURCE, 1, first, 1, first, 0, 0,
+        rt.receiver.take_run(data, [()], T, SOURCE, 1, first, 1, first, 0, 0,
                      tuple(len(p) for p in payloads), 0)
-        rt._deliver()
+        rt.delivery.deliver()
     rt.call_wait(take)
 
 
@@ -62,15 +62,15 @@ def mixed(rt: MemberRuntime, first_sseq: int, entries: list[tuple[int, int]],
             for i, (t, q) in enumerate(entries)]
     data = wire.encode_datagram(wire.PacketType.DATA, SOURCE, 1, first_sseq, msgs)
     def take() -> None:
-        rt._on_data(wire.unpack_header(data), memoryview(data), data)
-        rt._deliver()  # (as the receive loop does after each call's datagrams)
+        rt.receiver._on_data(wire.unpack_header(data), memoryview(data), data)
+        rt.delivery.deliver()  # (as the receive loop does after each call's datagrams)
     rt.call_wait(take)
 
 
 def kept(rt: MemberRuntime) -> list[tuple]:
     """(stream seq, topic, seq, payload) of what a caching member keeps of SOURCE's stream."""
     return rt.call_wait(lambda: [(e[0], e[1], e[3], e[5])
-                                 for e in cached_messages(rt._peer_cache.runs(SOURCE)[0])])
+                                 for e in cached_messages(rt.recovery.peer_cache.runs(SOURCE)[0])])
 
 
 def test_runs_out_of_order_are_delivered_in_order(member):
@@ -130,7 +130,7 @@ def test_a_caching_member_keeps_a_mixed_run_in_stream_order(member):
     rt, sub = member
     rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
                  {T: "token_ring", U: "token_ring"})
-    rt._cacher = True
+    rt.recovery.cacher = True
     mixed(rt, 1, [(T, 1)])
     mixed(rt, 2, [(T, 2), (U, 1), (T, 3)])
     assert received(sub, 4) == [1, 2, 1, 3]
@@ -145,7 +145,7 @@ def test_mixed_runs_of_reliable_topics_at_once_or_one_by_one_agree(member):
     rt, sub = member
     rt.call_wait(rt.install_recovery, {"token_ring": ("127.0.0.1", 9)},
                  {T: "token_ring", U: "token_ring"})
-    rt._cacher = True
+    rt.recovery.cacher = True
     mixed(rt, 1, [(T, 1), (U, 1)])            # first seen of both
     mixed(rt, 3, [(T, 2), (U, 2)])            # at once
     mixed(rt, 5, [(T, 3), (U, 3), (T, 4)])    # T twice
@@ -157,8 +157,8 @@ def test_mixed_runs_of_reliable_topics_at_once_or_one_by_one_agree(member):
     assert [q for t, q in got if t == "U"] == [1, 2, 3, 4, 5, 6]
     assert rt.stats["duplicates"] == 0 and rt.stats["gaps"] == 0
     assert [e[0] for e in kept(rt)] == list(range(1, 14))
-    assert rt._positions.contiguous[SOURCE] == 13
-    assert rt._last_sseq[(T, SOURCE, 1)] == 13 and rt._last_sseq[(U, SOURCE, 1)] == 12
+    assert rt.recovery.positions.contiguous[SOURCE] == 13
+    assert rt.recovery.last_sseq[(T, SOURCE, 1)] == 13 and rt.recovery.last_sseq[(U, SOURCE, 1)] == 12
 
 
 def test_mixed_runs_of_a_session_never_announced_are_dropped_and_leave_no_state(member):
@@ -172,5 +172,5 @@ def test_mixed_runs_of_a_session_never_announced_are_dropped_and_leave_no_state(
     mixed(rt, 1, [(T, 1), (U, 1)])
     assert received(sub, 2) == [1, 1]
     assert rt.stats["unannounced_session"] == 6
-    assert rt.call_wait(lambda: (set(rt._next_seq.by_source), set(rt._last_sseq.by_source))) \
+    assert rt.call_wait(lambda: (set(rt.receiver.next_seq.by_source), set(rt.recovery.last_sseq.by_source))) \
         == ({(SOURCE, 1)}, set())

@@ -53,14 +53,14 @@ def test_a_forwarding_member_forwards_the_runs_a_repair_brought_it():
 
         def lose_the_last():  # numbered and built on A, never sent: as if the network lost it
             sseq = a.publish(TOPIC, 1, 6, 0, b"m6")
-            a._take_publishes()
-            a._pull(next(iter(a._feeds.values())))
+            a.sender.take_publishes()
+            a.sender._pull(next(iter(a.sender._feeds.values())))
             return sseq
         sseq = a.call_wait(lose_the_last)
         assert got == [1, 2, 3, 4, 5] and b.stats["repair_datagrams_in"] == 0
         # B asked A for it (how B learns it misses it is test_window_probe's and
         # test_recovery_path's): A repairs B alone, under a record no channel matches
-        a.call_wait(a._serve, a.member_id, [TOPIC, 1, 6, 6, sseq, sseq], b.address)
+        a.call_wait(a.recovery._serve, a.member_id, [TOPIC, 1, 6, 6, sseq, sseq], b.address)
         wait_for(lambda: got.extend(m.seq for m in received(inbox)) or got[-1:] == [6],
                  "6 forwarded by B after its repair")
         assert got == [1, 2, 3, 4, 5, 6]

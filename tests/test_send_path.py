@@ -21,9 +21,9 @@ def test_a_subscriber_and_reliability_added_while_publishing_apply_from_the_next
 
         a.call_wait(a.install_recovery, {"token_ring": ("127.0.0.1", 9)}, {TOPIC: "token_ring"})
         a.publish(TOPIC, 1, 3, 0, b"3")
-        wait_for(lambda: a.handed >= 3, "the third message sent")
+        wait_for(lambda: a.sender.handed >= 3, "the third message sent")
         # reliable now: kept until stable (no agent here, so for good)
-        assert a.call_wait(lambda: [e[3] for e in a._cache if e is not None]) == [3]
+        assert a.call_wait(lambda: [e[3] for e in a.own.cache if e is not None]) == [3]
         at_b: list = []
         wait_for(lambda: at_b.extend(received(inbox)) or len(at_b) == 3, "all three at B")
         assert [m.seq for m in at_b] == [1, 2, 3]
@@ -74,3 +74,20 @@ def test_two_sessions_of_one_topic_taken_together_keep_their_own_numbers():
         wait_for(lambda: at_b.extend(received(inbox)) or len(at_b) == 3, "session 1 at B")
         assert [(m.session, m.seq, m.payload) for m in at_b] == [(1, 1, b"1.1"), (1, 2, b"1.2"),
                                                                   (1, 3, b"1.3")]
+
+
+def test_a_member_given_its_id_after_it_was_made_takes_its_peers_datagrams_and_its_own_locally():
+    """A member's runtime exists before its scope registers it (its socket is its address), so
+    its id comes afterwards: every part of it must go by the id it was given, not the 0 it was
+    made with (else a peer's datagrams, sent by member 0's id, are taken for its own)."""
+    with member_pair(registered=True) as (a, b, inbox):
+        assert (a.member_id, b.member_id) == (1, 2)
+        local = Subscription(frozenset([TOPIC]))
+        a.call_wait(a.add_subscription, local)
+        for seq in (1, 2, 3):
+            a.publish(TOPIC, 1, seq, 0, b"%d" % seq)
+        at_b: list = []
+        wait_for(lambda: at_b.extend(received(inbox)) or len(at_b) == 3, "all three at B")
+        assert [(m.seq, m.source) for m in at_b] == [(1, "A"), (2, "A"), (3, "A")]
+        wait_for(lambda: len(local.queue) > 0, "A's own messages in A's process")
+        assert b.stats["own_datagrams"] == 0

@@ -77,7 +77,7 @@ def test_a_window_full_of_datagrams_its_receiver_lost_opens_again():
             return bool(got) and got[-1] == seq
 
         def window_full() -> bool:
-            feed = pub._feeds[sub.address]
+            feed = pub.sender._feeds[sub.address]
             return feed.pending() and feed.in_flight() >= feed.window.size
 
         seq = 0
@@ -121,7 +121,7 @@ def test_a_receiver_that_lost_a_bursts_last_datagram_learns_it_from_the_tail_pro
         assert sub.stats["channel_gaps"] == 0  # nothing was lost
 
         def lose_a_datagram():  # numbered and on its way, as far as the sender knows: never sent
-            feed = pub._feeds[sub.address]
+            feed = pub.sender._feeds[sub.address]
             feed.dseq += 1
             feed.sent_bytes += 100
             feed.history.append((feed.dseq, feed.sent_bytes, time.monotonic()))
@@ -129,6 +129,6 @@ def test_a_receiver_that_lost_a_bursts_last_datagram_learns_it_from_the_tail_pro
         pub.call_wait(lose_a_datagram)
         wait_for(lambda: sub.stats["channel_gaps"] == 1, "the gap the probe reveals")
         assert pub.stats["tail_probes"] >= 1
-        assert sub.loss_seen_at > 0
-        wait_for(lambda: pub.call_wait(lambda: not pub._feeds[sub.address].history),
+        assert sub.recovery.loss_seen_at > 0
+        wait_for(lambda: pub.call_wait(lambda: not pub.sender._feeds[sub.address].history),
                  "the probed number acknowledged")

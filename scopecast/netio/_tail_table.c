@@ -212,7 +212,7 @@ table_items(TailTable *t, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
-/* ---- records (see recovery_path._own_record): named streams packed as RECORD_ENTRY,
+/* ---- records (see own_stream.OwnStream.record): named streams packed as RECORD_ENTRY,
  * "<IIQQQQ" (topic, session, fs, fss, ls, lss) */
 
 #define RECORD_ENTRY 40

@@ -8,9 +8,13 @@ thread only, which is what lets the I/O thread withhold acknowledgements while a
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
+from typing import TYPE_CHECKING
 
 from scopecast.netio.message import Message
+
+if TYPE_CHECKING:
+    from scopecast.netio.member_parts import MemberTables
 
 MAX_MARKS = 4096  # end markers a subscription remembers (see Subscriber.ended)
 
@@ -60,3 +64,71 @@ class Subscription:
         self.marks[(*key, last_seq)] = None
         if len(self.marks) > MAX_MARKS:
             del self.marks[next(iter(self.marks))]
+
+
+class Delivery:
+    """The I/O thread's side of delivery, a part of the member runtime (see `member_parts`):
+    messages taken are offered to their subscribers' inboxes, each inbox is handed to its
+    application as one batch per receive call (`deliver`), and waiting applications are woken
+    once per drained burst (`wake_subscribers`)."""
+
+    def __init__(self, member_id: int, name: str, tables: MemberTables, stats: Counter,
+                 max_backlog_bytes: int) -> None:
+        self.member_id, self._name = member_id, name  # (the runtime sets the id it registers)
+        self._tables = tables
+        self._stats = stats
+        self._cap = 2 * max_backlog_bytes  # see deliver
+        self.touched: list[Subscription] = []  # subscribers with messages in their inbox
+        self.to_wake: list[Subscription] = []
+
+    def offer(self, subs: tuple[Subscription, ...], msgs: list[Message], nbytes: int) -> None:
+        """Put messages in the inboxes of `subs`; `deliver` hands the inboxes over."""
+        for sub in subs:
+            if not sub.inbox:
+                self.touched.append(sub)
+            sub.inbox.extend(msgs)
+            sub.inbox_bytes += nbytes
+
+    def deliver(self) -> None:
+        """Hand every filled inbox to its application as one batch."""
+        if not self.touched:
+            return
+        touched, self.touched = self.touched, []
+        cap = self._cap
+        for sub in touched:
+            batch, nbytes = sub.inbox, sub.inbox_bytes
+            sub.inbox = []
+            sub.inbox_bytes = 0
+            if sub.backlog() > cap:
+                # memory stays bounded whatever the application does: a member that lags this far
+                # already holds its senders back (acknowledgements withheld), so only a client,
+                # whom nobody waits for, gets here; it misses these messages (a gap in its seqs)
+                self._stats["delivery_overflow"] += len(batch)
+                continue
+            sub.delivered_bytes += nbytes
+            self._stats["delivered"] += len(batch)
+            sub.queue.append((batch, nbytes))
+            self._wake_later(sub)
+
+    def on_end_of_stream(self, source: int, topic: int, session: int, last_seq: int) -> None:
+        """`source`'s stream of `topic` ended after `last_seq`: what came before goes to the
+        applications first, so one that finds its queue empty and the marker there has it all."""
+        self.deliver()
+        tables = self._tables
+        name = self._name if source == self.member_id else tables.names.get(source) or str(source)
+        for sub in tables.subs.get(topic, ()):
+            sub.end((tables.topic_names.get(topic, str(topic)), name, session), last_seq)
+            self._wake_later(sub)
+
+    def _wake_later(self, sub: Subscription) -> None:
+        if sub.waiting and not sub.wake:
+            sub.wake = True
+            self.to_wake.append(sub)
+
+    def wake_subscribers(self) -> None:
+        """Wake waiting applications once per drained burst, not once per datagram (or per end
+        marker: the markers of thousands of topics closed together come in a few datagrams)."""
+        for sub in self.to_wake:
+            sub.wake = False
+            sub.event.set()
+        self.to_wake.clear()

@@ -2,7 +2,7 @@
 destination in chunks of runs, and let each destination pull its next datagram when its window is
 open (QSM's pull-based sending).
 
-A part of `MemberRuntime` (runs on its I/O thread only); the state it uses is set up there.
+A part of `MemberRuntime` (see `member_parts`; it runs on the I/O thread only).
 
 Feed items are runs (see `wire`) collected into chunks under one routing record; a datagram is its
 header, a one-record routing table and the runs of one chunk."""
@@ -13,13 +13,18 @@ import errno
 import logging
 import selectors
 import time
+from collections import deque
 
 from scopecast.netio import wire
 from scopecast.netio.channel import FilteredChannel, endpoints, resolve
 from scopecast.netio.delay_window import DelayWindow
+from scopecast.netio.delivery import Delivery
 from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
+from scopecast.netio.member_parts import MemberBasics, MemberTables, Receiving, Recovering
 from scopecast.netio.message import Message
-from scopecast.netio.routing import forward, matches
+from scopecast.netio.native import BatchSealer
+from scopecast.netio.own_stream import OwnStream
+from scopecast.netio.routing import forward, matches, origin_record
 from scopecast.netio.udp_batch import batch_limit, send_batch
 
 log = logging.getLogger("scopecast.netio.runtime")
@@ -37,7 +42,90 @@ PUMP_BYTES = 1 << 20
 class SendPath:
     """Taking publishes, queueing them per destination, pulling datagrams (see module docstring)."""
 
-    def _take_publishes(self) -> None:
+    def __init__(self, basics: MemberBasics, tables: MemberTables, own: OwnStream,
+                 publish_q: deque, sel: selectors.BaseSelector, gso: bool,
+                 sealer: BatchSealer | None) -> None:
+        self.member_id, self.name, self.config = basics.member_id, basics.name, basics.config
+        self.stats, self.drops = basics.stats, basics.drops
+        self._sock, self._auth, self._sel = basics.sock, basics.auth, sel
+        self._trailer = basics.auth.trailer_size
+        self._datagram = basics.datagram
+        self._capacity = basics.datagram - self._trailer
+        self.tables = tables
+        self._own = own  # reliable topics' messages are kept there until stable
+        self.delivery: Delivery
+        self.receiver: Receiving
+        self.recovery: Recovering
+        self._publish_q = publish_q  # (application threads append, this path takes)
+        self.gso = gso
+        self._sealer = sealer  # a GSO call's plain runs built and signed in C (_datagram_batch)
+        self._plain_most = batch_limit(self._datagram)  # datagrams of one sealed batch
+        self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
+        self._batch_n = 0
+        self._batch_address: tuple[str, int] = ("", 0)
+        self._batch_segment = 0
+        self._batch_most = 0
+        self.want_write = False
+        self._origin = origin_record(basics.name)
+        self._plans: dict[tuple, list] = {}
+        self._own_plans: dict[int, tuple] = {}  # see _own_plan
+        self._own_alike: dict[tuple, tuple] = {}  # see _own_plan
+        self._route_tables: dict[tuple, tuple] = {}  # record -> (it, encoded); see _plan
+        self._feeds: dict[tuple[str, int], Feed] = {}
+        self._feeds_by_channel: dict[int, Feed] = {}
+        self._stalled: tuple | None = None  # (address, [datagram, MAC, ...], GSO segment)
+        self._active: deque[Feed] = deque()
+        self.taken_bytes = 0    # taken off the hand-over queue
+        self.feed_bytes = 0     # waiting in destination queues
+        self.taken_sseq = 0
+        self.handed = 0         # every own message with stream seq <= handed is on the wire
+
+    def connect(self, delivery: Delivery, receiver: Receiving, recovery: Recovering) -> None:
+        self.delivery, self.receiver, self.recovery = delivery, receiver, recovery
+
+    def tables_changed(self) -> None:
+        """Topics, routes, subscriptions or reliable topics changed: the per-topic plans are
+        made again on first use."""
+        self._own_plans.clear()
+        self._own_alike.clear()
+
+    def install_routes(self, receivers: dict[tuple[str, int], set[int]]) -> None:
+        """The forwarding table changed (`tables.routes`); feeds of unchanged destinations keep
+        their queues, each learns its receivers."""
+        self.tables_changed()
+        self._plans.clear()
+        self._route_tables.clear()
+        now = time.monotonic()
+        for address in receivers:
+            self._feed(address)
+        for address, feed in self._feeds.items():
+            feed.set_receivers(set(receivers.get(address, ())) - {self.member_id}, now)
+
+    def expire_receivers(self, now: float) -> None:
+        for feed in self._feeds.values():
+            for member in feed.expire(now, self.config.ack_timeout):
+                self.stats["receiver_timeouts"] += 1
+                log.warning("receiver %s of %s:%d silent for %.1fs; no longer waiting for it",
+                            member, *feed.address, self.config.ack_timeout)
+
+    def busy(self) -> bool:
+        """Datagrams still to go."""
+        return self._stalled is not None or any(f.pending() for f in tuple(self._active))
+
+    def status(self) -> dict:
+        return {f"{h}:{p}": {"in_flight": f.in_flight(), "window": f.window.size,
+                             "queued": f.queued_chunks(), "receivers": sorted(f.acks)}
+                for (h, p), f in self._feeds.items()}
+
+    def on_ack(self, sender: int, channel: int, dseq: int, held: float) -> None:
+        feed = self._feeds_by_channel.get(channel)
+        if feed is None or dseq > feed.dseq:
+            self.receiver.drop("bad_ack")
+            return
+        if not feed.acknowledge(sender, dseq, time.monotonic(), held):
+            self.stats["acks_ignored"] += 1  # from a client, or a member no longer listed
+
+    def take_publishes(self) -> None:
         q = self._publish_q
         taken = 0
         queued = 0
@@ -47,7 +135,7 @@ class SendPath:
         feed = record = table = run = own = None
         subs: tuple = ()
         own_plans = self._own_plans
-        cache = self._cache
+        cache = self._own.cache
         keep = cache.append
         kept = len(cache)
         released = 0
@@ -90,30 +178,32 @@ class SendPath:
                     run, size = self._queue_own(plan, feed, record, table, item, n)
                     queued += size
             taken += n
-            if rel:  # kept until stable (see recovery_path)
+            if rel:  # kept until stable (see own_stream)
                 keep(item)
             else:
                 released += n
-                self._sent_unreliable = True
             if subs:  # subscribers in this process get it directly
                 if ctype == END:
-                    self._on_end_of_stream(self.member_id, topic, session, seq - 1)
+                    self.delivery.on_end_of_stream(self.member_id, topic, session, seq - 1)
                 else:  # (a publisher may queue views, publish_dataframe does: a copy here)
                     if payload.__class__ is not bytes:
                         payload = bytes(payload)
-                    self._offer(subs, [Message(self._topic_names.get(topic, str(topic)),
-                                               self.name, session, seq, payload, ctype,
-                                               self._origin)], n)
+                    name = self.tables.topic_names.get(topic, str(topic))
+                    self.delivery.offer(subs, [Message(name, self.name, session, seq, payload,
+                                                       ctype, self._origin)], n)
+        own = self._own
+        if released:
+            own.sent_unreliable = True
         if len(cache) > kept:  # each stream's tail moves on (in C)
-            for key in self._tails.note(cache, kept):
-                self._published.add(*key)
+            for key in own.tails.note(cache, kept):
+                own.published.add(*key)
         if sseq:
-            self._taken_sseq = sseq
-            self.progressed = True
+            self.taken_sseq = sseq
+            self.recovery.progressed = True
         self.taken_bytes += taken
-        self.released_bytes += released
+        own.released_bytes += released
         self.feed_bytes += queued
-        self._deliver()
+        self.delivery.deliver()
         self._update_handed()
 
     def _queue_own(self, plan: list, feed: Feed | None, record: tuple, table: bytes, item: tuple,
@@ -134,7 +224,7 @@ class SendPath:
         return None, queued
 
     def _update_handed(self) -> None:
-        low = self._taken_sseq
+        low = self.taken_sseq
         for feed in self._active:
             first = feed.first_own()
             if first and first - 1 < low:
@@ -142,7 +232,7 @@ class SendPath:
         self.handed = low
 
     def _own_plan(self, topic: int) -> tuple:
-        """What `_take_publishes` needs of a topic it publishes, in one lookup: (plan, its one
+        """What `take_publishes` needs of a topic it publishes, in one lookup: (plan, its one
         feed when that is all of it, else None, that feed's record and table, the subscribers
         in this process, whether it is reliable)."""
         plan = self._plan(topic, self._origin)
@@ -151,7 +241,8 @@ class SendPath:
             # one object per distinct record (`_plan` shares them): consecutive messages of topics
             # that carry equal records join one chunk (and one mixed run) on an identity check
             single, record, table = plan[0]
-        own = (plan, single, record, table, self._subs.get(topic, ()), topic in self._reliable)
+        own = (plan, single, record, table, self.tables.subs.get(topic, ()),
+               topic in self.recovery.reliable)
         if single is not None:  # topics alike share one (thousands of topics, one publisher)
             own = self._own_alike.setdefault(own[1:], own)
         self._own_plans[topic] = own
@@ -161,7 +252,7 @@ class SendPath:
         """For messages of `topic` carrying `record`: (feed or filtered channel, record after the
         hop, its encoded routing table); equal records and tables are one object each."""
         plan = []
-        for route in self._routes.get(topic, ()):
+        for route in self.tables.routes.get(topic, ()):
             if matches(record, route.label):
                 after = forward(record, route.label)
                 after, table = self._route_tables.get(after) or self._route_tables.setdefault(
@@ -188,8 +279,8 @@ class SendPath:
                      ctype, payload)
         return (len(payload) + MESSAGE_COST) * len(feeds)
 
-    def _forward_run(self, topic, source, session, first, stream, first_sseq, ctype, record,
-                     payloads: list) -> None:
+    def forward_run(self, topic, source, session, first, stream, first_sseq, ctype, record,
+                    payloads: list) -> None:
         plan = self._plans.get((topic, record))
         if plan is None:
             plan = self._plans[(topic, record)] = self._plan(topic, record)
@@ -212,9 +303,10 @@ class SendPath:
             self._feeds_by_channel[feed.channel] = feed
         return feed
 
-    def _pump(self) -> bool:
-        """Let destinations pull datagrams while their windows are open and the socket takes them."""
-        if self._want_write:
+    def pump(self) -> bool:
+        """Let destinations pull datagrams while their windows are open and the socket takes
+        them."""
+        if self.want_write:
             return False
         now = time.monotonic()
         if self._stalled is not None:
@@ -236,11 +328,11 @@ class SendPath:
                 # taking) once the window is half full: few acks at ordinary rates, every
                 # burst's at saturation
                 flags = wire.FLAG_ACK_NOW if 2 * flight >= window.size else 0
-                if sealer is not None and self._gso and feed.frag is None \
+                if sealer is not None and self.gso and feed.frag is None \
                         and (sent := self._send_plain(feed, flags, window.size - flight, now)):
                     budget -= sent
                     progressed = True
-                    if self._want_write:
+                    if self.want_write:
                         break
                     continue
                 datagram = self._pull(feed, flags)
@@ -248,13 +340,13 @@ class SendPath:
                 if not self._transmit(feed, datagram, now):
                     break
                 progressed = True
-            if self._batch_n and not self._want_write:
+            if self._batch_n and not self.want_write:
                 self._flush_batch()
             if feed.pending():
                 active.append(feed)
                 if feed.probe_due(now):
                     self._probe(feed)
-            if self._want_write:
+            if self.want_write:
                 break
         if progressed:
             self._update_handed()
@@ -271,7 +363,7 @@ class SendPath:
         n = len(chunks)
         runs = []
         for c in chunks:
-            self.feed_bytes -= c.queued()  # what _take_publishes added
+            self.feed_bytes -= c.queued()  # what take_publishes added
             r = c.runs[0]
             runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
                          r.ctype, r.payloads))
@@ -293,7 +385,7 @@ class SendPath:
         if feed.frag is not None:
             return self._next_fragment(feed, flags)
         chunk = feed.take()
-        self.feed_bytes -= chunk.queued()  # what _take_publishes added
+        self.feed_bytes -= chunk.queued()  # what take_publishes added
         if chunk.oversized:
             room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
             feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
@@ -310,8 +402,8 @@ class SendPath:
         table, frag, parts = next(pieces)
         if frag[1] == frag[2] - 1:
             feed.frag = None
-        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq, table,
-                                1, parts, frag, flags)
+        return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
+                                table, 1, parts, frag, flags)
 
     def _probe(self, feed: Feed, counter: str = "window_probes") -> None:
         """Re-announce the last datagram number to `feed`'s receivers in a DATA datagram without
@@ -324,7 +416,7 @@ class SendPath:
         except OSError:
             self.drops["send_error"] += 1  # probed again after PROBE_AFTER
 
-    def _probe_tails(self, now: float) -> bool:
+    def probe_tails(self, now: float) -> bool:
         """Probe each drained feed whose last datagrams are not acknowledged a moment after they
         went (see `feed`); whether any feed still has such a tail to probe later."""
         if self._stalled is not None or self._batch_n:
@@ -341,7 +433,7 @@ class SendPath:
         """Hand one datagram for `feed` to the socket, or add it to the batch being made for one
         call (`udp_batch`, GSO); False when the socket's send buffer is full (what did not go
         is sent first once it is writable)."""
-        if self._gso:
+        if self.gso:
             size = self._add_to_batch(feed.address, datagram)
             sent = True
         else:
@@ -394,7 +486,7 @@ class SendPath:
                         self.drops["send_error"] += 1      # lost, recovery repairs it; GSO
                         return True                       # itself works)
                     # the interface refuses batches after all
-                    self._gso = False
+                    self.gso = False
                     stats["gso_refused"] += 1
                     log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
                                 "from now on", *address, exc)
@@ -414,8 +506,8 @@ class SendPath:
                 parts = parts[2:]
             return True
         except BlockingIOError:
-            self._stalled = (address, parts, segment if self._gso else 0)
-            self._want_write = True
+            self._stalled = (address, parts, segment if self.gso else 0)
+            self.want_write = True
             self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return False
 
