@@ -111,3 +111,15 @@ def test_the_compiled_batches_speak_this_wire_version():
     if native.BatchScanner is not None:  # (a build without the extension uses neither)
         from scopecast.netio import _datagram_batch
         assert _datagram_batch.WIRE_VERSION == wire.VERSION
+
+
+def test_a_members_summary_is_what_agents_api_documents():
+    record = SenderRecordWire(50, b"", 7, 45, 3, 11)
+    summary = cm.MemberSummary({9: 40}, {9: 41}, [Nak(9, 5, 1, 10, 12, 100, 102)], {4: record})
+    body = summary.to_wire(4, ("10.0.0.1", 5000))
+    assert body == {"acks": {9: 40}, "seen": {9: 41},
+                    "naks": [[9, 5, 1, 10, 12, 100, 102, 4, "10.0.0.1", 5000]], "recs": {4: record}}
+    assert "recs" not in cm.MemberSummary({}, {}, [], None).to_wire(4, ("10.0.0.1", 5000))
+    ptype, wire_body = cm.encode(Summary(body))  # through a datagram: a record is a list there
+    _, got = wire.decode_control(wire.encode_control(ptype, 4, wire_body))
+    assert cm.decode(ptype, got).body["recs"] == {4: list(record)}

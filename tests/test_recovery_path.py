@@ -348,8 +348,8 @@ def test_a_nak_of_any_topic_is_served_with_each_topics_messages_in_runs_of_their
     def serve():
         member.own.cache[:] = [(5, T, 1, 4, 0, b"t4"), (6, u, 1, 5, 0, b"u5"), (7, T, 1, 5, 0, b"t5")]
         member.own.head = 0
-        member.recovery._repairs.send = lambda datagram, address: sent.append(datagram)
-        member.recovery._serve(member.member_id, [ANY_TOPIC, 0, 5, TAIL_SEQ, 5, 7], ("127.0.0.1", 9))
+        member.repairs.server.send = lambda datagram, address: sent.append(datagram)
+        member.repairs.serve(member.member_id, [ANY_TOPIC, 0, 5, TAIL_SEQ, 5, 7], ("127.0.0.1", 9))
     member.call_wait(serve)
     got = [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
            for d in sent for m in wire.decode_data(d)[1]]
@@ -370,9 +370,9 @@ def test_a_caching_member_serves_a_peer_exactly_the_messages_named_out_of_the_ru
 
     def serve(nak):
         sent.clear()
-        member.recovery._repairs.new_period()
-        member.recovery._repairs.send = lambda datagram, address: sent.append(datagram)
-        member.recovery._serve(SOURCE, nak, ("127.0.0.1", 9))
+        member.repairs.new_period()
+        member.repairs.server.send = lambda datagram, address: sent.append(datagram)
+        member.repairs.serve(SOURCE, nak, ("127.0.0.1", 9))
         return [(m.topic_id, m.seq, m.stream_seq, bytes(m.payload))
                 for d in sent for m in wire.decode_data(d)[1]]
     assert member.call_wait(serve, [T, 1, 3, 6, 3, 6]) == [
@@ -533,12 +533,12 @@ def test_messages_before_what_the_sender_still_holds_are_given_up(member):
 def test_the_stability_digest_tells_an_agent_that_has_not_named_the_stream_yet(member):
     """What a flush that timed out says of each agent: never answered, answered without this
     member's stream, or how far it is stable there."""
-    assert "token_ring agent at 127.0.0.1:9 never answered" in member.stability_digest()
+    assert "token_ring agent at 127.0.0.1:9 never answered" in member.recovery.stability_digest()
     member.call_wait(member.recovery.on_instructions, {"down": {}, "period": 0.02}, PROTOCOL)
-    assert "not naming this stream yet" in member.stability_digest()
+    assert "not naming this stream yet" in member.recovery.stability_digest()
     member.call_wait(member.recovery.on_instructions, {"down": {"1": [0, None]}, "period": 0.02},
                      PROTOCOL)
-    assert member.stability_digest().endswith("s ago, stable up to 0")
+    assert member.recovery.stability_digest().endswith("s ago, stable up to 0")
 
 
 def test_a_stalled_streams_tail_is_asked_for_only_on_evidence_of_loss(member):

@@ -60,7 +60,7 @@ def test_a_forwarding_member_forwards_the_runs_a_repair_brought_it():
         assert got == [1, 2, 3, 4, 5] and b.stats["repair_datagrams_in"] == 0
         # B asked A for it (how B learns it misses it is test_window_probe's and
         # test_recovery_path's): A repairs B alone, under a record no channel matches
-        a.call_wait(a.recovery._serve, a.member_id, [TOPIC, 1, 6, 6, sseq, sseq], b.address)
+        a.call_wait(a.repairs.serve, a.member_id, [TOPIC, 1, 6, 6, sseq, sseq], b.address)
         wait_for(lambda: got.extend(m.seq for m in received(inbox)) or got[-1:] == [6],
                  "6 forwarded by B after its repair")
         assert got == [1, 2, 3, 4, 5, 6]

@@ -24,19 +24,17 @@ class ChannelAcks:
     """Positions of the channels this member receives, and their acknowledgements."""
 
     def __init__(self, basics: MemberBasics, tables: MemberTables,
-                 send_control: Callable[[object, tuple[str, int]], None]) -> None:
+                 send_control: Callable[[object, tuple[str, int]], None],
+                 recovery: Recovering) -> None:
         self._config, self._stats = basics.config, basics.stats
         self._tables = tables
         self._send_control = send_control
-        self._recovery: Recovering
+        self._recovery = recovery  # told of loss and data as channels show them
         # (sender, channel) -> [dseq, dseq acked, when acked, when new data was last acked,
         # when it came]
         self._pos: dict[tuple[int, int], list] = {}
         self._last_ack = 0.0
         self._ack_now = False  # a datagram asked for an acknowledgement without delay
-
-    def connect(self, recovery: Recovering) -> None:
-        self._recovery = recovery
 
     def members_changed(self) -> None:
         """Forget the channels of members gone."""

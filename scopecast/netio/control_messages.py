@@ -20,8 +20,8 @@ from typing import NamedTuple
 from scopecast.netio import wire
 
 __all__ = ["Kind", "Summary", "InstructionsEnvelope", "PeerToken", "Ack", "WhereAsk",
-           "JoinPoint", "NakAsk", "Nak", "Instructions", "PushAsk", "SenderRecordWire",
-           "PACKET_TYPE", "encode", "decode"]
+           "JoinPoint", "NakAsk", "Nak", "MemberSummary", "Instructions", "PushAsk",
+           "SenderRecordWire", "PACKET_TYPE", "encode", "decode"]
 
 
 class Kind(IntEnum):
@@ -204,6 +204,23 @@ class SenderRecordWire(NamedTuple):
         return cls(top, record[1], int(record[2]) if n > 2 else 0,
                    int(record[3]) if n > 3 else top,
                    int(record[4]) if n > 5 else 0, int(record[5]) if n > 5 else 0)
+
+
+class MemberSummary(NamedTuple):
+    """What a member tells each of its agents every period (`agents.api` Summary)."""
+
+    acks: dict[int, int]            # stream -> MaxContiguous
+    seen: dict[int, int]            # stream -> highest delivered
+    naks: list[Nak]                 # of this agent's protocol's topics
+    recs: dict[int, SenderRecordWire] | None  # its own record, as a sender
+
+    def to_wire(self, member: int, address: tuple[str, int]) -> dict:
+        """The summary a protocol gets; its NAKs name `member` at `address` as the asker."""
+        body = {"acks": self.acks, "seen": self.seen,
+                "naks": [n.row(member, address) for n in self.naks]}
+        if self.recs is not None:
+            body["recs"] = self.recs
+        return body
 
 
 class PushAsk(NamedTuple):

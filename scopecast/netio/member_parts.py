@@ -3,8 +3,8 @@
 `MemberRuntime` (runtime.py) runs one I/O loop and composes parts that own their state: the send
 path (`send_path`), the receive path (`receive_path`) with its reorder buffer (`reorder_buffer`)
 and acknowledgements (`channel_acks`), delivery to the applications (`delivery`), the member's
-own unstable messages (`own_stream`), joins (`joins`) and the recovery path (`recovery_path`,
-which serves repairs through `repair_server`). They run on the I/O thread only. Each gets
+own unstable messages (`own_stream`), joins (`joins`), the recovery path (`recovery_path`) and
+repair serving (`repair_server`). They run on the I/O thread only. Each gets
 
 - `MemberBasics`: who the member is and what it sends and counts with (never replaced);
 - `MemberTables`: what the control plane installed (members, topics, routes, subscriptions),
@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Protocol
 from scopecast.netio.channel import Channel
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.routing import RoutingLabel
+
+MAX_NAMES = 4096   # names of members remembered, current and gone
 
 if TYPE_CHECKING:
     from scopecast.netio.key_table import KeyTable
@@ -82,6 +84,57 @@ class MemberTables:
     subs: dict[int, tuple[Subscription, ...]] = field(default_factory=dict)  # topic -> takers
     subscriptions: list[Subscription] = field(default_factory=list)
 
+    def set_members(self, members: list[MemberInfo]) -> bool:
+        """The members this one knows now; whether any it knew left. Names of members gone are
+        kept, the MAX_NAMES latest (their messages still come as repairs)."""
+        left = bool(self.members.keys() - {m.id for m in members})
+        self.members = current = {m.id: m for m in members}
+        names = self.names
+        for m in members:
+            names.pop(m.id, None)
+            names[m.id] = m.name
+        if len(names) > MAX_NAMES:  # forget the longest gone (never a current member)
+            for gone in [k for k in names if k not in current][:len(names) - MAX_NAMES]:
+                del names[gone]
+        return left
+
+    def subscribe(self, sub: Subscription) -> None:
+        self.subscriptions.append(sub)
+        self._index(sub, sub.topics)
+        self.match_patterns(sub)
+
+    def unsubscribe(self, sub: Subscription) -> set[int]:
+        """Take `sub` out; the topics of it nobody here takes any more."""
+        if sub in self.subscriptions:
+            self.subscriptions.remove(sub)
+        subs = self.subs
+        for t in sub.topics:
+            rest = tuple(s for s in subs.get(t, ()) if s is not sub)
+            if rest:
+                subs[t] = rest
+            else:
+                subs.pop(t, None)
+        return sub.topics - subs.keys()
+
+    def match_patterns(self, sub: Subscription) -> None:
+        """A pattern subscription takes in the known topics it matches."""
+        if sub.patterns:
+            new = [t for t, n in self.topic_names.items()
+                   if t not in sub.topics and any(p.match(n) for p in sub.patterns)]
+            if new:
+                sub.topics.update(new)
+                self._index(sub, new)
+
+    def _index(self, sub: Subscription, topics) -> None:
+        grown: dict[tuple, tuple] = {}  # topics alike share one tuple of subscriptions
+        subs = self.subs
+        for t in topics:
+            old = subs.get(t, ())
+            new = grown.get(old)
+            if new is None:
+                new = grown[old] = old + (sub,)
+            subs[t] = new
+
 
 class Receiving(Protocol):
     """What the send and recovery paths use of the receive path."""
@@ -120,7 +173,6 @@ class Recovering(Protocol):
     data_seen_at: float
 
     def note_filled(self, key: tuple, given_up: bool) -> None: ...
-    def on_nak(self, sender: int, body) -> None: ...
     def on_instructions(self, body: dict, key: str) -> None: ...
 
 

@@ -156,7 +156,7 @@ class Publisher:
         of the topic's recovery domains (a topic with recovery="none": handed to the socket)."""
         if not self._wait(self._last_sseq, timeout):
             what = "stable" if self.reliable else "sent"
-            why = f" ({self._runtime.stability_digest()})" if self.reliable else ""
+            why = f" ({self._runtime.recovery.stability_digest()})" if self.reliable else ""
             raise FlushTimeout(f"{self.topic!r}: messages up to seq {self._seq} not {what} within "
                                f"{timeout}s{why}; receivers may be slow or gone (see "
                                "cluster.status())")

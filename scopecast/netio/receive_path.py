@@ -25,7 +25,7 @@ from scopecast.netio.message import Message
 from scopecast.netio.native import BatchScanner, NameTable, SeqTable, take_mixed
 from scopecast.netio.reassembly import Reassembler, ReassemblyError
 from scopecast.netio.reorder_buffer import ReorderBuffer
-from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun
+from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun, MemberRepairs
 from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 from scopecast.netio.wire import WireRun
 
@@ -52,6 +52,7 @@ class ReceivePath:
         self._acks: ChannelAcks
         self._joins: Joins
         self._reorder: ReorderBuffer
+        self._repairs: MemberRepairs
         self.sender: Sending
         self.recovery: Recovering
         self._gro = gro
@@ -68,9 +69,9 @@ class ReceivePath:
         self._held_bytes = 0
 
     def connect(self, delivery: Delivery, acks: ChannelAcks, joins: Joins, reorder: ReorderBuffer,
-                sender: Sending, recovery: Recovering) -> None:
+                repairs: MemberRepairs, sender: Sending, recovery: Recovering) -> None:
         self.delivery, self._acks, self._joins, self._reorder = delivery, acks, joins, reorder
-        self.sender, self.recovery = sender, recovery
+        self._repairs, self.sender, self.recovery = repairs, sender, recovery
 
     def tables_changed(self) -> None:
         self._plain = None  # made again on first use (see _plain_topics)
@@ -518,7 +519,7 @@ class ReceivePath:
         if kind is Ack:
             self.sender.on_ack(header.sender, msg.channel, msg.dseq, msg.held_us / 1e6)
         elif kind is NakAsk:
-            self.recovery.on_nak(header.sender, msg)
+            self._repairs.on_nak(header.sender, msg)
         elif kind is InstructionsEnvelope:
             try:
                 self.recovery.on_instructions(msg.body, msg.protocol)

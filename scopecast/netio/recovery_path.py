@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Set
 
-from scopecast.netio.control_messages import Instructions, Nak, Summary
+from scopecast.netio.control_messages import Instructions, MemberSummary, Nak, Summary
 from scopecast.netio.delivery import Delivery
 from scopecast.netio.joins import Joins
 from scopecast.netio.key_table import KeyTable
@@ -39,7 +39,7 @@ from scopecast.netio.own_stream import OwnStream
 from scopecast.netio.peer_cache import PeerCache
 from scopecast.netio.recovery_records import AgentReply, SenderRecord, named_topics
 from scopecast.netio.reorder_buffer import ReorderBuffer
-from scopecast.netio.repair_server import ANY_TOPIC, RepairServer
+from scopecast.netio.repair_server import ANY_TOPIC, MemberRepairs
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
 from scopecast.netio.tail_evidence import TailEvidence
 from scopecast.timing import TIMING
@@ -70,13 +70,12 @@ class RecoveryPath:
         self.member_id, self.config, self.address = basics.member_id, basics.config, basics.address
         self.stats, self.drops = basics.stats, basics.drops
         self.unknown_sender = basics.unknown_sender
-        self._sock, self._auth = basics.sock, basics.auth
-        self._capacity = basics.datagram - basics.auth.trailer_size
         self._own = own
         self._joins = joins
         self.tables = tables
         self.delivery: Delivery
         self._reorder: ReorderBuffer
+        self._repairs: MemberRepairs
         self.receiver: Receiving
         self.sender: Sending
         self.reliable: Set[int] = frozenset()
@@ -114,11 +113,10 @@ class RecoveryPath:
         self._tail_asks: dict[int, list] = {}    # source -> [seen when first asked, when]
         self._period = 0.05
         self._last_summary = 0.0
-        self._repairs = RepairServer(self._capacity, self._send_repair, self.stats)
 
-    def connect(self, delivery: Delivery, reorder: ReorderBuffer, receiver: Receiving,
-                sender: Sending) -> None:
-        self.delivery, self._reorder = delivery, reorder
+    def connect(self, delivery: Delivery, reorder: ReorderBuffer, repairs: MemberRepairs,
+                receiver: Receiving, sender: Sending) -> None:
+        self.delivery, self._reorder, self._repairs = delivery, reorder, repairs
         self.receiver, self.sender = receiver, sender
 
     def tick_if_due(self, now: float) -> None:
@@ -179,12 +177,9 @@ class RecoveryPath:
         words = []
         for key, (host, port) in dict(self._agents).items():
             r = replies.get(key)
-            if r is None:
-                said = "never answered"
-            else:
-                stable = r.down.get(self.member_id)
-                said = f"answered {now - r.at:.1f}s ago, " + (
-                    "not naming this stream yet" if stable is None else f"stable up to {stable}")
+            stable = None if r is None else r.down.get(self.member_id)
+            said = "never answered" if r is None else f"answered {now - r.at:.1f}s ago, " + (
+                "not naming this stream yet" if stable is None else f"stable up to {stable}")
             words.append(f"{key} agent at {host}:{port} {said}")
         return f"stable up to stream seq {self._own.stable_sseq} of {self.sender.handed} sent; " \
             + ("; ".join(words) or "no recovery agent yet")
@@ -461,14 +456,12 @@ class RecoveryPath:
             if self.sender.taken_sseq else None
         protocols = self._protocols
         for key, agent in self._agents.items():
-            summary = {"acks": acks, "seen": self.max_seen,
-                       "naks": [n.row(self.member_id, self.address) for n in naks
-                                if protocols.get(n.topic) == key][:MAX_NAKS]}
-            if record is not None:
-                summary["recs"] = record
-            self.receiver.send_control(Summary(summary), agent)
+            mine = [n for n in naks if protocols.get(n.topic) == key][:MAX_NAKS]
+            summary = MemberSummary(acks, self.max_seen, mine, record)
+            self.receiver.send_control(Summary(summary.to_wire(self.member_id, self.address)),
+                                       agent)
             self.stats["summaries_sent"] += 1
-            self.stats["naks_reported"] += len(summary["naks"])
+            self.stats["naks_reported"] += len(mine)
         # the sender holds everything not yet stable: pull from it (again once a repair should
         # have come: a lost NAK or repair would otherwise cost a whole period, and the tail of
         # the repair times is those)
@@ -557,7 +550,7 @@ class RecoveryPath:
         self._pass_stable(stables)
         for push in ins.push:
             self.stats["pushes"] += 1
-            self._serve(push.source, push.nak, push.address)
+            self._repairs.serve(push.source, push.nak, push.address)
         self._hi = {}
         for r in replies:
             for source, v in r.hi.items():
@@ -603,29 +596,3 @@ class RecoveryPath:
         if key in self.gap_at:
             self.note_filled(key, given_up=True)
         self._reorder.release(key)
-
-    # -------------------------------------------------------------------------- repairs
-
-    def on_nak(self, sender: int, body) -> None:
-        """A member asks this one (the sender) for messages it misses."""
-        member = self.tables.members.get(sender)
-        if member is None:
-            self.receiver.drop("nak_from_unknown")
-            return
-        self.stats["naks_received"] += 1
-        self._serve(self.member_id, body, (member.host, member.port))
-
-    def _serve(self, source: int, nak, address: tuple[str, int]) -> None:
-        """Send the messages of `source` named by `nak` [topic, session, lo, hi, lo_sseq,
-        hi_sseq] that this member holds (its own, or a peer's it caches) to `address`."""
-        if source == self.member_id:
-            self._repairs.serve_own(self.member_id, self._own.cache, self._own.head, nak, address)
-        else:
-            self._repairs.serve_cached(self.member_id, source, *self.peer_cache.runs(source),
-                                       nak, address)
-
-    def _send_repair(self, datagram: bytes, address: tuple[str, int]) -> None:
-        try:
-            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, address)
-        except OSError:
-            self.drops["repair_send_failed"] += 1  # asked again at the requester's next NAK

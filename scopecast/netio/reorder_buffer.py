@@ -34,23 +34,17 @@ class EarlyRun(NamedTuple):
 class ReorderBuffer:
     """Runs held per (topic, source, session) until they are next in order."""
 
-    def __init__(self, config, stats: Counter, drops: Counter) -> None:
+    def __init__(self, config, stats: Counter, drops: Counter, next_seq: KeyTable,
+                 take_run: Callable, recovery: Recovering, joins: Joins,
+                 delivery: Delivery) -> None:
+        """`next_seq` and `take_run` are the receive path's: where each stream stands, and how
+        a run next in order is taken."""
         self._config, self._stats, self._drops = config, stats, drops
+        self._next_seq, self._take_run = next_seq, take_run
+        self._recovery, self._joins, self._delivery = recovery, joins, delivery
         self.held: dict[tuple, list[EarlyRun]] = {}  # (topic, source, session) -> in order
         self.bytes = 0
         self.releasing = False  # taking held runs now (a run taken then does not release more)
-        self._next_seq: KeyTable
-        self._take_run: Callable
-        self._recovery: Recovering
-        self._joins: Joins
-        self._delivery: Delivery
-
-    def connect(self, next_seq: KeyTable, take_run: Callable, recovery: Recovering, joins: Joins,
-                delivery: Delivery) -> None:
-        """`next_seq` and `take_run` are the receive path's: where each stream stands, and how
-        a run next in order is taken."""
-        self._next_seq, self._take_run = next_seq, take_run
-        self._recovery, self._joins, self._delivery = recovery, joins, delivery
 
     def hold(self, key: tuple, data: bytes, routes: list, run: WireRun) -> bool:
         """Keep a run that arrived ahead of its predecessors (channels replicated modulo n, or a

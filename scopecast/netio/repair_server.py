@@ -20,10 +20,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import islice, repeat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from scopecast.netio import wire
 from scopecast.netio.feed import MESSAGE_COST
+
+if TYPE_CHECKING:  # (the own stream's cache is ordered by `entry_sseq`, below)
+    from scopecast.netio.member_parts import MemberBasics, MemberTables
+    from scopecast.netio.own_stream import OwnStream
+    from scopecast.netio.peer_cache import PeerCache
 
 REPAIR_RECORD = (("~", "~"),) * 16   # longer than any label: matches no forwarding-table entry
 REPAIR_TABLE = wire.encode_route_table([REPAIR_RECORD])
@@ -185,3 +190,46 @@ class RepairServer:
             flags = last_flags if frag[1] == frag[2] - 1 else 0
             self.send(wire.encode_data(wire.PacketType.REPAIR, me, 0, 0, REPAIR_TABLE, 1, parts,
                                        frag, flags), address)
+
+
+class MemberRepairs:
+    """A member's repair serving, a part of the member runtime (see `member_parts`): a NAK of its
+    own stream is answered from its unstable messages, one of a peer's stream (which its agent
+    asks it to push) from the runs it caches."""
+
+    def __init__(self, basics: MemberBasics, tables: MemberTables, own: OwnStream,
+                 peer_cache: PeerCache, drop: Callable[[str], None]) -> None:
+        self.member_id = basics.member_id  # (the runtime sets the id it is registered under)
+        self._tables, self._own, self._peer_cache = tables, own, peer_cache
+        self._stats, self._drops = basics.stats, basics.drops
+        self._sock, self._auth = basics.sock, basics.auth
+        self.server = RepairServer(basics.datagram - basics.auth.trailer_size, self._send,
+                                   basics.stats)
+        self._drop = drop  # counts (and logs) a datagram dropped
+
+    def new_period(self) -> None:
+        self.server.new_period()
+
+    def on_nak(self, sender: int, nak) -> None:
+        """A member asks this one (the sender) for messages it misses."""
+        member = self._tables.members.get(sender)
+        if member is None:
+            self._drop("nak_from_unknown")
+            return
+        self._stats["naks_received"] += 1
+        self.serve(self.member_id, nak, (member.host, member.port))
+
+    def serve(self, source: int, nak, address: tuple[str, int]) -> None:
+        """Send the messages of `source` named by `nak` [topic, session, lo, hi, lo_sseq,
+        hi_sseq] that this member holds (its own, or a peer's it caches) to `address`."""
+        if source == self.member_id:
+            self.server.serve_own(self.member_id, self._own.cache, self._own.head, nak, address)
+        else:
+            self.server.serve_cached(self.member_id, source, *self._peer_cache.runs(source), nak,
+                                     address)
+
+    def _send(self, datagram: bytes, address: tuple[str, int]) -> None:
+        try:
+            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, address)
+        except OSError:
+            self._drops["repair_send_failed"] += 1  # asked again at the requester's next NAK

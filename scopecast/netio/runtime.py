@@ -1,5 +1,5 @@
-"""The member runtime: one I/O loop per member process owning every socket and all protocol state,
-the latter in parts that own theirs (see `member_parts`).
+"""The member runtime: one I/O loop per member process owning every socket, and the protocol
+state in parts that own theirs (see `member_parts`).
 
 The loop runs on one thread at a time, the *leader*: the runtime's I/O thread, or an application
 thread that would otherwise only wait in `Subscriber.receive()` for the I/O thread to hand it
@@ -17,9 +17,9 @@ from queued messages, as long as that destination's bytes-bounded window is open
 
 Flow control: receivers acknowledge the highest datagram number they took from each sender's
 channel, and withhold acknowledgements while their application lags behind by more than
-`max_backlog_bytes`, so a slow consumer slows the sender instead of overflowing a socket buffer.
-Above that, a publisher holds at most `stable_window_bytes` of reliable messages not yet stable
-(see `own_stream`).
+`max_backlog_bytes` (`channel_acks`), so a slow consumer slows the sender instead of overflowing
+a socket buffer. Above that, a publisher holds at most `stable_window_bytes` of reliable
+messages not yet stable (`own_stream`).
 """
 
 from __future__ import annotations
@@ -45,15 +45,16 @@ from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.interrupts import GUARD
 from scopecast.netio.joins import Joins
 from scopecast.netio.member_parts import MemberBasics, MemberInfo, MemberTables, Route
-from scopecast.netio.native import IMPLEMENTATION, BatchScanner, BatchSealer
+from scopecast.netio.native import BatchScanner, BatchSealer
 from scopecast.netio.own_stream import OwnStream
 from scopecast.netio.receive_path import ReceivePath
 from scopecast.netio.recovery_path import INF, RecoveryPath
 from scopecast.netio.reorder_buffer import ReorderBuffer
+from scopecast.netio.repair_server import MemberRepairs
 from scopecast.netio.runtime_config import DEFAULT_MAX_MESSAGE, RuntimeConfig, percentiles
 from scopecast.netio.send_path import SendPath
 from scopecast.netio.transport import multicast_socket, unicast_socket
-from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detect, enable_gro
+from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detect, enable_gro, offload_status
 from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,6 @@ PUBLISH_LINGER = TIMING.publish_linger
 PARK = TIMING.park
 HANDOVER_WAIT = TIMING.handover_wait
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
-MAX_NAMES = 4096   # names of members remembered, current and gone
 BEAT_EVERY = TIMING.beat_every
 
 
@@ -149,16 +149,16 @@ class MemberRuntime:
         self.joins = Joins(self.stats, self.tables, self.own)
         self.recovery = RecoveryPath(basics, self.tables, self.own, self.joins)
         self.delivery = Delivery(member_id, name, self.tables, self.stats, config.max_backlog_bytes)
-        self.acks = ChannelAcks(basics, self.tables, self.receiver.send_control)
-        self.acks.connect(self.recovery)
-        self.reorder = ReorderBuffer(config, self.stats, self.drops)
-        self.reorder.connect(self.receiver.next_seq, self.receiver.take_run, self.recovery,
-                             self.joins, self.delivery)
+        self.acks = ChannelAcks(basics, self.tables, self.receiver.send_control, self.recovery)
+        self.reorder = ReorderBuffer(config, self.stats, self.drops, self.receiver.next_seq,
+                                     self.receiver.take_run, self.recovery, self.joins, self.delivery)
         self.joins.connect(self.receiver, self.reorder, self.delivery, self.recovery.look_up)
-        self.receiver.connect(self.delivery, self.acks, self.joins, self.reorder, self.sender,
-                              self.recovery)
+        self.repairs = MemberRepairs(basics, self.tables, self.own, self.recovery.peer_cache,
+                                     self.receiver.drop)
+        self.receiver.connect(self.delivery, self.acks, self.joins, self.reorder, self.repairs,
+                              self.sender, self.recovery)
         self.sender.connect(self.delivery, self.receiver, self.recovery)
-        self.recovery.connect(self.delivery, self.reorder, self.receiver, self.sender)
+        self.recovery.connect(self.delivery, self.reorder, self.repairs, self.receiver, self.sender)
         if config.freeze_gc:
             gc.freeze()
         self._thread = threading.Thread(target=self._run, name=f"scopecast-io-{name}", daemon=True)
@@ -170,19 +170,10 @@ class MemberRuntime:
 
     @member_id.setter
     def member_id(self, member_id: int) -> None:
-        """The id its scope registered this member under: known only once the runtime's socket,
-        the member's address, exists (and again after the member registers anew)."""
+        """The id its scope registered this member under (after its socket, its address, exists)."""
         self._member_id = member_id
-        for part in (self.receiver, self.sender, self.recovery, self.delivery):
+        for part in (self.receiver, self.sender, self.recovery, self.delivery, self.repairs):
             part.member_id = member_id
-
-    @property
-    def repair_ms(self):
-        """Repair times (gap seen -> filled, ms) of the latest gaps (read on the I/O thread)."""
-        return self.recovery.repair_ms
-
-    def stability_digest(self) -> str:
-        return self.recovery.stability_digest()
 
     # ---------------------------------------------------------------- application side (any thread)
 
@@ -355,18 +346,10 @@ class MemberRuntime:
     # ------------------------------------------------------------- control installs (I/O thread)
 
     def install_members(self, members: list[MemberInfo]) -> None:
-        if self.tables.members.keys() - {m.id for m in members}:
+        if self.tables.set_members(members):
             # what a member that left held for this one to forward is gone: evidence of loss
             self.recovery.loss_seen_at = time.monotonic()
             self.stats["loss_member_left"] += 1
-        self.tables.members = {m.id: m for m in members}
-        names = self.tables.names
-        for m in members:
-            names.pop(m.id, None)
-            names[m.id] = m.name
-        if len(names) > MAX_NAMES:  # forget the longest gone (never a current member)
-            for gone in [k for k in names if k not in self.tables.members][:len(names) - MAX_NAMES]:
-                del names[gone]
         self.acks.members_changed()
         self.receiver.members_changed()
 
@@ -382,9 +365,9 @@ class MemberRuntime:
         self.tables.topic_names = names
         if sessions is not None:
             self.tables.sessions = sessions
-        self._tables_changed()
         for sub in self.tables.subscriptions:
-            self._match_patterns(sub)
+            self.tables.match_patterns(sub)
+        self._tables_changed()
 
     def _tables_changed(self) -> None:
         """Topics, routes, subscriptions or reliable topics changed: the per-topic lookups of the
@@ -397,15 +380,6 @@ class MemberRuntime:
         """This member's agents (per protocol) and its reliable topics' protocols."""
         self.recovery.install(agents, protocols, cached)
         self._tables_changed()
-
-    def _match_patterns(self, sub: Subscription) -> None:
-        """A pattern subscription takes in the known topics it matches."""
-        if sub.patterns:
-            new = [t for t, n in self.tables.topic_names.items()
-                   if t not in sub.topics and any(p.match(n) for p in sub.patterns)]
-            if new:
-                sub.topics.update(new)
-                self._index(sub, new)
 
     def install_routes(self, routes: dict[int, Sequence[Route]],
                        receivers: dict[tuple[str, int], set[int]] | None = None) -> None:
@@ -441,32 +415,13 @@ class MemberRuntime:
             sock.close()
 
     def add_subscription(self, sub: Subscription) -> None:
-        self.tables.subscriptions.append(sub)
-        self._index(sub, sub.topics)
-        self._match_patterns(sub)
-
-    def _index(self, sub: Subscription, topics) -> None:
+        self.tables.subscribe(sub)
         self._tables_changed()
-        grown: dict[tuple, tuple] = {}  # topics alike share one tuple of subscriptions
-        subs = self.tables.subs
-        for t in topics:
-            old = subs.get(t, ())
-            new = grown.get(old)
-            if new is None:
-                new = grown[old] = old + (sub,)
-            subs[t] = new
 
     def remove_subscription(self, sub: Subscription) -> None:
-        if sub in self.tables.subscriptions:
-            self.tables.subscriptions.remove(sub)
-        for t in sub.topics:
-            rest = tuple(s for s in self.tables.subs.get(t, ()) if s is not sub)
-            if rest:
-                self.tables.subs[t] = rest
-            else:
-                self.tables.subs.pop(t, None)
+        gone = self.tables.unsubscribe(sub)
         self._tables_changed()
-        self.recovery.forget_keys(sub.topics - self.tables.subs.keys())
+        self.recovery.forget_keys(gone)
         sub.event.set()  # a receive() waiting on it returns
 
     def snapshot(self) -> dict:
@@ -487,17 +442,8 @@ class MemberRuntime:
         }
 
     def _offload_status(self) -> dict:
-        """Which batch calls are on, datagrams per call so far, which `native` parts run."""
-        st = self.stats
-        return {"gso": self.sender.gso, "gro": self.offloads.gro, "native": IMPLEMENTATION,
-                "datagram_bytes": self._datagram,
-                "datagrams_per_send": round(st["datagrams_out"] / st["send_calls"], 2)
-                if st["send_calls"] else None,
-                "datagrams_per_receive": round(st["datagrams_in"] / st["recv_calls"], 2)
-                if st["recv_calls"] else None,
-                # plain-run batches built, and received datagrams read, in C (_datagram_batch.c)
-                "datagrams_sealed": st["datagrams_sealed"],
-                "datagrams_scanned": st["datagrams_scanned"]}
+        return offload_status(Offloads(self.sender.gso, self.offloads.gro), self._datagram,
+                              self.stats)
 
     # -------------------------------------------------------------------------- the I/O loop
 
@@ -651,5 +597,4 @@ class MemberRuntime:
         self.sender.expire_receivers(now)
 
 
-__all__ = ["DEFAULT_MAX_MESSAGE", "MemberInfo", "MemberRuntime", "Route", "RuntimeConfig",
-           "percentiles"]
+__all__ = ["DEFAULT_MAX_MESSAGE", "MemberInfo", "MemberRuntime", "Route", "RuntimeConfig", "percentiles"]

@@ -191,17 +191,17 @@ class SendPath:
                     name = self.tables.topic_names.get(topic, str(topic))
                     self.delivery.offer(subs, [Message(name, self.name, session, seq, payload,
                                                        ctype, self._origin)], n)
-        own = self._own
+        stream = self._own
         if released:
-            own.sent_unreliable = True
+            stream.sent_unreliable = True
         if len(cache) > kept:  # each stream's tail moves on (in C)
-            for key in own.tails.note(cache, kept):
-                own.published.add(*key)
+            for key in stream.tails.note(cache, kept):
+                stream.published.add(*key)
         if sseq:
             self.taken_sseq = sseq
             self.recovery.progressed = True
         self.taken_bytes += taken
-        own.released_bytes += released
+        stream.released_bytes += released
         self.feed_bytes += queued
         self.delivery.deliver()
         self._update_handed()

@@ -21,6 +21,8 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
+from scopecast.netio.native import IMPLEMENTATION
+
 log = logging.getLogger(__name__)
 
 SOL_UDP = getattr(socket, "SOL_UDP", 17)
@@ -40,6 +42,19 @@ class Offloads:
 
     gso: bool
     gro: bool
+
+
+def offload_status(on: Offloads, datagram: int, stats) -> dict:
+    """A member's status of its batch calls: which are on, datagrams per call so far, which
+    `native` parts run."""
+    sends, receives = stats["send_calls"], stats["recv_calls"]
+    return {"gso": on.gso, "gro": on.gro, "native": IMPLEMENTATION, "datagram_bytes": datagram,
+            "datagrams_per_send": round(stats["datagrams_out"] / sends, 2) if sends else None,
+            "datagrams_per_receive": round(stats["datagrams_in"] / receives, 2)
+            if receives else None,
+            # plain-run batches built, and received datagrams read, in C (_datagram_batch.c)
+            "datagrams_sealed": stats["datagrams_sealed"],
+            "datagrams_scanned": stats["datagrams_scanned"]}
 
 
 @lru_cache(maxsize=16)

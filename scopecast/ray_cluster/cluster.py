@@ -423,7 +423,7 @@ class Cluster:
         `counters()` gives each member's percentiles, and percentiles over many members need
         their times together."""
         return [ms for e in list(self._elements.values())
-                for ms in e.runtime.call_wait(lambda rt=e.runtime: list(rt.repair_ms))]
+                for ms in e.runtime.call_wait(lambda rt=e.runtime: list(rt.recovery.repair_ms))]
 
     def shutdown(self) -> None:
         """Close this process's publishers and subscribers and leave; stop Ray only if we started it."""

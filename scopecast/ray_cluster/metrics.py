@@ -106,7 +106,7 @@ class MetricsExporter:
         sources = self._sources()
         for scope, runtime, pubs in sources:
             snap, times, timed = runtime.call_wait(
-                lambda rt=runtime: (rt.snapshot(), list(rt.repair_ms), rt.stats["repairs_timed"]))
+                lambda rt=runtime: (rt.snapshot(), list(rt.recovery.repair_ms), rt.stats["repairs_timed"]))
             stats, tags = snap["stats"], {"scope": scope}
             for name, (_desc, _keys, parts) in COUNTERS.items():
                 for stat, extra in parts:
