@@ -35,6 +35,7 @@ class ChannelAcks:
         self._pos: dict[tuple[int, int], list] = {}
         self._last_ack = 0.0
         self._ack_now = False  # a datagram asked for an acknowledgement without delay
+        self.due_at = 0.0      # when acknowledgements are due next (the I/O loop looks)
 
     def members_changed(self) -> None:
         """Forget the channels of members gone."""
@@ -48,6 +49,7 @@ class ChannelAcks:
         probe)."""
         if flags & wire.FLAG_ACK_NOW:
             self._ack_now = True
+            self.due_at = min(self.due_at, self._last_ack + ACK_NOW_GAP)
         key = (sender, channel)
         pos = self._pos.get(key)
         if pos is None:
@@ -90,6 +92,7 @@ class ChannelAcks:
     def _send(self, now: float) -> None:
         self._last_ack = now
         self._ack_now = False
+        self.due_at = now + self._config.ack_period
         limit = self._config.max_backlog_bytes
         for sub in self._tables.subscriptions:  # (not per topic: a pattern's one is under
             if sub.backlog() > limit:           # thousands)

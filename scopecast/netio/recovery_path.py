@@ -111,8 +111,8 @@ class RecoveryPath:
         self.max_seen: dict[int, int] = {}       # source -> highest sseq delivered (reliable)
         self._hi: dict[int, int] = {}            # source -> highest any member delivered
         self._tail_asks: dict[int, list] = {}    # source -> [seen when first asked, when]
-        self._period = 0.05
-        self._last_summary = 0.0
+        self._period, self._last_summary = 0.05, 0.0  # the token period; when it last reported
+        self.tick_at, self.idle = 0.0, False  # what the I/O loop looks at: see tick_if_due
 
     def connect(self, delivery: Delivery, reorder: ReorderBuffer, repairs: MemberRepairs,
                 receiver: Receiving, sender: Sending) -> None:
@@ -120,10 +120,10 @@ class RecoveryPath:
         self.receiver, self.sender = receiver, sender
 
     def tick_if_due(self, now: float) -> None:
-        """The periodic push, every token period; and at once when a hole opens, when one NAKed
-        is due to be asked for again, and when the stream moves again while the period is idle
-        (else a sender stalled on its window would wait a whole idle period to say so); soon
-        again while idle and unstable (`_settling`)."""
+        """The periodic push, every period; at once on a new hole, on a NAK due again, and on
+        progress while the period is `idle` (a sender stalled on its window says so at once);
+        soon again while idle and unstable (`_settling`). The I/O loop calls it only from
+        `tick_at` (the next of these times), on a hole, or on progress while `idle`."""
         if now - self._last_summary >= self._period or (
                 (self.hole_opened or now >= self.retry_at or now >= self.settle_at
                  or self.progressed and self._period > IDLE_FROM)
@@ -148,9 +148,8 @@ class RecoveryPath:
 
     def status(self) -> dict:
         return {"agents": {p: "%s:%d" % a for p, a in self._agents.items()},
-                "reliable_topics": len(self.reliable),  # a count: sent each second
-                "stable_sseq": self._own.stable_sseq, "cacher": self.cacher,
-                "token_period": self._period, "light": self._joins.light(),
+                "reliable_topics": len(self.reliable), "stable_sseq": self._own.stable_sseq,
+                "cacher": self.cacher, "token_period": self._period, "light": self._joins.light(),
                 "senders_known": sorted(self._records), "gaps": len(self._nak_at),
                 "cached_runs": self.peer_cache.count()}
 
@@ -480,6 +479,7 @@ class RecoveryPath:
             else:
                 self.look_up(nak.source)
         self.retry_at = min(nak_at.values()) + retry if nak_at else INF
+        self.tick_at = min(now + self._period, self.retry_at, self.settle_at)
         self._expire_records(now)
 
     def _settling(self, now: float) -> bool:
@@ -556,6 +556,8 @@ class RecoveryPath:
             for source, v in r.hi.items():
                 self._hi[source] = max(self._hi.get(source, v), v)
         self._period = min(r.period for r in replies)
+        self.idle = self._period > IDLE_FROM
+        self.tick_at = min(self._last_summary + self._period, self.retry_at, self.settle_at)
         self.stats["token_period_ms"] = round(self._period * 1000)
         cacher = any(r.cacher for r in replies)
         if self.cacher and not cacher:

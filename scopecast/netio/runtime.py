@@ -529,8 +529,9 @@ class MemberRuntime:
                 # costs one wake-up per linger period instead of one per message
                 self._poll(sel, min(PUBLISH_LINGER, left))
                 self._wake_pending = False
-            else:
-                self._poll(sel, min(self._idle_timeout(), left))
+            else:  # until the next acknowledgement, tail probe or recovery tick may be due
+                self._poll(sel, min(self.recovery.idle_timeout(self.acks.timeout(self._tails_open)),
+                                    left))
             self._polled = True
         self._sleeping = False
         return True
@@ -547,7 +548,8 @@ class MemberRuntime:
             self.sender.take_publishes()
         sent = self.sender.pump()
         now = time.monotonic()
-        self.acks.send_if_due(now)
+        if now >= self.acks.due_at:
+            self.acks.send_if_due(now)
         if sent:
             self._tails_open = True
         elif self._tails_open and now - self._last_tail_probe >= self.config.ack_period:
@@ -555,17 +557,14 @@ class MemberRuntime:
             self._tails_open = self.sender.probe_tails(now)
         if now - self._last_housekeeping >= 0.1:
             self._housekeeping(now)
-        self.recovery.tick_if_due(now)
+        recovery = self.recovery
+        if now >= recovery.tick_at or recovery.hole_opened or recovery.progressed and recovery.idle:
+            recovery.tick_if_due(now)
         if self._waiting_for and any(done() for done in tuple(self._waiting_for)):
             self._space.set()
         if self.delivery.to_wake:
             self.delivery.wake_subscribers()
         return sent or bool(self._publish_q)
-
-    def _idle_timeout(self) -> float:
-        """How long the loop may wait for its sockets: until the next acknowledgement, tail
-        probe or recovery tick that may be due."""
-        return self.recovery.idle_timeout(self.acks.timeout(self._tails_open))
 
     def _poll(self, sel, timeout: float) -> None:
         events = sel.select(timeout)
