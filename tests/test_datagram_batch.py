@@ -97,8 +97,8 @@ def test_other_datagrams_and_garbage_are_left_to_the_slow_path():
 
 
 def test_a_sealed_batch_is_what_wire_and_auth_make():
-    runs = [(3, 9, 1, 1, 9, 1, 0, [b"a" * 100, b"b" * 7]), (3, 9, 1, 3, 9, 3, 0, [b"c" * 300]),
-            (3, 9, 1, 4, 9, 4, 0, [b"d" * 10])]
+    runs = [(3, 9, 1, 1, 9, 1, 0, [b"a" * 100, b"b" * 7], 111),
+            (3, 9, 1, 3, 9, 3, 0, [b"c" * 300], 222), (3, 9, 1, 4, 9, 4, 0, [b"d" * 10], 333)]
     sealer = BatchSealer(KEY)
     data, segment = sealer.seal(9, 1, 5, wire.FLAG_ACK_NOW, TABLE, runs)
     largest = wire.HEADER.size + len(TABLE) + wire.RUN.size + 4 + 300 + 28
@@ -110,6 +110,7 @@ def test_a_sealed_batch_is_what_wire_and_auth_make():
         assert checker.check(d, len(d) - 28)
         header, messages = wire.decode_data(memoryview(d)[:len(d) - 28])
         assert (header.sender, header.channel, header.flags) == (9, 1, wire.FLAG_ACK_NOW)
+        assert header.stamp == 111 * (header.dseq - 4)  # each datagram its run's stamp
         seen += [(header.dseq, m.topic_id, m.seq, m.stream_seq, m.route, m.payload)
                  for m in messages]
     assert seen == [(5, 3, 1, 1, (("lan0", "h1"),), b"a" * 100), (5, 3, 2, 2, (("lan0", "h1"),),
@@ -123,14 +124,15 @@ def test_a_sealed_batch_is_what_wire_and_auth_make():
     assert no_segment == 0 and checker.check(one, len(one) - 28)
     # payloads may be views (the DataFrame publisher queues them): the same datagram's content
     viewed, _ = sealer.seal(9, 1, 8, 0, TABLE, [(3, 9, 1, 1, 9, 1, 0, [
-        memoryview(b"xa" * 100)[1::1][1:101], bytearray(b"b" * 7)])])
+        memoryview(b"xa" * 100)[1::1][1:101], bytearray(b"b" * 7)], 1)])
     header, messages = wire.decode_data(memoryview(viewed)[:len(viewed) - 28])
     assert [m.payload for m in messages] == [(b"xa" * 100)[2:102], b"b" * 7]
 
 
 def test_the_sealer_refuses_what_is_not_a_batch_of_plain_runs():
     sealer = BatchSealer(KEY)
-    for runs in ([], [(3, 9, 1, 1, 9, 1, 0, [])], [(3, 9, 1, 1, 9, 1, 0, [17])],
-                 [(3, 9, 1, 1, 9, 1, 0, [bytes(70_000)])], [(3, 9)]):
+    for runs in ([], [(3, 9, 1, 1, 9, 1, 0, [], 1)], [(3, 9, 1, 1, 9, 1, 0, [17], 1)],
+                 [(3, 9, 1, 1, 9, 1, 0, [bytes(70_000)], 1)], [(3, 9)],
+                 [(3, 9, 1, 1, 9, 1, 0, [b"no stamp"])]):
         with pytest.raises((ValueError, TypeError)):
             sealer.seal(9, 1, 1, 0, TABLE, runs)

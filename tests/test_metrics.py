@@ -1,8 +1,8 @@
 """scopecast's counters reach a real Prometheus the Ray way: a Ray head with its dashboard (`scopecast
 up`, which writes Ray's Prometheus service-discovery file), a driver that publishes and subscribes
 under real iptables loss (so that repairs are timed), and Prometheus (the Debian package) scraping
-the targets the file names. Its HTTP API must show scopecast's series, the repair-time histogram
-included, with the values the driver's own counters show."""
+the targets the file names. Its HTTP API must show scopecast's series, the repair-time and
+delivery-latency histograms included, with the values the driver's own counters show."""
 
 from __future__ import annotations
 
@@ -116,28 +116,33 @@ def test_prometheus_scrapes_scopecast_series_that_match_the_counters(tmp_path):
                                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         stats, scope = report["stats"], report["scope"]
-        want = {"delivered": stats["delivered"], "repairs": stats.get("repairs_timed", 0)}
+        want = {"delivered": stats["delivered"], "repairs": stats.get("repairs_timed", 0),
+                "latency": stats.get("latency_timed", 0)}
         assert want["delivered"] >= N and want["repairs"] > 0, json.dumps(stats)  # (loss was real)
+        assert want["latency"] > 0, json.dumps(stats)
         got: dict = {}
         deadline = time.monotonic() + 120
         while True:  # liveness bound: scrapes every second, agents export every second
             try:
                 names = _names(prom_port)
                 by = {n.removeprefix("ray_scopecast_").removesuffix("_total"): n for n in names}
-                if {"messages_delivered", "messages_published", "repair_time_ms_count"} <= by.keys():
+                if {"messages_delivered", "messages_published", "repair_time_ms_count",
+                        "delivery_latency_ms_count"} <= by.keys():
                     sel = f'{{scope="{scope}"}}'
                     got = {"delivered": _total(prom_port, by["messages_delivered"] + sel),
                            "published": _total(prom_port, by["messages_published"] + sel),
                            "repairs": _total(prom_port, by["repair_time_ms_count"] + sel),
+                           "latency": _total(prom_port, by["delivery_latency_ms_count"] + sel),
                            "names": sorted(by)}
-                    if (got["delivered"], got["repairs"], got["published"]) == (
-                            want["delivered"], want["repairs"], N):
+                    if (got["delivered"], got["repairs"], got["latency"], got["published"]) == (
+                            want["delivered"], want["repairs"], want["latency"], N):
                         break
             except OSError:
                 pass  # Prometheus still starting
             assert time.monotonic() < deadline, (got, want)
             time.sleep(1.0)
-        for name in ("naks", "repairs", "lag_bytes", "repair_time_ms_bucket"):
+        for name in ("naks", "repairs", "lag_bytes", "repair_time_ms_bucket",
+                     "delivery_latency_ms_bucket"):
             assert name in got["names"], got["names"]
         # Ray's naming, which the dashboard assumes: ray_ first, _total on counters
         assert by["messages_delivered"] == "ray_scopecast_messages_delivered_total"
@@ -157,7 +162,8 @@ def test_the_grafana_dashboard_queries_only_series_scopecast_exports():
 
     counters = [*metrics.COUNTERS, "scopecast_messages_published", "scopecast_messages_dropped"]
     exported = {f"ray_{n}_total" for n in counters} | {"ray_scopecast_lag_bytes"} | {
-        f"ray_scopecast_repair_time_ms_{part}" for part in ("bucket", "count", "sum")}
+        f"ray_scopecast_{h}_{part}" for part in ("bucket", "count", "sum")
+        for h in ("repair_time_ms", "delivery_latency_ms")}
     dashboard = (REPO / "docs" / "grafana-scopecast.json").read_text()
     used = set(re.findall(r"ray_scopecast_\w+", dashboard))
     assert used and used <= exported, used - exported

@@ -380,11 +380,11 @@ def test_mutated_datagrams_only_raise_decode_error(messages, data):
 
 @pytest.mark.parametrize("raw, reason", [
     (b"SC", "truncated"),
-    (b"XX" + bytes(22), "bad_magic"),
-    (HEADER.pack(b"SC", wire.VERSION - 1, 1, 0, 0, 0, 1, 0, 0, 0), "bad_version"),
-    (HEADER.pack(b"SC", wire.VERSION + 1, 1, 0, 0, 0, 1, 0, 0, 0), "bad_version"),
-    (HEADER.pack(b"SC", wire.VERSION, 99, 0, 0, 0, 1, 0, 0, 0), "bad_type"),
-    (HEADER.pack(b"SC", wire.VERSION, 1, 0, 0, 1, 1, 0, 0, 0), "truncated"),
+    (b"XX" + bytes(HEADER.size - 2), "bad_magic"),
+    (HEADER.pack(b"SC", wire.VERSION - 1, 1, 0, 0, 0, 1, 0, 0, 0, 0), "bad_version"),
+    (HEADER.pack(b"SC", wire.VERSION + 1, 1, 0, 0, 0, 1, 0, 0, 0, 0), "bad_version"),
+    (HEADER.pack(b"SC", wire.VERSION, 99, 0, 0, 0, 1, 0, 0, 0, 0), "bad_type"),
+    (HEADER.pack(b"SC", wire.VERSION, 1, 0, 0, 1, 1, 0, 0, 0, 0), "truncated"),
 ])
 def test_header_errors_have_reasons(raw, reason):
     with pytest.raises(DecodeError) as e:

@@ -19,8 +19,8 @@
  * feed (one run each), padded to one segment size but the last (see wire.padded) and signed as
  * auth.GmacAuthenticator signs, in one buffer for one GSO send call.
  *
- * Wire layout (see wire.py): header "!2sBBBBHIHHQ" (magic, version, type, flags, reserved, runs,
- * sender, channel, pad, datagram number), routing table (u16 length, msgpack), run
+ * Wire layout (see wire.py): header "!2sBBBBHIHHQI" (magic, version, type, flags, reserved, runs,
+ * sender, channel, pad, datagram number, stamp), routing table (u16 length, msgpack), run
  * "!IIIQIQBBH" (topic, source, session, first seq, stream, first stream seq, content type, route
  * index, messages), u32 length each, payloads, `pad` zero bytes, then the 28-byte GMAC trailer
  * (12-byte nonce, 16-byte tag over everything before it). */
@@ -32,12 +32,12 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
-#define HEADER_SIZE 24
+#define HEADER_SIZE 28
 #define RUN_SIZE 36
 #define TRAILER 28
 #define NONCE 12
 #define TAG 16
-#define VERSION 4
+#define VERSION 5
 #define PTYPE_DATA 1
 #define FLAG_FRAGMENT 0x01
 #define CTYPE_END 3
@@ -309,9 +309,9 @@ typedef struct {
 } BatchSealer;
 
 /* One plain run as the caller passes it: (topic, source, session, first seq, stream, first
- * stream seq, content type, payloads). */
+ * stream seq, content type, payloads, stamp). */
 typedef struct {
-    unsigned long topic, source, session, stream;
+    unsigned long topic, source, session, stream, stamp;
     unsigned long long seq, sseq;
     unsigned char ctype;
     PyObject *payloads;
@@ -361,7 +361,7 @@ payload_copy(PyObject *payload, unsigned char *to)
 PyDoc_STRVAR(seal_doc,
 "seal(sender, channel, first_dseq, flags, table, runs) -> (buffer, segment)\n\n"
 "The data datagrams of `runs` (each (topic, source, session, first seq, stream, first stream\n"
-"seq, content type, payloads): one datagram each, numbered from `first_dseq`, under the encoded\n"
+"seq, content type, payloads, stamp (see wire.stamp_now)): one datagram each, numbered from `first_dseq`, under the encoded\n"
 "routing table `table` (its u16 length first)), each but the last padded to the largest one's\n"
 "size, `segment`, and signed: one buffer for one GSO send call.");
 
@@ -386,9 +386,9 @@ seal(BatchSealer *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PlainRun *r = &runs[i];
         Py_ssize_t count;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(runs_obj, i), "kkkKkKbO!", &r->topic, &r->source,
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(runs_obj, i), "kkkKkKbO!k", &r->topic, &r->source,
                               &r->session, &r->seq, &r->stream, &r->sseq, &r->ctype,
-                              &PyList_Type, &r->payloads))
+                              &PyList_Type, &r->payloads, &r->stamp))
             goto done;
         count = PyList_GET_SIZE(r->payloads);
         if (count < 1 || count > 0xFFFF) {
@@ -426,6 +426,7 @@ seal(BatchSealer *self, PyObject *args)
             put16(p + 12, (uint16_t)channel);
             put16(p + 14, (uint16_t)(body - r->size));
             put64(p + 16, first_dseq + i);
+            put32(p + 24, (uint32_t)r->stamp);
             p += HEADER_SIZE;
             memcpy(p, table.buf, table.len);
             p += table.len;

@@ -87,9 +87,9 @@ class Chunk:
     """Runs for one datagram (or one message to fragment)."""
 
     __slots__ = ("record", "table", "runs", "last", "size", "headers", "room", "first_own",
-                 "end_of_stream", "oversized")
+                 "end_of_stream", "oversized", "stamp")
 
-    def __init__(self, record: tuple | None, table: bytes, room: int) -> None:
+    def __init__(self, record: tuple | None, table: bytes, room: int, stamp: int = 0) -> None:
         self.record = record
         self.table = table            # the encoded one-record routing table
         self.runs: list[Run] = []
@@ -100,6 +100,7 @@ class Chunk:
         self.first_own = 0            # stream seq of the first of this member's own messages
         self.end_of_stream = False    # carries an end-of-stream marker (an END_OF_STREAM datagram)
         self.oversized = False        # one message larger than a datagram: sent as fragments
+        self.stamp = stamp            # its datagram header's stamp (see wire.stamp_now)
 
     def queued(self) -> int:
         """Bytes of its messages as the send path counts them: payload and MESSAGE_COST each."""
@@ -114,10 +115,14 @@ class Feed:
     """Messages queued for one destination, and that destination's flow window."""
 
     __slots__ = ("address", "channel", "chunks", "open", "dseq", "sent_bytes", "history",
-                 "base_bytes", "acks", "frag", "window", "moved_at", "probed_dseq")
+                 "base_bytes", "acks", "frag", "window", "moved_at", "probed_dseq", "stamp")
 
-    def __init__(self, address: tuple[str, int], channel: int, window: DelayWindow) -> None:
+    def __init__(self, address: tuple[str, int], channel: int, window: DelayWindow,
+                 stamp: list[int] | None = None) -> None:
         self.address = address
+        # [the stamp a chunk started now takes]: one cell the send path shares with all its
+        # feeds and sets once per batch of messages it queues (not an argument per message)
+        self.stamp = stamp if stamp is not None else [0]
         self.channel = channel
         self.chunks: deque[Chunk] = deque()
         self.open: Chunk | None = None
@@ -126,7 +131,7 @@ class Feed:
         self.history: deque[tuple] = deque()  # (dseq, sent_bytes after it, when it was sent)
         self.base_bytes = 0                              # sent_bytes at the slowest receiver's ack
         self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
-        self.frag = None                                 # (first own seq, fragments) in progress
+        self.frag = None                        # (first own seq, fragments, stamp) in progress
         self.window = window
         self.moved_at = 0.0                              # the slowest receiver last moved (or probe)
         self.probed_dseq = 0                             # the last datagram a probe re-announced
@@ -186,7 +191,7 @@ class Feed:
     def _start(self, record: tuple, table: bytes, capacity: int, n: int) -> Chunk:
         if self.open is not None:
             self.chunks.append(self.open)
-        c = Chunk(record, table, capacity - len(table))
+        c = Chunk(record, table, capacity - len(table), self.stamp[0])
         if n > c.room:
             c.oversized = True
             self.chunks.append(c)

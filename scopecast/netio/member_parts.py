@@ -152,7 +152,8 @@ class Sending(Protocol):
     taken_sseq: int    # the last own message taken off the publish queue
 
     def forward_run(self, topic: int, source: int, session: int, first: int, stream: int,
-                    first_sseq: int, ctype: int, record: tuple, payloads: list) -> None: ...
+                    first_sseq: int, ctype: int, record: tuple, payloads: list,
+                    stamp: int = 0) -> None: ...
     def on_ack(self, sender: int, channel: int, dseq: int, held: float) -> None: ...
 
 

@@ -19,7 +19,7 @@ import os
 log = logging.getLogger(__name__)
 
 FORCE_PURE = "SCOPECAST_PURE_PYTHON"
-DATAGRAM_WIRE_VERSION = 4  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
+DATAGRAM_WIRE_VERSION = 5  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
 
 
 def _forced() -> bool:

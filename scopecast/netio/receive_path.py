@@ -31,6 +31,7 @@ from scopecast.netio.wire import WireRun
 
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER = wire.HEADER
+STAMP, STAMP_AT = wire.STAMP, wire.STAMP_AT
 MIXED = wire.MIXED
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
 
@@ -67,6 +68,10 @@ class ReceivePath:
         self.next_seq = KeyTable()  # (topic, source, session) -> next seq to deliver
         self._held: deque[tuple[float, int, bytes]] = deque()  # datagrams of members not known
         self._held_bytes = 0
+        # the stamp of the data datagram being taken (see wire.stamp_now): what runs forwarded
+        # from it carry on, and what one receive call's delivery is timed by
+        self.stamp_in = 0
+        self.latency_ms: deque[float] = deque(maxlen=4096)  # stamp -> delivered, latest calls
 
     def connect(self, delivery: Delivery, acks: ChannelAcks, joins: Joins, reorder: ReorderBuffer,
                 repairs: MemberRepairs, sender: Sending, recovery: Recovering) -> None:
@@ -103,6 +108,7 @@ class ReceivePath:
         stats, delivery, recovery = self.stats, self.delivery, self.recovery
         opened = recovery.hole_opened
         for _ in range(DRAIN_BUDGET):
+            self.stamp_in = 0
             try:
                 data, *ancillary = recv(size, space) if space else recv(size)
             except BlockingIOError:
@@ -121,10 +127,22 @@ class ReceivePath:
                 self._on_datagram(data)
             if delivery.touched:  # what the call brought, to the applications as one batch each
                 delivery.deliver()
+                if self.stamp_in:
+                    self._time_delivery()
             if recovery.hole_opened and not opened:
                 # NAKed now, not once the rest of the backlog is taken: a full budget of large
                 # datagrams takes tens of ms, and that wait was most of the slowest repairs
                 return
+
+    def _time_delivery(self) -> None:
+        """Delivery latency, sampled once a receive call: from the stamp of the call's (last)
+        data datagram to its messages' delivery to this process's subscribers."""
+        ms = wire.stamp_age_ms(self.stamp_in, wire.stamp_now())
+        if ms is None:
+            self.stats["latency_unclocked"] += 1  # the sender's clock disagrees with ours
+        else:
+            self.latency_ms.append(ms)
+            self.stats["latency_timed"] += 1  # (how many of latency_ms are new: metrics)
 
     def _take_segments(self, data: bytes, size: int) -> None:
         """The datagrams of one GRO receive call (segments of `size` bytes, the last may be
@@ -132,9 +150,10 @@ class ReceivePath:
         one."""
         scan = self._scanner.scan if self._scanner is not None else None
         pos, end = 0, len(data)
+        stamp_of = STAMP.unpack_from
         while pos < end:
             got = scan(data, size, pos) if scan is not None else None
-            if got is not None and self._take_scanned(got):
+            if got is not None and self._take_scanned(got, stamp_of(data, pos + STAMP_AT)[0]):
                 pos = got[0]
                 continue
             stop = got[0] if got is not None else pos + size
@@ -142,7 +161,7 @@ class ReceivePath:
                 self._on_datagram(data[pos:pos + size])
                 pos += size
 
-    def _take_scanned(self, got: tuple) -> bool:
+    def _take_scanned(self, got: tuple, stamp: int) -> bool:
         """Take consecutive plain runs of one stream from authentic datagrams, as `_on_data`
         takes one run (see _datagram_batch.c); False if they need the slow path (a sender or source
         not known yet, this member's own, a routing table that does not decode)."""
@@ -158,6 +177,7 @@ class ReceivePath:
         if not routes:
             return False
         # (one call a batch: _on_data's inline in-order check saves a call per run, not here)
+        self.stamp_in = stamp
         self.take_run(payloads, routes, topic, source, session, first, stream, first_sseq, ctype,
                       0, lengths, 0)
         self._acks.note(sender, channel, first_dseq, last_dseq, 1, flags)
@@ -235,6 +255,7 @@ class ReceivePath:
         """Take a data datagram's runs into the inboxes (the caller delivers them: once per
         receive call, not per datagram of a batch)."""
         routes, off = wire.decode_routes(body, HEADER.size)
+        self.stamp_in = header.stamp  # (0 on a repair: the runs it brings are timed by repair_ms)
         if header.flags & wire.FLAG_FRAGMENT:
             source = self._on_fragment(header, body, routes, off)
         else:
@@ -477,7 +498,7 @@ class ReceivePath:
                 self._stream_paths[key] = route
             if route is not None:
                 self.sender.forward_run(topic, source, session, first, stream, first_sseq, ctype,
-                                        route, payloads)
+                                        route, payloads, self.stamp_in)
         recovery = self.recovery
         if topic in recovery.reliable:
             top = recovery.last_sseq[key] = first_sseq + count - 1

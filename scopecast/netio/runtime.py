@@ -434,6 +434,7 @@ class MemberRuntime:
             "feeds": self.sender.status(),
             "topics": sorted(self.tables.subs),
             "backlog_bytes": max((s.backlog() for s in self.tables.subscriptions), default=0),
+            "latency_ms": percentiles(self.receiver.latency_ms, 2),
             "recovery": {**self.recovery.status(),
                          "window_bytes": self.app_bytes - self.own.released_bytes,
                          "window_limit": self._window_limit,

@@ -56,12 +56,12 @@ class RuntimeConfig:
             raise InvalidConfig("RuntimeConfig periods and timeouts must be positive")
 
 
-def percentiles(values) -> dict:
-    """p50/p99/p99.9/max (nearest rank) of repair times in ms, with their count."""
+def percentiles(values, digits: int = 1) -> dict:
+    """p50/p99/p99.9/max (nearest rank) of times in ms, with their count."""
     v = sorted(values)
     if not v:
         return {"count": 0}
     n = len(v)
-    return {"count": n, "p50": round(v[n // 2], 1),
-            "p99": round(v[min(n - 1, n * 99 // 100)], 1),
-            "p99.9": round(v[min(n - 1, n * 999 // 1000)], 1), "max": round(v[-1], 1)}
+    return {"count": n, "p50": round(v[n // 2], digits),
+            "p99": round(v[min(n - 1, n * 99 // 100)], digits),
+            "p99.9": round(v[min(n - 1, n * 999 // 1000)], digits), "max": round(v[-1], digits)}

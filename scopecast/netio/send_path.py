@@ -71,6 +71,7 @@ class SendPath:
         self._own_plans: dict[int, tuple] = {}  # see _own_plan
         self._own_alike: dict[tuple, tuple] = {}  # see _own_plan
         self._route_tables: dict[tuple, tuple] = {}  # record -> (it, encoded); see _plan
+        self._stamp = [0]  # the stamp of chunks started now, shared with every feed (see Feed)
         self._feeds: dict[tuple[str, int], Feed] = {}
         self._feeds_by_channel: dict[int, Feed] = {}
         self._stalled: tuple | None = None  # (address, [datagram, MAC, ...], GSO segment)
@@ -127,6 +128,7 @@ class SendPath:
 
     def take_publishes(self) -> None:
         q = self._publish_q
+        self._stamp[0] = wire.stamp_now()  # (the datagrams' stamp: see wire)
         taken = 0
         queued = 0
         sseq = 0
@@ -280,12 +282,14 @@ class SendPath:
         return (len(payload) + MESSAGE_COST) * len(feeds)
 
     def forward_run(self, topic, source, session, first, stream, first_sseq, ctype, record,
-                    payloads: list) -> None:
+                    payloads: list, stamp: int = 0) -> None:
         plan = self._plans.get((topic, record))
         if plan is None:
             plan = self._plans[(topic, record)] = self._plan(topic, record)
         if not plan:
             return
+        # the stamp of the datagram that brought them: latency is timed from the publisher on
+        self._stamp[0] = stamp or wire.stamp_now()
         self.stats["forwarded"] += len(payloads)
         queued = 0
         for i, payload in enumerate(payloads):
@@ -299,7 +303,7 @@ class SendPath:
         if feed is None:
             feed = self._feeds[address] = Feed(
                 address, len(self._feeds) + 1,
-                DelayWindow(self.config.window_bytes, self.config.window_delay))
+                DelayWindow(self.config.window_bytes, self.config.window_delay), self._stamp)
             self._feeds_by_channel[feed.channel] = feed
         return feed
 
@@ -366,7 +370,7 @@ class SendPath:
             self.feed_bytes -= c.queued()  # what take_publishes added
             r = c.runs[0]
             runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
-                         r.ctype, r.payloads))
+                         r.ctype, r.payloads, c.stamp))
         if self._batch_n:  # datagrams made before these go first
             self._flush_batch()
         first = feed.dseq + 1
@@ -388,22 +392,22 @@ class SendPath:
         self.feed_bytes -= chunk.queued()  # what take_publishes added
         if chunk.oversized:
             room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
-            feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table))
+            feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table), chunk.stamp)
             return self._next_fragment(feed, flags)
         parts: list = []
         for run in chunk.runs:
             parts += run.parts()
         ptype = wire.PacketType.END_OF_STREAM if chunk.end_of_stream else wire.PacketType.DATA
         return wire.encode_data(ptype, self.member_id, feed.channel, feed.dseq, chunk.table,
-                                len(chunk.runs), parts, flags=flags)
+                                len(chunk.runs), parts, flags=flags, stamp=chunk.stamp)
 
     def _next_fragment(self, feed: Feed, flags: int = 0) -> bytes:
-        first_own, pieces = feed.frag
+        _first_own, pieces, stamp = feed.frag
         table, frag, parts = next(pieces)
         if frag[1] == frag[2] - 1:
             feed.frag = None
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
-                                table, 1, parts, frag, flags)
+                                table, 1, parts, frag, flags, stamp)
 
     def _probe(self, feed: Feed, counter: str = "window_probes") -> None:
         """Re-announce the last datagram number to `feed`'s receivers in a DATA datagram without

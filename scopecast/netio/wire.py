@@ -3,7 +3,7 @@
 Datagram layout (network byte order)::
 
     header   magic "SC" | version u8 | type u8 | flags u8 | reserved u8 | count u16
-             | sender u32 | channel u16 | pad u16 | dseq u64                         (24 bytes)
+             | sender u32 | channel u16 | pad u16 | dseq u64 | stamp u32             (28 bytes)
     body     DATA / REPAIR: routing table (u16 length + msgpack list of records), then `count`
                             runs; a FRAGMENT datagram adds a 16-byte fragment struct before its
                             single one-message run
@@ -22,6 +22,10 @@ Datagram layout (network byte order)::
 `sender` is the member id of the process that sent the datagram (a forwarder, not necessarily the
 source); `channel`/`dseq` number the datagrams of one sender toward one destination (flow control;
 a DATA datagram of no runs re-announces the last number: a full window's probe, see `feed`).
+`stamp` is when the first of a DATA datagram's messages was taken from `publish()` (or, forwarded,
+the stamp of the datagram that brought it): the sender's wall clock in microseconds, modulo 2**32
+(`stamp_now`); 0 on other datagrams. A receiver times delivery latency by it (`stamp_age_ms`), on
+one clock where its members share a host and as well as their clocks agree across hosts.
 A *run* is n messages of one topic, source and session with consecutive sequence numbers (the
 per-topic delivery order, 1, 2, ... per session) and consecutive stream sequence numbers (the
 sender's sequence space toward one recovery domain, which recovery keys on), one content type (raw
@@ -36,6 +40,7 @@ bytes of framing rather than a 36-byte run each).
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -45,9 +50,13 @@ import msgpack
 from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
-VERSION = 4  # 4: control bodies are `control_messages` records ([kind, *fields])
+VERSION = 5  # 5: the header's stamp; 4: control bodies are `control_messages` records
 
-HEADER = struct.Struct("!2sBBBBHIHHQ")
+HEADER = struct.Struct("!2sBBBBHIHHQI")
+STAMP_AT = 24  # the header's stamp field
+STAMP = struct.Struct("!I")
+STAMP_WRAP = 1 << 32
+STAMP_MOST_US = 60_000_000  # an age beyond this is a clock that disagrees (or a wrap), not latency
 RUN = struct.Struct("!IIIQIQBBH")
 LENGTH = struct.Struct("!I")
 MIXED_ENTRY = struct.Struct("!IQI")  # a mixed run's message: topic, seq, length
@@ -106,6 +115,7 @@ class Header(NamedTuple):
     channel: int
     dseq: int
     pad: int = 0  # zero bytes between the body and the MAC
+    stamp: int = 0  # see `stamp_now` (0: none)
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,15 +146,29 @@ class Fragment:
 
 
 def pack_header(ptype: int, flags: int, count: int, sender: int, channel: int,
-                dseq: int) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, ptype, flags, 0, count, sender, channel, 0, dseq)
+                dseq: int, stamp: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, ptype, flags, 0, count, sender, channel, 0, dseq, stamp)
+
+
+def stamp_now() -> int:
+    """The header's stamp for now: the wall clock in microseconds modulo 2**32, never 0."""
+    return (time.time_ns() // 1000) % STAMP_WRAP or 1
+
+
+def stamp_age_ms(stamp: int, now: int) -> float | None:
+    """Milliseconds from `stamp` to `now` (both `stamp_now` values); None where the stamp is
+    missing or the age is no latency (a clock behind the sender's, or one far ahead)."""
+    if not stamp:
+        return None
+    age = (now - stamp) % STAMP_WRAP
+    return age / 1000 if age <= STAMP_MOST_US else None
 
 
 def unpack_header(view: memoryview | bytes) -> Header:
     if len(view) < HEADER.size:
         raise DecodeError("truncated", f"{len(view)} bytes")
-    magic, version, ptype, flags, _, count, sender, channel, pad, dseq = HEADER.unpack_from(view,
-                                                                                            0)
+    magic, version, ptype, flags, _, count, sender, channel, pad, dseq, stamp = \
+        HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise DecodeError("bad_magic")
     if version != VERSION:
@@ -153,7 +177,7 @@ def unpack_header(view: memoryview | bytes) -> Header:
         raise DecodeError("bad_type", str(ptype))
     if pad and ptype not in DATA_TYPES:
         raise DecodeError("bad_pad", "padding on a control datagram")
-    return Header(ptype, flags, count, sender, channel, dseq, pad)
+    return Header(ptype, flags, count, sender, channel, dseq, pad, stamp)
 
 
 def padded(datagram: bytes, size: int) -> bytes:
@@ -283,10 +307,10 @@ def run_size(count: int, payload_bytes: int) -> int:
 
 def encode_data(ptype: int, sender: int, channel: int, dseq: int, table: bytes, runs: int,
                 parts: list, fragment: tuple[int, int, int, int] | None = None,
-                flags: int = 0) -> bytes:
+                flags: int = 0, stamp: int = 0) -> bytes:
     """A data datagram (without MAC) from an encoded routing table and the parts of `runs` runs."""
     header = pack_header(ptype, flags | (FLAG_FRAGMENT if fragment else 0), runs, sender, channel,
-                         dseq)
+                         dseq, stamp)
     if fragment is not None:
         return b"".join((header, table, FRAGMENT.pack(*fragment), *parts))
     return b"".join((header, table, *parts))

@@ -3,11 +3,12 @@
 The data path counts in plain integers on its I/O thread and makes no Ray call. Once a second a
 thread of each member process copies what changed to Ray's metrics (exported by each node's
 metrics agent; Ray's Prometheus service-discovery file lists the agents): the counters' increments
-since the last copy, the backlog as a gauge, and the repair times measured since then into a
-histogram. Tags are bounded: the member's scope path, a drop's reason (a fixed set in the code),
-a NAK's or repair's kind, and for published messages TOP_TOPICS topics of the process, the
-busiest when tags were free (the rest as "_other"). Ray prefixes every name with `ray_` (and
-counters with `_total` in Prometheus). `SCOPECAST_METRICS=0` turns the copying off in a process.
+since the last copy, the backlog as a gauge, and the repair times and delivery latencies
+measured since then into histograms. Tags are bounded: the member's scope path, a drop's reason
+(a fixed set in the code), a NAK's or repair's kind, and for published messages TOP_TOPICS
+topics of the process, the busiest when tags were free (the rest as "_other"). Ray prefixes every
+name with `ray_` (and counters with `_total` in Prometheus). `SCOPECAST_METRICS=0` turns the
+copying off in a process.
 `docs/operations.md` lists the series; `docs/grafana-scopecast.json` is a dashboard over them.
 """
 
@@ -23,6 +24,7 @@ PERIOD = 1.0               # seconds between copies
 TOP_TOPICS = 20            # published messages tagged with these many topics, per process
 OTHER = "_other"
 REPAIR_BOUNDS_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+LATENCY_BOUNDS_MS = [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 
 # counter name -> (description, tag keys, (stat, tag values) pairs it sums)
 COUNTERS = {
@@ -78,6 +80,10 @@ class MetricsExporter:
         self._repair = Histogram("scopecast_repair_time_ms", description="gap seen to gap "
                                  "filled, per repaired hole", boundaries=REPAIR_BOUNDS_MS,
                                  tag_keys=("scope",))
+        self._latency = Histogram("scopecast_delivery_latency_ms", description="a data "
+                                  "datagram's stamp at its publisher to its messages' delivery to "
+                                  "the member's subscribers, sampled once a receive call",
+                                  boundaries=LATENCY_BOUNDS_MS, tag_keys=("scope",))
         self._seen: dict[tuple, int] = {}    # (scope, counter) -> value last copied
         self._pubs: dict[int, int] = {}      # id(publisher) -> its count last copied
         self._tagged: set[str] = set()       # the topics published messages are tagged with
@@ -105,8 +111,9 @@ class MetricsExporter:
         published: dict[tuple[str, str], int] = {}
         sources = self._sources()
         for scope, runtime, pubs in sources:
-            snap, times, timed = runtime.call_wait(
-                lambda rt=runtime: (rt.snapshot(), list(rt.recovery.repair_ms), rt.stats["repairs_timed"]))
+            snap, repairs, latencies = runtime.call_wait(lambda rt=runtime: (
+                rt.snapshot(), (list(rt.recovery.repair_ms), rt.stats["repairs_timed"]),
+                (list(rt.receiver.latency_ms), rt.stats["latency_timed"])))
             stats, tags = snap["stats"], {"scope": scope}
             for name, (_desc, _keys, parts) in COUNTERS.items():
                 for stat, extra in parts:
@@ -116,9 +123,11 @@ class MetricsExporter:
                 if (d := self._delta((scope, "drop", reason), n)) > 0:
                     self._dropped.inc(d, {**tags, "reason": str(reason)})
             self._lag.set(snap.get("backlog_bytes", 0), tags)
-            new = min(self._delta((scope, "repairs_timed"), timed), len(times))
-            for ms in times[len(times) - new:]:
-                self._repair.observe(ms, tags)
+            for histogram, stat, (times, timed) in ((self._repair, "repairs_timed", repairs),
+                                                    (self._latency, "latency_timed", latencies)):
+                new = min(self._delta((scope, stat), timed), len(times))
+                for ms in times[len(times) - new:]:
+                    histogram.observe(ms, tags)
             for pub in pubs:
                 count = pub.published
                 d = count - self._pubs.get(id(pub), 0)
