@@ -16,6 +16,7 @@ from scopecast.actors.errors import (
     ControlTimeout,
     DataFrameRejected,
     FlushTimeout,
+    IncompatibleVersion,
     InvalidConfig,
     MemberExpired,
     MessageTooLarge,
@@ -89,7 +90,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cluster", "CollectIncomplete", "Connect", "ControlTimeout", "DataFrameRejected", "Disconnect",
-    "FlushTimeout", "ForwardingPolicy", "InvalidConfig", "MemberExpired", "Message",
+    "FlushTimeout", "ForwardingPolicy", "IncompatibleVersion", "InvalidConfig", "MemberExpired", "Message",
     "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound",
     "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
     "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",

@@ -38,7 +38,7 @@ def test_a_subscriber_times_delivery_by_the_publishers_stamp_and_status_reports_
         got: list = []
         for seq in range(1, 21):
             a.publish(TOPIC, 1, seq, 0, b"x" * 100)
-            wait_for(lambda: got.extend(received(inbox)) or len(got) == seq, f"message {seq}")
+            wait_for(lambda n=seq: got.extend(received(inbox)) or len(got) == n, f"message {seq}")
         after = wire.stamp_now()
         snap = b.call_wait(b.snapshot)
         assert snap["latency_ms"]["count"] == snap["stats"]["latency_timed"] == len(stamps) > 0

@@ -13,8 +13,9 @@ import time
 import pytest
 import ray
 
+from scopecast.actors.errors import IncompatibleVersion
 from scopecast.ray_cluster.consumers import TopicConsumer
-from scopecast.scopes.state import ScopeStore
+from scopecast.scopes.state import SCHEMA_VERSION, ScopeStore
 from scopecast.scopes.status import members
 
 
@@ -43,15 +44,49 @@ def test_state_file_is_private(tmp_path):
     assert path.parent.stat().st_mode & 0o077 == 0
 
 
-def test_store_refuses_another_schema(tmp_path):
+# what scopecast's first state schema wrote (version 1), as it wrote it
+SCHEMA_1 = """
+CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE topics (name TEXT PRIMARY KEY, id INTEGER UNIQUE NOT NULL, body TEXT NOT NULL);
+CREATE TABLE members (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE plugins (sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL,
+                      body TEXT NOT NULL, files BLOB NOT NULL);
+INSERT INTO meta VALUES ('schema', '"1"'), ('cluster', '{"key": "ab"}'), ('member', '5');
+INSERT INTO topics VALUES ('a', 1, '{"name": "a", "id": 1, "session": 4}');
+INSERT INTO plugins VALUES ('d1', 'ring', '1.0', '{"name": "ring"}', x'0102');
+"""
+
+
+def test_a_version_1_database_migrates_forward_with_its_state(tmp_path):
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA_1)
+    db.close()
+    store = ScopeStore(path)
+    assert store.get("schema") == SCHEMA_VERSION > 1
+    assert store.get("cluster") == {"key": "ab"} and store.next_id("member") == 6
+    assert store.topics() == [{"name": "a", "id": 1, "session": 4}]
+    assert store.plugin_files("d1") == b"\x01\x02"
+    indexes = {n for (n,) in store._db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "plugins_by_name" in indexes  # version 2's change
+    store.close()
+    assert ScopeStore(path).get("schema") == SCHEMA_VERSION  # and opens again as it is
+
+
+@pytest.mark.parametrize("stored", ['"99"', "99", '"x"'])
+def test_a_database_of_a_newer_schema_is_refused_naming_both_versions(tmp_path, stored):
     path = tmp_path / "state.db"
     ScopeStore(path).close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET v = '\"99\"' WHERE k = 'schema'")
+    db.execute("UPDATE meta SET v = ? WHERE k = 'schema'", (stored,))
     db.commit()
     db.close()
-    with pytest.raises(RuntimeError, match="schema 99"):
+    with pytest.raises(IncompatibleVersion) as refused:
         ScopeStore(path)
+    assert refused.value.supported == SCHEMA_VERSION
+    assert refused.value.found == (99 if "99" in stored else "x")
+    assert f"version {refused.value.found} " in str(refused.value)
+    assert f"reads version {SCHEMA_VERSION}" in str(refused.value)
 
 
 def _receive(actor, n: int) -> dict:

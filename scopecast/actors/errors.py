@@ -99,6 +99,24 @@ class MissingExtra(ScopecastError, ImportError):
         return type(self), (str(self), self.extra)
 
 
+class IncompatibleVersion(ScopecastError):
+    """Two parts of scopecast that cannot understand each other: `what` (the datagram wire
+    format, the state database), the version found there and the one this side reads."""
+
+    def __init__(self, message: str, what: str = "", found: int | None = None,
+                 supported: int | None = None) -> None:
+        super().__init__(message)
+        self.what, self.found, self.supported = what, found, supported
+
+    @classmethod
+    def of(cls, what: str, found: int | None, supported: int, fix: str) -> IncompatibleVersion:
+        return cls(f"{what} version {found} where this scopecast reads version {supported}: "
+                   f"{fix}", what, found, supported)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.what, self.found, self.supported)
+
+
 class DataFrameRejected(ScopecastError, ValueError):
     """A DataFrame that cannot be published to topics (a map column, nesting too deep, a row over the
     maximum message size, too many `topic_column` values, ...); the message names the column."""

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import msgpack
 
+from scopecast.actors.errors import IncompatibleVersion
 from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
@@ -148,6 +149,15 @@ class Fragment:
 def pack_header(ptype: int, flags: int, count: int, sender: int, channel: int,
                 dseq: int, stamp: int = 0) -> bytes:
     return HEADER.pack(MAGIC, VERSION, ptype, flags, 0, count, sender, channel, 0, dseq, stamp)
+
+
+def check_version(found, what: str) -> None:
+    """IncompatibleVersion unless `found` (what another process or scope says it speaks) is this
+    process's wire VERSION: members of two wire versions would drop each other's datagrams."""
+    if found != VERSION:
+        raise IncompatibleVersion.of(f"{what} speaks the datagram wire", found, VERSION,
+                                     "every process and node of a cluster needs one scopecast "
+                                     "version (pip install the same on each)")
 
 
 def stamp_now() -> int:

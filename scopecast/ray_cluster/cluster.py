@@ -18,6 +18,7 @@ import ray
 
 from scopecast.actors import declare, ray_private
 from scopecast.actors.errors import InvalidConfig, NotConnected
+from scopecast.netio import wire
 from scopecast.netio.pubsub import (
     Publisher,
     Subscriber,
@@ -128,6 +129,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             raise NotConnected("Ray is running but scopecast is not deployed on it: run "
                                "`scopecast up --address ADDR`")
     hello = call(manager.hello)
+    wire.check_version(hello.get("wire_version"), "the cluster")  # IncompatibleVersion
     cluster_config(config, hello)  # a limit other than the cluster's: InvalidConfig now
     return Cluster(manager, hello, owns_ray, config, name, embedded_home=home)
 

@@ -31,6 +31,7 @@ import ray
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.agents.builtin import RECOVERY_NAMES
+from scopecast.netio import wire
 from scopecast.netio.auth import new_cluster_key
 from scopecast.netio.runtime import DEFAULT_MAX_MESSAGE, RuntimeConfig
 from scopecast.netio.topic_names import check_topic_name, name_filter
@@ -116,7 +117,7 @@ class ClusterScopeManager(ScopeManager):
         self._ensure_ticking()
         return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface,
                 "mac": self._mac, "datagram_bytes": self._datagram_bytes,
-                "max_message_bytes": self._max_message}
+                "max_message_bytes": self._max_message, "wire_version": wire.VERSION}
 
     async def _root_call(self, method: str, *args):
         return await getattr(self, method)(*args)

@@ -26,6 +26,7 @@ from scopecast.actors.errors import (
     ScopeRetired,
     typed_cause,
 )
+from scopecast.netio import wire
 from scopecast.netio.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.netio.filters import ModuloFilter
 from scopecast.netio.routing import RoutingLabel
@@ -149,10 +150,10 @@ class ControlledElement:
         rt = self.runtime
         me = (self.name, rt.address[0], rt.address[1], os.getpid(), _node_id(), self._role)
         try:
-            self.member_id = call(self.manager.register_member, *me, self.member_id)
+            self.member_id = call(self.manager.register_member, *me, self.member_id, wire.VERSION)
         except SCOPE_GONE:
             self._find_scope()
-            self.member_id = call(self.manager.register_member, *me, self.member_id)
+            self.member_id = call(self.manager.register_member, *me, self.member_id, wire.VERSION)
         rt.member_id = self.member_id
 
     def _find_scope(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import ray
 
 from scopecast.actors import declare
+from scopecast.actors.errors import IncompatibleVersion, typed_cause
 from scopecast.scopes.paths import scope_name
 from scopecast.scopes.reports import ScopeReport, SubtreeState
 
@@ -45,6 +46,7 @@ class Reporter:
         self._reported: SubtreeState | None = None  # the state last reported
         self._rev = 0
         self._ref = None  # the last report's call: done once the parent has taken it in
+        self.refused = ""  # why the parent refuses this scope's reports (another wire version)
 
     def parent(self):
         if self._parent is None:
@@ -80,7 +82,12 @@ class Reporter:
     async def _resend_if_unknown(self, ref) -> None:
         try:
             known = await ref
-        except Exception:  # the parent is gone: the next heartbeat finds out
+        except Exception as exc:  # the parent is gone: the next heartbeat finds out
+            cause = exc if isinstance(exc, IncompatibleVersion) else typed_cause(exc)
+            if isinstance(cause, IncompatibleVersion) and str(cause) != self.refused:
+                self.refused = str(cause)
+                log.error("scope %r: its parent %r refuses it: %s", self.path, self.parent_name,
+                          cause)
             return
         if known is False and ref is self._ref:
             self._send(self._reported)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scopecast.netio import wire
 from scopecast.scopes.layout import Offer
 from scopecast.scopes.topic_table import position
 
@@ -60,18 +61,21 @@ class SubtreeState:
 class ScopeReport:
     """One report of a child scope: who it is (`incarnation`), what it has in place (`acked`:
     the parent's delegation version, `table`: its topic table position), the revision of its
-    state, and the state itself unless this is a heartbeat."""
+    state, and the state itself unless this is a heartbeat. `wire_version`: the datagram wire its
+    members speak (None from a scope of a scopecast from before it was stated)."""
 
     incarnation: int
     rev: int
     acked: int
     table: tuple[int, int] | None
     state: SubtreeState | None = None
+    wire_version: int | None = wire.VERSION
 
     def to_wire(self) -> dict:
         return {"v": REPORT_VERSION, "incarnation": self.incarnation, "rev": self.rev,
                 "acked": self.acked, "table": self.table,
-                "state": None if self.state is None else self.state.to_wire()}
+                "state": None if self.state is None else self.state.to_wire(),
+                "wire": self.wire_version}
 
     @classmethod
     def from_wire(cls, body) -> ScopeReport:
@@ -79,8 +83,10 @@ class ScopeReport:
             if body.get("v") != REPORT_VERSION:
                 raise ValueError(f"version {body.get('v')!r}, not {REPORT_VERSION}")
             state = body["state"]
+            found = body.get("wire")
             return cls(int(body["incarnation"]), int(body["rev"]), int(body["acked"]),
                        position(body.get("table")),
-                       None if state is None else SubtreeState.from_wire(state))
+                       None if state is None else SubtreeState.from_wire(state),
+                       found if found is None else int(found))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedReport(str(exc)) from None

@@ -41,8 +41,9 @@ from collections import Counter
 import ray
 
 from scopecast.actors import declare, logs
-from scopecast.actors.errors import InvalidConfig, ScopeRetired, typed_cause
+from scopecast.actors.errors import IncompatibleVersion, InvalidConfig, ScopeRetired, typed_cause
 from scopecast.agents.builtin import NO_RECOVERY
+from scopecast.netio import wire
 from scopecast.netio.topic_names import (
     Advertised,
     check_subscription,
@@ -203,8 +204,10 @@ class ScopeManager:
     # ------------------------------------------------------------------- member processes
 
     async def register_member(self, name: str, host: str, port: int, pid: int, node: str,
-                              role: str = "member", member_id: int = 0) -> int:
+                              role: str = "member", member_id: int = 0,
+                              wire_version: int | None = None) -> int:
         check_role(role)
+        wire.check_version(wire_version, f"member {name}")  # (one of an older scopecast: None)
         if self.retirement.retired:
             raise ScopeRetired(f"scope {self.path!r} retired as member {name} joined")
         self.members.check_name(name, member_id)
@@ -320,6 +323,13 @@ class ScopeManager:
             self.dropped["malformed_report"] += 1
             log.warning("scope %r: report from %r dropped: %s", self.path, name, exc)
             return True
+        try:
+            wire.check_version(report.wire_version, f"scope {name!r}")
+        except IncompatibleVersion as exc:  # its members' datagrams would be dropped here
+            self.dropped["wire_version"] += 1
+            if self.dropped["wire_version"] == 1:
+                log.error("scope %r: child scope refused: %s", self.path, exc)
+            raise
         return self.members.take_report(name, report, handle)
 
     async def install(self, body: dict) -> None:
@@ -417,6 +427,7 @@ class ScopeManager:
                 "failed_policies": self.policies.describe(),
                 "recovery": recovery, "rebuilding": self.rebuild.rebuilding,
                 "silent_scopes": sorted(self.members.silent),
+                **({"refused_by_parent": self.reporter.refused} if self.reporter.refused else {}),
                 "scopes": [{**c.record(topics), **sub[c.name]} for c in scopes]}
 
     # ------------------------------------------------------------------------- retirement

@@ -12,10 +12,16 @@ directory serves one cluster at a time: two clusters running at once on one mach
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 from pathlib import Path
 
+from scopecast.actors.errors import IncompatibleVersion
+
+log = logging.getLogger(__name__)
+
+# version 1: what a new database starts from; MIGRATIONS then take it to SCHEMA_VERSION
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, id INTEGER UNIQUE NOT NULL,
@@ -24,7 +30,12 @@ CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS plugins (sha256 TEXT PRIMARY KEY, name TEXT NOT NULL,
                                     version TEXT NOT NULL, body TEXT NOT NULL, files BLOB NOT NULL);
 """
-SCHEMA_VERSION = "1"
+# version -> the statements that take a database of the version before to it, each migration in
+# one transaction (forward only: a database of a newer scopecast is refused, never misread)
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("CREATE INDEX IF NOT EXISTS plugins_by_name ON plugins (name, version)",),
+}
+SCHEMA_VERSION = max(MIGRATIONS)
 
 
 def state_path() -> Path:
@@ -44,12 +55,28 @@ class ScopeStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        version = self.get("schema")
-        if version is None:
-            self.put("schema", SCHEMA_VERSION)
-        elif version != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} has state schema {version}, this scopecast reads "
-                               f"{SCHEMA_VERSION}; move it away to start afresh")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Take the database to SCHEMA_VERSION (a new one starts at 1: the version is stored as
+        the "schema" meta key, a string "1" in version 1); IncompatibleVersion for a newer one."""
+        stored = self.get("schema")
+        try:
+            version = 1 if stored is None else int(stored)
+        except (TypeError, ValueError):
+            version = None
+        if version is None or version > SCHEMA_VERSION or version < 1:
+            raise IncompatibleVersion.of(
+                f"{self.path}: state schema", version if version is not None else stored,
+                SCHEMA_VERSION, "written by a newer scopecast: run that one, or move the file "
+                "away to start the cluster afresh (its key, topics and plug-ins are in it)")
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                for statement in MIGRATIONS[target]:
+                    self._db.execute(statement)
+                self.put("schema", target)
+            log.info("%s: state schema %d -> %d", self.path, target - 1, target)
 
     # ------------------------------------------------------------------------------- meta
 
