@@ -10,6 +10,7 @@ import ray
 
 from scopecast.actors import declare
 from scopecast.actors.errors import ControlTimeout, InvalidConfig, MemberExpired, TopicNotFound
+from scopecast.netio import wire
 from scopecast.ray_cluster.consumers import TopicConsumer
 from scopecast.scopes.cluster_manager import _check_settings
 from scopecast.scopes.controlled_element import call
@@ -86,7 +87,8 @@ def test_stale_and_unknown_members_get_typed_errors(cluster, listener):
     member = next(m for m in members(scope(cluster.status(), "bad/ok")) if m["name"] == "L")
     # a member re-registering with a stale view, or someone else's name, is refused
     with pytest.raises(ray.exceptions.RayTaskError) as err:
-        ray.get(manager.register_member.remote("L", "127.0.0.1", 1, 1, "", "member", 0))
+        ray.get(manager.register_member.remote("L", "127.0.0.1", 1, 1, "", "member", 0,
+                                               wire.VERSION))
     assert isinstance(err.value.cause, InvalidConfig)
     view = ray.get(manager.watch.remote(member["id"], 1, 0))  # a stale version: the current view
     assert view is not None and view["version"] >= member["view"]  # (it may have moved on)
