@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -119,6 +120,7 @@ class Membership:
         self.settings = settings
         self.children: dict[str, Child] = {}
         self.silent: dict[str, Child] = {}  # child scopes gone silent (see the module docstring)
+        self.expired: Counter[str] = Counter()  # children removed as silent, by kind (status)
         self._by_id: dict[int, str] = {}
         self._on_change = on_change
         self._release = release
@@ -234,11 +236,21 @@ class Membership:
             for c in self.children.values():
                 c.last_seen = min(now, c.last_seen + late)
 
+    def alive(self, name: str, incarnation: int) -> bool:
+        """A child scope says it lives, from outside its event loop (see `Reporter`): it is not
+        silent, whatever its loop is busy with. False: no such child (of that incarnation)."""
+        child = self.children.get(name)
+        if child is None or child.kind != "scope" or child.incarnation != incarnation:
+            return False
+        child.last_seen = time.monotonic()
+        return True
+
     def expire(self) -> None:
         now = time.monotonic()
         for c in list(self.children.values()):
             limit = self.settings["member_timeout" if c.kind == "member" else "scope_timeout"]
             if now - c.last_seen > limit:
+                self.expired[c.kind] += 1
                 if c.kind == "scope" and c.recovering:
                     # silent is not gone: a restarting scope's members live on, and stability
                     # passed without them would lose them what is unstable (nobody would keep

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 import ray
@@ -47,6 +49,8 @@ class Reporter:
         self._rev = 0
         self._ref = None  # the last report's call: done once the parent has taken it in
         self.refused = ""  # why the parent refuses this scope's reports (another wire version)
+        self.beats_outside_loop = 0  # heartbeats the beat thread sent while the loop was held
+        self._beating: threading.Thread | None = None
 
     def parent(self):
         if self._parent is None:
@@ -65,6 +69,31 @@ class Reporter:
                 self._send(state)
                 return
         self._send(None)  # also says what it has in place now
+
+    def start_beating(self, ticked: Callable[[], float]) -> None:
+        """Heartbeats that do not wait for the scope's event loop. A long install or re-layout
+        holds the loop (thousands of topics: seconds of CPU), and a parent that heard nothing
+        for `scope_timeout` would remove the scope. A thread of its own looks every heartbeat
+        period at `ticked()` (when the loop last ticked) and, when the loop is late, tells the
+        parent the scope lives (`alive`: no state, so nothing of the loop's is read here)."""
+        if self.parent_name is None or self._beating is not None:
+            return
+        self._beating = threading.Thread(target=self._beat, args=(ticked,), daemon=True,
+                                         name="scopecast-scope-beat")
+        self._beating.start()
+
+    def _beat(self, ticked: Callable[[], float]) -> None:
+        while not self.stopped:
+            period = self.settings["heartbeat_period"]
+            time.sleep(period)
+            if time.monotonic() - ticked() <= period or self.stopped:
+                continue  # the loop ticks: its own heartbeats go
+            try:
+                self.parent().alive.remote(self.name, self.incarnation)
+                self.beats_outside_loop += 1
+            except Exception as exc:  # the parent restarts: looked up again next time
+                log.debug("scope %r: beat to %r failed: %s", self.path, self.parent_name, exc)
+                self._parent = None
 
     def _send(self, state: SubtreeState | None) -> None:
         acked, table = self._where()

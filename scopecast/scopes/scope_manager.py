@@ -98,6 +98,9 @@ class ScopeManager:
         self._dirty = False
         self._laying: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
+        self._ticked = time.monotonic()  # when the loop last ticked (see Reporter.start_beating)
+        self._install_delay = 0.0  # fault injection: see inject_delay
+        self.delays_injected = 0
         self._hello: dict | None = None
         self.dropped: Counter[str] = Counter()  # what this scope dropped, by why (for status)
         self.topics = ScopeTopics()
@@ -134,15 +137,17 @@ class ScopeManager:
             return
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
+            self.reporter.start_beating(lambda: self._ticked)
 
     async def _tick(self) -> None:
         while not self.retirement.retired:
+            self._ticked = time.monotonic()
             try:
                 await self._on_tick()
             except Exception:
                 log.exception("scope %r: periodic work failed", self.path)
             period = self.settings["heartbeat_period"]
-            before = time.monotonic()
+            before = self._ticked = time.monotonic()
             await asyncio.sleep(period)
             self.members.credit_stall(time.monotonic() - before - period)
 
@@ -335,6 +340,8 @@ class ScopeManager:
     async def install(self, body: dict) -> None:
         """The parent's delegation: settings, topics, sessions, channels delegated here."""
         self._ensure_ticking()
+        if self._install_delay:
+            self._hold_loop()
         try:
             version, delegation, piece = Delegation.from_wire(body)
         except MalformedDelegation as exc:  # (a parent of another version: it sends again)
@@ -377,6 +384,23 @@ class ScopeManager:
                                 self.settings["scope_timeout"])
         return all(r is True for r in results) and self.downlink.version == sent \
             and not self._dirty and (self._laying is None or self._laying.done())
+
+    async def alive(self, name: str, incarnation: int) -> bool:
+        """A child scope whose event loop is held says it lives (see Reporter.start_beating)."""
+        return self.members.alive(name, incarnation)
+
+    async def inject_delay(self, seconds: float) -> None:
+        """Fault injection (tests, `make chaos`): the next install holds this scope's event loop
+        for `seconds` of CPU, as installing a very large delegation does."""
+        self._install_delay = float(seconds)
+
+    def _hold_loop(self) -> None:
+        seconds, self._install_delay = self._install_delay, 0.0
+        log.warning("scope %r: holding its event loop for %.1f s (injected)", self.path, seconds)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # CPU, not a sleep: the GIL is held as real work holds it
+            pass
+        self.delays_injected += 1
 
     async def forget_scope(self, name: str, incarnation: int) -> None:
         """A child scope retired."""
@@ -427,6 +451,9 @@ class ScopeManager:
                 "failed_policies": self.policies.describe(),
                 "recovery": recovery, "rebuilding": self.rebuild.rebuilding,
                 "silent_scopes": sorted(self.members.silent),
+                "expired": dict(self.members.expired),
+                "liveness": {"beats_outside_loop": self.reporter.beats_outside_loop,
+                             "delays_injected": self.delays_injected},
                 **({"refused_by_parent": self.reporter.refused} if self.reporter.refused else {}),
                 "scopes": [{**c.record(topics), **sub[c.name]} for c in scopes]}
 
