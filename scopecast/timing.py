@@ -108,6 +108,7 @@ class Timing:
     probe_stale: float = _knob(60.0, "a probe listener never asked what it heard is closed after")
     plugin_validate_timeout: float = _knob(30.0, "validating a submitted plug-in")
     pool_ping_timeout: float = _knob(5.0, "an idle pooled publisher actor's answer")
+    publisher_join_timeout: float = _knob(120.0, "a DataFrame run's publisher joining the cluster")
 
     def check(self) -> Timing:
         """Raise InvalidConfig unless every knob is a positive number and those that depend on

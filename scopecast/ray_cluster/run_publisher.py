@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import msgpack
 import ray
 
-from scopecast.actors.errors import DataFrameRejected, MessageTooLarge, ScopecastError, WindowFull
+from scopecast.actors.errors import (
+    ControlTimeout,
+    DataFrameRejected,
+    MessageTooLarge,
+    ScopecastError,
+    WindowFull,
+)
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.ray_cluster import publisher_pool
 from scopecast.ray_cluster.dataframe_codec import (
@@ -22,8 +28,10 @@ from scopecast.ray_cluster.dataframe_codec import (
     to_msgpack_rows,
     wire_schema,
 )
+from scopecast.timing import TIMING
 
 MODES = ("rows", "arrow")
+JOIN_TIMEOUT = TIMING.publisher_join_timeout
 ARROW_MESSAGE_BYTES = 1 << 20  # arrow mode aims at messages of this size (a single row may be larger)
 ROWS_PER_BATCH = 4096
 
@@ -136,7 +144,7 @@ class RunPublisher:
 
         # after this run's `join`, which starts afresh: a threaded actor may run this call first
         # (both wait for the actor to start), and join would then forget the feed
-        self._joined.wait()
+        self._wait_joined()
         self._feed = FeedIntake(ray.util.get_node_ip_address(), secret, share)
         return self._feed.endpoint
 
@@ -165,7 +173,7 @@ class RunPublisher:
     def begin(self, plan: RunPlan) -> None:
         """Wait for `join` and open the run's topics (the run's calls then are `publish_blocks`
         and one `finish`)."""
-        self._joined.wait()  # (a threaded actor may start this call before join's ends)
+        self._wait_joined()  # (a threaded actor may start this call before join's ends)
         self._joined.clear()
         if self._join_error is not None:
             if self._cluster is not None:  # joined, but the topic could not be opened
@@ -176,6 +184,14 @@ class RunPublisher:
         except BaseException:
             self._cluster.shutdown()
             raise
+
+    def _wait_joined(self) -> None:
+        """Wait for this run's `join` (which the driver sends first; it always ends, connected or
+        not), bounded: ControlTimeout when joining the cluster hangs."""
+        if not self._joined.wait(JOIN_TIMEOUT):
+            raise ControlTimeout(f"DataFrame publisher {getattr(self, '_index', '?')} did not join "
+                                 f"the cluster within {JOIN_TIMEOUT:.0f}s (its scope manager is "
+                                 "busy or restarting); retry the run")
 
     def publish_blocks(self, blocks: list) -> int:
         """Publish `blocks` (Arrow tables, or refs to them) after those of earlier calls; the
