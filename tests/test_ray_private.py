@@ -47,3 +47,25 @@ def test_the_log_threads_lazy_import_is_the_one_connect_preloads(monkeypatch):
     assert "from ray.autoscaler.v2.utils import" in inspect.getsource(worker.filter_autoscaler_events)
     monkeypatch.setitem(sys.modules, "ray.autoscaler.v2.utils", None)
     ray_private.preload_log_thread_imports()
+
+
+def test_the_worker_pool_notice_is_logged_not_printed_and_other_messages_print(monkeypatch, capsys):
+    """Ray's driver prints the raylet's messages with `print_to_stdstream`, looked up when each
+    arrives (`listen_error_messages`); connect() routes the notice about many worker processes
+    (scopecast's zero-CPU actors, by design) to the log. Other messages still print."""
+    from ray._private import worker
+
+    source = inspect.getsource(worker.listen_error_messages)
+    assert "print_to_stdstream(" in source and '"pid": "raylet"' in source
+    monkeypatch.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)  # restored after
+    ray_private.route_worker_pool_notice()
+    ray_private.route_worker_pool_notice()  # idempotent: wrapped once
+    notice = ("WARNING: 14 PYTHON worker processes have been started on node: 1aab with address: "
+              "127.0.0.1, which is 7x the maximum expected startup concurrency (2).")
+    worker.print_to_stdstream({"lines": [notice], "pid": "raylet", "is_err": False},
+                              ignore_prefix=False)
+    worker.print_to_stdstream({"lines": ["some other trouble"], "pid": "raylet", "is_err": False},
+                              ignore_prefix=False)
+    out = capsys.readouterr()
+    shown = out.out + out.err
+    assert "some other trouble" in shown and "PYTHON worker processes" not in shown

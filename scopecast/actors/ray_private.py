@@ -13,6 +13,8 @@ package's Ray range, in pyproject.toml, is the one these are tested with).
   Without them: None, and the caller asks for the URL.
 - `preload_log_thread_imports`: the modules Ray's driver log thread imports the first time the
   autoscaler logs an event. Without them: that import happens then, in every member process.
+- `route_worker_pool_notice`: the function Ray's driver prints the raylet's error messages with.
+  Without it: Ray's notice about many worker processes shows on the console.
 - `session_dir`: the Ray session `scopecast up` started, so `down --ray` stops only its
   processes. Without it: "".
 """
@@ -90,6 +92,38 @@ def preload_log_thread_imports() -> None:
             import ray.autoscaler.v2.utils  # noqa: F401
     except ImportError:  # moved in another Ray: the first event line pays for it, as before
         log.debug("ray.autoscaler.v2.utils not found; Ray's log thread imports its own")
+
+
+WORKER_POOL_NOTICE = "PYTHON worker processes have been started on node"
+
+
+def route_worker_pool_notice() -> None:
+    """Ray's raylet tells every driver when its node runs four times as many worker processes as
+    CPUs, and the driver prints it as a "(raylet) WARNING" ("This could be a result of using a
+    large number of actors ..."). A scopecast cluster runs that many by design: its scopes,
+    agents, subscribers and publishers are zero-CPU actors, a process each. The notice goes to
+    this module's log at INFO instead of the console; every other message of Ray's error
+    listener is printed as before, and worker logs do not pass here. Drivers only (the
+    listener runs there); idempotent."""
+    try:
+        from ray._private import worker
+
+        printer = worker.print_to_stdstream
+    except (ImportError, AttributeError):  # another Ray: its notice shows
+        return
+    if getattr(printer, "scopecast_routed", False):
+        return
+
+    def print_or_log(data, *args, **kwargs):
+        if isinstance(data, dict) and data.get("pid") == "raylet" and any(
+                WORKER_POOL_NOTICE in str(line) for line in data.get("lines") or ()):
+            for line in data["lines"]:
+                log.info("ray: %s", line)
+            return None
+        return printer(data, *args, **kwargs)
+
+    print_or_log.scopecast_routed = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = print_or_log
 
 
 def dashboard_url() -> str | None:

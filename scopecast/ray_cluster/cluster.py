@@ -112,6 +112,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
         RuntimeConfig(max_message_bytes=max_message_bytes)  # InvalidConfig when out of range
     owns_ray = attach_ray(address, start)
     ray_private.preload_log_thread_imports()  # (a driver that called ray.init itself, too)
+    ray_private.route_worker_pool_notice()
     # an embedded Ray ends with this process, and so does its cluster: its root keeps its state
     # (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which belongs to
     # persistent clusters (`scopecast up`); a fresh embedded cluster starts empty
