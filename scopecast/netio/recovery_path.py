@@ -112,7 +112,7 @@ class RecoveryPath:
         self._hi: dict[int, int] = {}            # source -> highest any member delivered
         self._tail_asks: dict[int, list] = {}    # source -> [seen when first asked, when]
         self._period, self._last_summary = 0.05, 0.0  # the token period; when it last reported
-        self.tick_at, self.idle = 0.0, False  # what the I/O loop looks at: see tick_if_due
+        self.tick_at, self.idle = 0.0, self._period > IDLE_FROM  # for the I/O loop: tick_if_due
 
     def connect(self, delivery: Delivery, reorder: ReorderBuffer, repairs: MemberRepairs,
                 receiver: Receiving, sender: Sending) -> None:
@@ -126,14 +126,14 @@ class RecoveryPath:
         `tick_at` (the next of these times), on a hole, or on progress while `idle`."""
         if now - self._last_summary >= self._period or (
                 (self.hole_opened or now >= self.retry_at or now >= self.settle_at
-                 or self.progressed and self._period > IDLE_FROM)
+                 or self.progressed and self.idle)
                 and now - self._last_summary >= HOLE_DELAY):
             self._recovery_tick(now)
 
     def idle_timeout(self, timeout: float | None) -> float:
         """How long the I/O loop may wait before this path has something to do, at most
         `timeout` (the other paths' bound; None: 0.1 s)."""
-        if self.hole_opened or self.progressed and self._period > IDLE_FROM:
+        if self.hole_opened or self.progressed and self.idle:
             return HOLE_DELAY
         if timeout is None:
             timeout = min(0.1, self._period) if self.reliable or self._reorder.held else 0.1
