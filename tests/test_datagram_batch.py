@@ -136,3 +136,55 @@ def test_the_sealer_refuses_what_is_not_a_batch_of_plain_runs():
                  [(3, 9, 1, 1, 9, 1, 0, [b"no stamp"])]):
         with pytest.raises((ValueError, TypeError)):
             sealer.seal(9, 1, 1, 0, TABLE, runs)
+
+
+def test_a_sealed_batch_of_fragments_is_what_wire_makes_and_reassembles():
+    """A message larger than a datagram goes as fragments built in C (send_path._send_fragments):
+    each a FRAGMENT datagram as wire.encode_data makes it, and together the whole message."""
+    from scopecast.netio.reassembly import Reassembler
+
+    payload = os.urandom(2500)
+    pieces = list(wire.fragments(payload, 1000))
+    runs = [(3, 9, 1, 7, 9, 7, 0, [memoryview(payload)[f[1] * 1000:(f[1] + 1) * 1000]], 55, f)
+            for f, _piece in pieces]
+    data, segment = BatchSealer(KEY).seal(9, 1, 20, 0, TABLE, runs)
+    checker = GmacAuthenticator(KEY)
+    reassembler = Reassembler(1 << 20, 1 << 22, 5.0)
+    whole = None
+    for i, (frag, piece) in enumerate(pieces):
+        d = data[i * segment:(i + 1) * segment]
+        assert checker.check(d, len(d) - 28)
+        body = wire.unpadded(memoryview(d)[:len(d) - 28], wire.unpack_header(d))
+        expect = wire.encode_data(wire.PacketType.DATA, 9, 1, 20 + i, TABLE, 1,
+                                  wire.run_parts(3, 9, 1, 7, 9, 7, 0, 0, [piece]), frag, 0, 55)
+        assert bytes(body) == expect
+        header, fragment = wire.decode_data(body)
+        assert header.flags & wire.FLAG_FRAGMENT and header.dseq == 20 + i
+        whole = reassembler.add(9, fragment)
+    assert whole is not None and whole.payload == payload and whole.seq == 7
+    with pytest.raises(ValueError):  # a fragment is one payload
+        BatchSealer(KEY).seal(9, 1, 1, 0, TABLE, [(3, 9, 1, 1, 9, 1, 0, [b"a", b"b"], 1,
+                                                   (2, 0, 1, 1))])
+    with pytest.raises(ValueError):  # its index below its count
+        BatchSealer(KEY).seal(9, 1, 1, 0, TABLE, [(3, 9, 1, 1, 9, 1, 0, [b"a"], 1, (1, 1, 1, 1))])
+
+
+def test_a_messages_fragments_in_one_receive_call_are_read_as_the_message():
+    payload = os.urandom(2500)
+    runs = [(3, 9, 1, 7, 9, 7, 0, [payload[f[1] * 1000:(f[1] + 1) * 1000]], 55, f)
+            for f, _ in wire.fragments(payload, 1000)]
+    plain = (3, 9, 1, 8, 9, 8, 0, [b"next"], 56)
+    data, segment = BatchSealer(KEY).seal(9, 1, 20, wire.FLAG_ACK_NOW, TABLE, runs + [plain])
+    scanner = BatchScanner(KEY)
+    got = scanner.scan(data, segment, 0)
+    (end, n, sender, channel, first_dseq, last_dseq, flags, _table, topic, source, session, seq,
+     stream, sseq, ctype, lengths, payloads) = got
+    assert (end, n, first_dseq, last_dseq, seq, sseq) == (3 * segment, 3, 20, 22, 7, 7)
+    assert lengths == (2500,) and payloads == payload
+    assert flags == wire.FLAG_ACK_NOW  # (not the fragment flag: what is read is a message)
+    assert scanner.scan(data, segment, end)[15] == (4,)  # the plain run after it, on its own
+    # not from its first fragment, or one missing: the slow path's (its reassembler)
+    assert scanner.scan(data, segment, segment) is None
+    gap = data[:segment] + data[2 * segment:3 * segment]
+    assert scanner.scan(gap, segment, 0) is None
+    assert scanner.scan(data[:2 * segment], segment, 0) is None  # the last not here yet

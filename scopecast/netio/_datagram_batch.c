@@ -11,12 +11,15 @@
  * as wire.unpack_header and wire.iter_runs do, and as long as each continues the one before
  * (same sender, channel, routing table, topic, source, session, stream, content type; the next
  * datagram number, seq and stream seq) they become one run: its payload lengths and its payloads
- * copied end to end. A segment that is anything else (a MAC that fails, a control or repair
- * datagram, a fragment, several runs, a mixed run, an end marker, malformed) ends the scan; the
- * caller takes it the slow way, which counts its drop or handles it.
+ * copied end to end. The fragments of one message (wire.FRAGMENT), all in the call from the
+ * first on, become that message. A segment that is anything else (a MAC that fails, a control
+ * or repair datagram, a fragment not so, several runs, a mixed run, an end marker, malformed)
+ * ends the scan; the caller takes it the slow way, which counts its drop or handles it (its
+ * reassembler takes a message's fragments that come over several calls).
  *
- * BatchSealer (send, see send_path._send_plain): the datagrams of consecutive plain chunks of a
- * feed (one run each), padded to one segment size but the last (see wire.padded) and signed as
+ * BatchSealer (send, see send_path._send_plain and _send_fragments): the datagrams of
+ * consecutive plain chunks of a feed (one run each), or the fragments of one message larger than
+ * a datagram, padded to one segment size but the last (see wire.padded) and signed as
  * auth.GmacAuthenticator signs, in one buffer for one GSO send call.
  *
  * Wire layout (see wire.py): header "!2sBBBBHIHHQI" (magic, version, type, flags, reserved, runs,
@@ -40,6 +43,7 @@
 #define VERSION 5
 #define PTYPE_DATA 1
 #define FLAG_FRAGMENT 0x01
+#define FRAGMENT_SIZE 16
 #define CTYPE_END 3
 #define SEQ_LIMIT (1ULL << 62)
 #define MAX_SEGMENTS 128
@@ -101,11 +105,14 @@ typedef struct {
     EVP_CIPHER_CTX *ctx;
 } BatchScanner;
 
-/* What one segment holds when it is a plain single-run data datagram (else not filled). */
+/* What one segment holds when it is a plain single-run data datagram, or a fragment of one
+ * message (`fragment`: then its fragment struct, and a run of that one message's piece); else
+ * not filled. */
 typedef struct {
     uint32_t sender, topic, source, session, stream, count;
+    uint32_t ftotal, findex, fcount, fchunk;
     uint16_t channel, table_len;
-    uint8_t flags, ctype;
+    uint8_t flags, ctype, fragment;
     uint64_t dseq, seq, sseq;
     const unsigned char *table, *lengths, *payloads;
     Py_ssize_t payload_bytes;
@@ -126,8 +133,8 @@ gmac_ok(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t n)
     return EVP_DecryptFinal_ex(ctx, out, &outl) == 1;
 }
 
-/* 1 and `s` filled if the `len` bytes at `data` are an authentic plain single-run data datagram;
- * 0 otherwise (the slow path decides what it is). */
+/* 1 and `s` filled if the `len` bytes at `data` are an authentic plain single-run data datagram
+ * or a well-formed fragment; 0 otherwise (the slow path decides what it is). */
 static int
 read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Segment *s)
 {
@@ -139,7 +146,8 @@ read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Seg
     if (data[0] != 'S' || data[1] != 'C' || data[2] != VERSION || data[3] != PTYPE_DATA)
         return 0;
     s->flags = data[4];
-    if (s->flags & FLAG_FRAGMENT || be16(data + 6) != 1)
+    s->fragment = (s->flags & FLAG_FRAGMENT) != 0;
+    if (be16(data + 6) != 1)
         return 0;
     pad = be16(data + 14);
     if (HEADER_SIZE + (Py_ssize_t)pad > n)
@@ -151,6 +159,18 @@ read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Seg
     s->table_len = be16(data + HEADER_SIZE);
     s->table = data + HEADER_SIZE + 2;
     off = HEADER_SIZE + 2 + s->table_len;
+    if (s->fragment) {  /* (total, index, count, chunk), as wire.FRAGMENT */
+        if (off + FRAGMENT_SIZE > end)
+            return 0;
+        s->ftotal = be32(data + off);
+        s->findex = be32(data + off + 4);
+        s->fcount = be32(data + off + 8);
+        s->fchunk = be32(data + off + 12);
+        if (s->fcount == 0 || s->findex >= s->fcount || s->fchunk == 0
+            || (uint64_t)s->ftotal > (uint64_t)s->fcount * s->fchunk)
+            return 0;
+        off += FRAGMENT_SIZE;
+    }
     if (off + RUN_SIZE > end)
         return 0;
     {
@@ -164,7 +184,8 @@ read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Seg
         s->ctype = r[32];
         s->count = be16(r + 34);
         if (s->topic == 0 || r[33] != 0 || s->count == 0 || s->ctype == CTYPE_END
-            || s->seq + s->count > SEQ_LIMIT || s->sseq + s->count > SEQ_LIMIT)
+            || s->seq + s->count > SEQ_LIMIT || s->sseq + s->count > SEQ_LIMIT
+            || (s->fragment && s->count != 1))
             return 0;
     }
     off += RUN_SIZE;
@@ -184,11 +205,27 @@ read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Seg
 static int
 continues(const Segment *a, const Segment *b)
 {
-    return b->sender == a->sender && b->channel == a->channel && b->dseq == a->dseq + 1
+    return !a->fragment && !b->fragment
+        && b->sender == a->sender && b->channel == a->channel && b->dseq == a->dseq + 1
         && b->table_len == a->table_len && memcmp(b->table, a->table, a->table_len) == 0
         && b->topic == a->topic && b->source == a->source && b->session == a->session
         && b->stream == a->stream && b->ctype == a->ctype
         && b->seq == a->seq + a->count && b->sseq == a->sseq + a->count;
+}
+
+/* `b` is the next fragment of the message whose fragment `a` is: same sender, channel, table and
+ * message, the next datagram and index, `a` a whole chunk. */
+static int
+next_piece(const Segment *a, const Segment *b)
+{
+    return a->fragment && b->fragment && b->sender == a->sender && b->channel == a->channel
+        && b->dseq == a->dseq + 1 && b->table_len == a->table_len
+        && memcmp(b->table, a->table, a->table_len) == 0
+        && b->topic == a->topic && b->source == a->source && b->session == a->session
+        && b->stream == a->stream && b->ctype == a->ctype && b->seq == a->seq
+        && b->sseq == a->sseq && b->ftotal == a->ftotal && b->fcount == a->fcount
+        && b->fchunk == a->fchunk && b->findex == a->findex + 1
+        && a->payload_bytes == (Py_ssize_t)a->fchunk;
 }
 
 PyDoc_STRVAR(scan_doc,
@@ -197,7 +234,9 @@ PyDoc_STRVAR(scan_doc,
 "be shorter): None if the segment there is not an authentic plain single-run data datagram;\n"
 "else (end offset, segments, sender, channel, first datagram number, last, flags of any,\n"
 "routing table bytes, topic, source, session, first seq, stream, first stream seq, content\n"
-"type, payload lengths, payloads end to end) of it and the segments after it that continue it.");
+"type, payload lengths, payloads end to end) of it and the segments after it that continue it.\n"
+"A fragment there is taken only with the rest of its message after it (index 0 first): then\n"
+"the same tuple, of the one reassembled message.");
 
 static PyObject *
 scan(BatchScanner *self, PyObject *args)
@@ -218,6 +257,18 @@ scan(BatchScanner *self, PyObject *args)
         Segment *s = &segs[nsegs];
         if (!read_segment(self->ctx, (const unsigned char *)buf.buf + pos, len, s))
             break;
+        if (segs[0].fragment) {  /* one message's fragments, whole, or nothing */
+            if (nsegs ? !next_piece(&segs[nsegs - 1], s) : s->findex != 0)
+                break;
+            flags |= s->flags & ~FLAG_FRAGMENT;
+            total += s->payload_bytes;
+            nsegs++;
+            if (s->findex + 1 == s->fcount) {
+                messages = 1;
+                break;
+            }
+            continue;
+        }
         if (nsegs && !continues(&segs[nsegs - 1], s))
             break;
         if (messages + s->count > 0xFFFF)  /* wire.MAX_RUN: still one run */
@@ -227,8 +278,8 @@ scan(BatchScanner *self, PyObject *args)
         messages += s->count;
         nsegs++;
     }
-    if (nsegs == 0) {
-        result = Py_NewRef(Py_None);
+    if (nsegs == 0 || (segs[0].fragment && (messages != 1 || total != segs[0].ftotal))) {
+        result = Py_NewRef(Py_None);  /* (fragments of a message not all here: the slow path) */
         goto done;
     }
     lengths = PyTuple_New(messages);
@@ -239,8 +290,14 @@ scan(BatchScanner *self, PyObject *args)
     {
         char *out = PyBytes_AS_STRING(payloads);
         Py_ssize_t k = 0;
+        if (segs[0].fragment) {
+            PyObject *v = PyLong_FromUnsignedLong(segs[0].ftotal);
+            if (v == NULL)
+                goto done;
+            PyTuple_SET_ITEM(lengths, k++, v);
+        }
         for (Py_ssize_t j = 0; j < nsegs; j++) {
-            for (uint32_t i = 0; i < segs[j].count; i++) {
+            for (uint32_t i = 0; i < segs[j].count && !segs[0].fragment; i++) {
                 PyObject *v = PyLong_FromUnsignedLong(be32(segs[j].lengths + 4 * i));
                 if (v == NULL)
                     goto done;
@@ -309,9 +366,12 @@ typedef struct {
 } BatchSealer;
 
 /* One plain run as the caller passes it: (topic, source, session, first seq, stream, first
- * stream seq, content type, payloads, stamp). */
+ * stream seq, content type, payloads, stamp[, fragment]); with a fragment (total, index, count,
+ * chunk) it is one piece of a message larger than a datagram (its one payload). */
 typedef struct {
     unsigned long topic, source, session, stream, stamp;
+    unsigned long frag[4];
+    int fragment;
     unsigned long long seq, sseq;
     unsigned char ctype;
     PyObject *payloads;
@@ -361,7 +421,8 @@ payload_copy(PyObject *payload, unsigned char *to)
 PyDoc_STRVAR(seal_doc,
 "seal(sender, channel, first_dseq, flags, table, runs) -> (buffer, segment)\n\n"
 "The data datagrams of `runs` (each (topic, source, session, first seq, stream, first stream\n"
-"seq, content type, payloads, stamp (see wire.stamp_now)): one datagram each, numbered from `first_dseq`, under the encoded\n"
+"seq, content type, payloads, stamp (see wire.stamp_now)[, fragment (total, index, count,\n"
+"chunk): a FRAGMENT datagram of the run's one payload]): one datagram each, numbered from `first_dseq`, under the encoded\n"
 "routing table `table` (its u16 length first)), each but the last padded to the largest one's\n"
 "size, `segment`, and signed: one buffer for one GSO send call.");
 
@@ -386,16 +447,27 @@ seal(BatchSealer *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PlainRun *r = &runs[i];
         Py_ssize_t count;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(runs_obj, i), "kkkKkKbO!k", &r->topic, &r->source,
+        PyObject *frag = Py_None;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(runs_obj, i), "kkkKkKbO!k|O", &r->topic, &r->source,
                               &r->session, &r->seq, &r->stream, &r->sseq, &r->ctype,
-                              &PyList_Type, &r->payloads, &r->stamp))
+                              &PyList_Type, &r->payloads, &r->stamp, &frag))
             goto done;
         count = PyList_GET_SIZE(r->payloads);
         if (count < 1 || count > 0xFFFF) {
             PyErr_SetString(PyExc_ValueError, "a run holds 1..65535 messages");
             goto done;
         }
-        r->size = HEADER_SIZE + table.len + RUN_SIZE + 4 * count;
+        r->fragment = frag != Py_None;
+        if (r->fragment) {
+            if (!PyArg_ParseTuple(frag, "kkkk", &r->frag[0], &r->frag[1], &r->frag[2], &r->frag[3]))
+                goto done;
+            if (count != 1 || r->frag[0] > UINT32_MAX || r->frag[3] > UINT32_MAX
+                || r->frag[2] < 1 || r->frag[2] > UINT32_MAX || r->frag[1] >= r->frag[2]) {
+                PyErr_SetString(PyExc_ValueError, "a fragment is one payload, index < count");
+                goto done;
+            }
+        }
+        r->size = HEADER_SIZE + table.len + (r->fragment ? FRAGMENT_SIZE : 0) + RUN_SIZE + 4 * count;
         for (Py_ssize_t j = 0; j < count; j++) {
             Py_ssize_t size = payload_copy(PyList_GET_ITEM(r->payloads, j), NULL);
             if (size < 0)
@@ -420,7 +492,8 @@ seal(BatchSealer *self, PyObject *args)
             Py_ssize_t count = PyList_GET_SIZE(r->payloads);
             Py_ssize_t body = i < n - 1 ? segment - TRAILER : r->size;
             unsigned char *p = d;
-            p[0] = 'S'; p[1] = 'C'; p[2] = VERSION; p[3] = PTYPE_DATA; p[4] = flags; p[5] = 0;
+            p[0] = 'S'; p[1] = 'C'; p[2] = VERSION; p[3] = PTYPE_DATA;
+            p[4] = flags | (r->fragment ? FLAG_FRAGMENT : 0); p[5] = 0;
             put16(p + 6, 1);
             put32(p + 8, (uint32_t)sender);
             put16(p + 12, (uint16_t)channel);
@@ -430,6 +503,11 @@ seal(BatchSealer *self, PyObject *args)
             p += HEADER_SIZE;
             memcpy(p, table.buf, table.len);
             p += table.len;
+            if (r->fragment) {
+                for (int k = 0; k < 4; k++)
+                    put32(p + 4 * k, (uint32_t)r->frag[k]);
+                p += FRAGMENT_SIZE;
+            }
             put32(p, (uint32_t)r->topic);
             put32(p + 4, (uint32_t)r->source);
             put32(p + 8, (uint32_t)r->session);

@@ -111,6 +111,30 @@ class Chunk:
         return self.size - self.headers - mixed * MIXED_EXTRA
 
 
+class Fragments:
+    """A message larger than a datagram on its way as fragments (`wire.FRAGMENT`): the next piece
+    to send of the one-message run of an oversized chunk, `chunk` bytes each."""
+
+    __slots__ = ("first_own", "run", "table", "stamp", "chunk", "count", "next", "_bytes")
+
+    def __init__(self, c: Chunk, chunk: int) -> None:
+        self.first_own, self.run, self.table, self.stamp = c.first_own, c.runs[0], c.table, c.stamp
+        self._bytes = memoryview(self.run.payloads[0]).cast("B")  # (a view may be of wider items)
+        self.chunk = chunk
+        self.count = max(1, -(-self._bytes.nbytes // chunk))
+        self.next = 0
+
+    def take(self) -> tuple[tuple[int, int, int, int], memoryview]:
+        """The next piece: (its fragment struct: total, index, count, chunk; its bytes)."""
+        i = self.next
+        self.next += 1
+        return ((self._bytes.nbytes, i, self.count, self.chunk),
+                self._bytes[i * self.chunk:(i + 1) * self.chunk])
+
+    def left(self) -> int:
+        return self.count - self.next
+
+
 class Feed:
     """Messages queued for one destination, and that destination's flow window."""
 
@@ -131,7 +155,7 @@ class Feed:
         self.history: deque[tuple] = deque()  # (dseq, sent_bytes after it, when it was sent)
         self.base_bytes = 0                              # sent_bytes at the slowest receiver's ack
         self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
-        self.frag = None                        # (first own seq, fragments, stamp) in progress
+        self.frag: Fragments | None = None      # a message being sent as fragments
         self.window = window
         self.moved_at = 0.0                              # the slowest receiver last moved (or probe)
         self.probed_dseq = 0                             # the last datagram a probe re-announced
@@ -200,6 +224,10 @@ class Feed:
             self.open = c
         return c
 
+    def head(self) -> Chunk | None:
+        """The chunk `take` would give (None: nothing queued)."""
+        return self.chunks[0] if self.chunks else self.open
+
     def take(self) -> Chunk:
         """The next chunk to send (the open one last: it keeps filling until it is pulled)."""
         if self.chunks:
@@ -225,7 +253,7 @@ class Feed:
     def first_own(self) -> int:
         """Stream seq of the first own message not yet handed to the socket (0: none queued)."""
         if self.frag is not None:
-            return self.frag[0]
+            return self.frag.first_own
         for c in self.chunks:
             if c.first_own:
                 return c.first_own

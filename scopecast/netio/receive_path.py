@@ -162,14 +162,19 @@ class ReceivePath:
                 pos += size
 
     def _take_scanned(self, got: tuple, stamp: int) -> bool:
-        """Take consecutive plain runs of one stream from authentic datagrams, as `_on_data`
-        takes one run (see _datagram_batch.c); False if they need the slow path (a sender or source
-        not known yet, this member's own, a routing table that does not decode)."""
-        (_, _, sender, channel, first_dseq, last_dseq, flags, table, topic, source, session,
-         first, stream, first_sseq, ctype, lengths, payloads) = got
+        """Take consecutive plain runs of one stream, or the fragments of one message, from
+        authentic datagrams, as `_on_data` takes one run (see _datagram_batch.c); False if they
+        need the slow path (a sender or source not known yet, this member's own, a routing
+        table that does not decode, a message over the largest)."""
+        (_, segments, sender, channel, first_dseq, last_dseq, flags, table, topic, source,
+         session, first, stream, first_sseq, ctype, lengths, payloads) = got
         if sender == self.member_id or sender not in self.tables.members \
                 or (source not in self.tables.names and source != self.member_id):
             return False
+        # one message of several segments: a message's fragments, reassembled in C
+        whole = segments > len(lengths)
+        if whole and lengths[0] > self.config.max_message_bytes:
+            return False  # (the slow path counts the drop)
         try:
             routes = wire.decode_table(table)
         except wire.DecodeError:
@@ -181,7 +186,9 @@ class ReceivePath:
         self.take_run(payloads, routes, topic, source, session, first, stream, first_sseq, ctype,
                       0, lengths, 0)
         self._acks.note(sender, channel, first_dseq, last_dseq, 1, flags)
-        self.stats["datagrams_scanned"] += got[1]
+        self.stats["datagrams_scanned"] += segments
+        if whole:
+            self.stats["reassembled"] += 1
         return True
 
     def _on_datagram(self, data: bytes) -> None:

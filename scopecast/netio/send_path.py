@@ -19,7 +19,7 @@ from scopecast.netio import wire
 from scopecast.netio.channel import FilteredChannel, endpoints, resolve
 from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.delivery import Delivery
-from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Feed, MixedRun
+from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Chunk, Feed, Fragments, MixedRun
 from scopecast.netio.member_parts import MemberBasics, MemberTables, Receiving, Recovering
 from scopecast.netio.message import Message
 from scopecast.netio.native import BatchSealer
@@ -332,8 +332,8 @@ class SendPath:
                 # taking) once the window is half full: few acks at ordinary rates, every
                 # burst's at saturation
                 flags = wire.FLAG_ACK_NOW if 2 * flight >= window.size else 0
-                if sealer is not None and self.gso and feed.frag is None \
-                        and (sent := self._send_plain(feed, flags, window.size - flight, now)):
+                if sealer is not None and self.gso \
+                        and (sent := self._send_sealed(feed, flags, window.size - flight, now)):
                     budget -= sent
                     progressed = True
                     if self.want_write:
@@ -355,6 +355,42 @@ class SendPath:
         if progressed:
             self._update_handed()
         return progressed
+
+    def _send_sealed(self, feed: Feed, flags: int, room: int, now: float) -> int:
+        """Send what heads `feed` as one GSO call built in C, if it is plain chunks or a
+        message's fragments; the bytes sent (0: neither, it goes the Python way)."""
+        if feed.frag is None:
+            sent = self._send_plain(feed, flags, room, now)
+            if sent or (head := feed.head()) is None or not head.oversized:
+                return sent
+            self._fragment(feed, self._take_chunk(feed))
+        return self._send_fragments(feed, flags, room, now)
+
+    def _send_fragments(self, feed: Feed, flags: int, room: int, now: float) -> int:
+        """The next fragments of the message `feed` is sending, as far as `room` bytes of window
+        go (one batch at most), in one GSO call built and signed in C."""
+        frags = feed.frag
+        n = min(self._plain_most, 1 + room // self._datagram, frags.left())
+        r = frags.run
+        runs = []
+        for _ in range(n):
+            frag, piece = frags.take()
+            runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
+                         r.ctype, [piece], frags.stamp, frag))
+        if not frags.left():
+            feed.frag = None
+        if self._batch_n:  # datagrams made before these go first
+            self._flush_batch()
+        first = feed.dseq + 1
+        feed.dseq += n
+        data, segment = self._sealer.seal(self.member_id, feed.channel, first, flags,
+                                          frags.table, runs)
+        feed.sent(len(data), now)
+        self.stats["datagrams_out"] += n
+        self.stats["datagrams_sealed"] += n
+        self.stats["fragments_sealed"] += n
+        self._send(feed.address, [data], segment)
+        return len(data)
 
     def _send_plain(self, feed: Feed, flags: int, room: int, now: float) -> int:
         """Send the chunks at the head of `feed` that are one plain run each, as far as `room`
@@ -383,16 +419,24 @@ class SendPath:
         self._send(feed.address, [data], segment)
         return len(data)
 
+    def _take_chunk(self, feed: Feed) -> Chunk:
+        chunk = feed.take()
+        self.feed_bytes -= chunk.queued()  # what take_publishes added
+        return chunk
+
+    @staticmethod
+    def _fragment(feed: Feed, chunk: Chunk) -> None:
+        """Send `chunk`'s one message as fragments, each the most a datagram carries."""
+        feed.frag = Fragments(chunk, chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0))
+
     def _pull(self, feed: Feed, flags: int = 0) -> bytes:
         """Build the next datagram for `feed`, just in time."""
         feed.dseq += 1
         if feed.frag is not None:
             return self._next_fragment(feed, flags)
-        chunk = feed.take()
-        self.feed_bytes -= chunk.queued()  # what take_publishes added
+        chunk = self._take_chunk(feed)
         if chunk.oversized:
-            room = chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0)
-            feed.frag = (chunk.first_own, _pieces(chunk.runs[0], room, chunk.table), chunk.stamp)
+            self._fragment(feed, chunk)
             return self._next_fragment(feed, flags)
         parts: list = []
         for run in chunk.runs:
@@ -402,12 +446,15 @@ class SendPath:
                                 len(chunk.runs), parts, flags=flags, stamp=chunk.stamp)
 
     def _next_fragment(self, feed: Feed, flags: int = 0) -> bytes:
-        _first_own, pieces, stamp = feed.frag
-        table, frag, parts = next(pieces)
-        if frag[1] == frag[2] - 1:
+        frags = feed.frag
+        frag, piece = frags.take()
+        if not frags.left():
             feed.frag = None
+        r = frags.run
+        parts = wire.run_parts(r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
+                               r.ctype, 0, [piece])
         return wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
-                                table, 1, parts, frag, flags, stamp)
+                                frags.table, 1, parts, frag, flags, frags.stamp)
 
     def _probe(self, feed: Feed, counter: str = "window_probes") -> None:
         """Re-announce the last datagram number to `feed`'s receivers in a DATA datagram without
@@ -514,13 +561,6 @@ class SendPath:
             self.want_write = True
             self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return False
-
-
-def _pieces(run, chunk: int, table: bytes):
-    """(routing table, fragment struct, run parts) for each fragment of a one-message run."""
-    for frag, piece in wire.fragments(run.payloads[0], chunk):
-        yield table, frag, wire.run_parts(run.topic, run.source, run.session, run.first_seq,
-                                          run.stream, run.first_sseq, run.ctype, 0, [piece])
 
 
 def _resolved(channel, topic: int, source: int, seq: int, sseq: int) -> list:
