@@ -111,6 +111,7 @@ def test_the_compiled_batches_speak_this_wire_version():
     if native.BatchScanner is not None:  # (a build without the extension uses neither)
         from scopecast.netio import _datagram_batch
         assert _datagram_batch.WIRE_VERSION == wire.VERSION
+        assert _datagram_batch.ABI == native.DATAGRAM_ABI  # (a stale build is refused, not run)
 
 
 def test_a_members_summary_is_what_agents_api_documents():

@@ -41,6 +41,7 @@
 #define NONCE 12
 #define TAG 16
 #define VERSION 5
+#define ABI 2  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments */
 #define PTYPE_DATA 1
 #define FLAG_FRAGMENT 0x01
 #define FRAGMENT_SIZE 16
@@ -595,7 +596,8 @@ PyInit__datagram_batch(void)
         return NULL;
     if (PyModule_AddObjectRef(m, "BatchScanner", (PyObject *)&BatchScannerType) < 0
         || PyModule_AddObjectRef(m, "BatchSealer", (PyObject *)&BatchSealerType) < 0
-        || PyModule_AddIntConstant(m, "WIRE_VERSION", VERSION) < 0) {
+        || PyModule_AddIntConstant(m, "WIRE_VERSION", VERSION) < 0
+        || PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 FORCE_PURE = "SCOPECAST_PURE_PYTHON"
 DATAGRAM_WIRE_VERSION = 5  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
+DATAGRAM_ABI = 2  # what its calls take and give (2: a message's fragments in seal and scan)
 
 
 def _forced() -> bool:
@@ -46,10 +47,12 @@ else:
         missing.append(f"_tail_table ({e})")
         from scopecast.netio._tail_table_py import TailTable
     try:
+        from scopecast.netio import _datagram_batch
         from scopecast.netio._datagram_batch import WIRE_VERSION, BatchScanner, BatchSealer
-        if WIRE_VERSION != DATAGRAM_WIRE_VERSION:  # a build left from another version
-            raise ImportError(f"built for wire version {WIRE_VERSION}, not "
-                              f"{DATAGRAM_WIRE_VERSION}: reinstall")
+        built = (WIRE_VERSION, getattr(_datagram_batch, "ABI", 1))
+        if built != (DATAGRAM_WIRE_VERSION, DATAGRAM_ABI):  # a build left from another version
+            raise ImportError(f"built for wire version {built[0]} (calls {built[1]}), not "
+                              f"{DATAGRAM_WIRE_VERSION} ({DATAGRAM_ABI}): reinstall")
     except ImportError as e:
         missing.append(f"_datagram_batch ({e})")
         BatchScanner = BatchSealer = None
