@@ -163,3 +163,33 @@ def test_the_datagram_size_follows_the_interface_mtu(tmp_path):
         subprocess.run(["ip", "netns", "del", ns], check=False)
     assert TransportConfig(interface="127.0.0.1").datagram_size() == 65_000
     assert TransportConfig(interface="127.0.0.1", datagram_bytes=1472).datagram_size() == 1472
+
+
+@pytest.mark.parametrize("batch_calls", [True, False], ids=["batched", "one-per-call"])
+def test_no_datagram_is_larger_than_the_datagram_size(batch_calls):
+    """The datagram size is a UDP payload that fits the link's MTU: a datagram one byte over is
+    cut into IP fragments on the wire, and a GSO batch of them is refused by the kernel. Full
+    datagrams of small messages, and the fragments of a large one, stay within it."""
+    sizes: list[int] = []
+    with member_pair(config(batch_calls), window=True) as (a, b, inbox):
+        send = a.sender._send
+
+        def measured(address, parts, segment):
+            if segment:
+                sizes.append(segment)
+            else:
+                sizes.extend(len(d) + len(mac) for d, mac in zip(parts[::2], parts[1::2], strict=True))
+            return send(address, parts, segment)
+        a.sender._send = measured
+        n = 400
+        for i in range(1, n + 1):  # many small ones (full datagrams), every 50th of 5 KB
+            a.publish(TOPIC, 1, i, 0, b"%08d" % i + b"." * (5000 if i % 50 == 0 else 90))
+        got: list = []
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            if not inbox.queue:
+                b.lead(lambda: bool(inbox.queue), 0.5)
+            got += received(inbox)
+    assert [m.seq for m in got] == list(range(1, n + 1))
+    assert sizes and max(sizes) <= MTU_DATAGRAM, max(sizes)
+    assert max(sizes) > MTU_DATAGRAM - 120  # (and they are full: the check saw full ones)

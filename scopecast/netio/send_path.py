@@ -50,7 +50,8 @@ class SendPath:
         self._sock, self._auth, self._sel = basics.sock, basics.auth, sel
         self._trailer = basics.auth.trailer_size
         self._datagram = basics.datagram
-        self._capacity = basics.datagram - self._trailer
+        # what a datagram's routing table and runs may take: its size less the header and MAC
+        self._capacity = basics.datagram - self._trailer - wire.HEADER.size
         self.tables = tables
         self._own = own  # reliable topics' messages are kept there until stable
         self.delivery: Delivery
