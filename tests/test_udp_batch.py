@@ -35,6 +35,17 @@ def payload(i: int) -> bytes:
     return b"%08d" % i + b"." * (i * 37 % 2900 if i % 10 == 0 else i * 37 % 1300)
 
 
+def receive_all(b, inbox, n: int) -> list:
+    """What B's subscription gets, until `n` messages or a minute (B's receiver leading)."""
+    got: list = []
+    deadline = time.monotonic() + 60
+    while len(got) < n and time.monotonic() < deadline:
+        if not inbox.queue:
+            b.lead(lambda: bool(inbox.queue), 0.5)
+        got += received(inbox)
+    return got
+
+
 @pytest.mark.parametrize("batch_calls", [True, False], ids=["batched", "one-per-call"])
 def test_mtu_sized_datagrams_carry_runs_and_fragments_ordered_and_complete(batch_calls):
     if batch_calls and not (detect("127.0.0.1").gso and detect("127.0.0.1").gro):
@@ -43,12 +54,7 @@ def test_mtu_sized_datagrams_carry_runs_and_fragments_ordered_and_complete(batch
     with member_pair(config(batch_calls), window=True) as (a, b, inbox):
         for i in range(1, n + 1):
             a.publish(TOPIC, 1, i, 0, payload(i))
-        got: list = []
-        deadline = time.monotonic() + 60
-        while len(got) < n and time.monotonic() < deadline:
-            if not inbox.queue:
-                b.lead(lambda: bool(inbox.queue), 0.5)
-            got += received(inbox)
+        got = receive_all(b, inbox, n)
         assert [(m.seq, m.payload) for m in got] == [(i, payload(i)) for i in range(1, n + 1)]
         sent, took = a.call_wait(a._offload_status), b.call_wait(b._offload_status)
         stats = b.call_wait(lambda: dict(b.stats))
@@ -184,12 +190,7 @@ def test_no_datagram_is_larger_than_the_datagram_size(batch_calls):
         n = 400
         for i in range(1, n + 1):  # many small ones (full datagrams), every 50th of 5 KB
             a.publish(TOPIC, 1, i, 0, b"%08d" % i + b"." * (5000 if i % 50 == 0 else 90))
-        got: list = []
-        deadline = time.monotonic() + 60
-        while len(got) < n and time.monotonic() < deadline:
-            if not inbox.queue:
-                b.lead(lambda: bool(inbox.queue), 0.5)
-            got += received(inbox)
+        got = receive_all(b, inbox, n)
     assert [m.seq for m in got] == list(range(1, n + 1))
     assert sizes and max(sizes) <= MTU_DATAGRAM, max(sizes)
     assert max(sizes) > MTU_DATAGRAM - 120  # (and they are full: the check saw full ones)
