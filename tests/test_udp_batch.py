@@ -191,6 +191,11 @@ def test_no_datagram_is_larger_than_the_datagram_size(batch_calls):
         for i in range(1, n + 1):  # many small ones (full datagrams), every 50th of 5 KB
             a.publish(TOPIC, 1, i, 0, b"%08d" % i + b"." * (5000 if i % 50 == 0 else 90))
         got = receive_all(b, inbox, n)
-    assert [m.seq for m in got] == list(range(1, n + 1))
+    # (no recovery runs here: a datagram the kernel drops stays lost, which is not this test's
+    # point; what arrives is in order, and the large messages whole)
+    seqs = [m.seq for m in got]
+    assert len(got) > n // 2 and seqs == sorted(set(seqs))
+    assert any(len(m.payload) == 5008 for m in got)
+    assert all(len(m.payload) == (5008 if m.seq % 50 == 0 else 98) for m in got)
     assert sizes and max(sizes) <= MTU_DATAGRAM, max(sizes)
     assert max(sizes) > MTU_DATAGRAM - 120  # (and they are full: the check saw full ones)
