@@ -133,10 +133,9 @@ def run_one(cluster, stamp: str, log_dir: Path, case: Case, port: int | None, po
     if case.system == "scopecast":
         creating = time.monotonic()
         try:
-            for name in topic_names(topic, case.topics):
-                cluster.create_topic(name, policy=policy)
+            cluster.create_topics(list(topic_names(topic, case.topics)), policy=policy)
         except Exception as exc:  # the control plane is in trouble: report, go on
-            result = failed_result(case, f"create_topic({topic!r}) failed: {exc!r}")
+            result = failed_result(case, f"create_topics({topic!r}) failed: {exc!r}")
             result["topics"] = case.topics
             return result
         created = time.monotonic() - creating

@@ -12,38 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
-from scopecast import cli_deploy
+from scopecast import cli_admin, cli_deploy
 from scopecast.actors import logs
 from scopecast.actors.errors import ScopecastError
-from scopecast.policies import trust
+from scopecast.cli_common import connect, show, show_table
 from scopecast.scopes.status import members, walk
-
-
-def _connect(args):
-    import scopecast
-
-    return scopecast.connect(address=args.address or "auto", start=False)
-
-
-def _show_table(rows: list[dict], columns: list[str]) -> None:
-    """A listing for people: a header and aligned columns (`--json` gives programs the rows)."""
-    cells = [[str(r.get(c, "")) if r.get(c) not in (None, "") else "-" for c in columns]
-             for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    for row in [[c.upper() for c in columns], *cells]:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _show_record(record: dict) -> None:
-    """One object for people: a `key: value` line each (lists joined)."""
-    width = max(len(k) for k in record) + 2
-    for key, value in record.items():
-        shown = (", ".join(map(str, value)) or "-") if isinstance(value, list) else value
-        print(f"{key + ':':<{width}}{'-' if shown in (None, '') else shown}")
-
-
-def _show(value, as_json: bool) -> None:
-    print(json.dumps(value, indent=2, default=str)) if as_json else _show_record(value)
 
 
 def cmd_demo(args) -> int:
@@ -64,7 +37,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_status(args) -> int:
-    with _connect(args) as cluster:
+    with connect(args) as cluster:
         status = cluster.status()
         if args.json:
             print(json.dumps(status, indent=2, default=str))
@@ -108,22 +81,22 @@ def _status_text(status: dict) -> str:
 
 
 def cmd_topic(args) -> int:
-    with _connect(args) as cluster:
+    with connect(args) as cluster:
         if args.action == "create":
             info = cluster.create_topic(args.name, policy=args.policy, recovery=args.recovery,
                                         root=args.root, history=args.history)
-            _show(info.to_dict(), args.json)
+            show(info.to_dict(), args.json)
         elif args.action == "delete":
             cluster.delete_topic(args.name)
             print(f"deleted {args.name}")
         elif args.action == "describe":
-            _show(_describe_topic(cluster.topic(args.name).to_dict(), cluster.status()), args.json)
+            show(_describe_topic(cluster.topic(args.name).to_dict(), cluster.status()), args.json)
         else:
             topics = [t.to_dict() for t in cluster.topics()]
             if args.json:
                 print(json.dumps(topics, indent=2, default=str))
             else:
-                _show_table(topics, ["name", "id", "policy", "recovery", "history", "root",
+                show_table(topics, ["name", "id", "policy", "recovery", "history", "root",
                                      "session"])
         return 0
 
@@ -141,38 +114,12 @@ def _describe_topic(entry: dict, status: dict) -> dict:
             "laid_in": [s["path"] for s in walk(status) if str(tid) in s.get("topics", {})]}
 
 
-def cmd_plugin(args) -> int:
-    if args.action == "keygen":  # local only: no cluster needed
-        private, public = trust.keygen(args.target)
-        print(f"private key {private} (keep it secret), public key {public} (give it to "
-              f"`scopecast up --trusted-key`)")
-        return 0
-    with _connect(args) as cluster:
-        if args.action == "submit":
-            ref = cluster.submit_plugin(args.target, sign=args.sign)
-            _show({"kind": ref.kind, "ref": f"{ref.name}@{ref.version}",
-                   "sha256": ref.sha256}, args.json)
-        elif args.action == "list":
-            plugins = cluster.plugins()
-            if args.json:
-                print(json.dumps(plugins, indent=2, default=str))
-            else:
-                _show_table([{**p, "ref": f"{p['name']}@{p['version']}"} for p in plugins],
-                            ["kind", "ref", "sha256", "bytes"])
-        elif args.action == "show":
-            _show(cluster.plugin(args.target), args.json)
-        else:
-            ref = cluster.remove_plugin(args.target)
-            print(f"removed {ref.name}@{ref.version}")
-        return 0
-
-
 def cmd_publish(args) -> int:
     if args.messages and args.file:
         print("scopecast publish takes messages on the command line or --file, not both",
               file=sys.stderr)
         return 2
-    with _connect(args) as cluster:
+    with connect(args) as cluster:
         if args.messages:
             source = contextlib.nullcontext([m.encode() for m in args.messages])
         else:
@@ -188,7 +135,7 @@ def cmd_publish(args) -> int:
 
 
 def cmd_subscribe(args) -> int:
-    with _connect(args) as cluster:
+    with connect(args) as cluster:
         with cluster.subscriber(args.topic, scope=args.scope) as sub:
             got = 0
             while args.count is None or got < args.count:
@@ -252,7 +199,7 @@ def cmd_pipeline(args) -> int:
         return 0 if info["status"] == "SUCCEEDED" else 1
     if args.action == "status":
         info = jobs.pipeline_status(args.job_id, address=args.address)
-        _show(info if args.json else {k: info.get(k) for k in (
+        show(info if args.json else {k: info.get(k) for k in (
             "job_id", "status", "message", "entrypoint", "start_time", "end_time", "exit_code")},
             args.json)
         return 0
@@ -270,7 +217,7 @@ def cmd_pipeline(args) -> int:
         if args.json:
             print(json.dumps(rows, indent=2, default=str))
         else:
-            _show_table(rows, ["job_id", "status", "start_time", "entrypoint"])
+            show_table(rows, ["job_id", "status", "start_time", "entrypoint"])
         return 0
     stopped = jobs.stop_pipeline(args.job_id, address=args.address)
     print(f"stopping pipeline {args.job_id}" if stopped else
@@ -428,15 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "what is not yet stable")
     t.set_defaults(func=cmd_topic)
 
-    pl = attach(sub.add_parser("plugin", help="submit, list, show or remove plug-in modules; "
-                                              "make a signing key"))
-    pl.add_argument("action", choices=["submit", "list", "show", "remove", "keygen"])
-    pl.add_argument("target", nargs="?",
-                    help="submit: a .py file or package directory; show/remove: name@version or "
-                         "sha256:<hex>; keygen: where to write the private key (and KEY.pub)")
-    pl.add_argument("--sign", metavar="KEY", help="submit: sign with this Ed25519 private key")
-    pl.add_argument("--json", action="store_true", help="machine-readable output")
-    pl.set_defaults(func=cmd_plugin)
+    cli_admin.add_parsers(sub, attach)
 
     pub = attach(sub.add_parser("publish", help="publish the MESSAGEs given, else lines from "
                                                  "stdin or --file"))

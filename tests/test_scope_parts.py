@@ -23,6 +23,7 @@ from scopecast.scopes.recovery_domain import RecoveryDomains
 from scopecast.scopes.reporting import Reporter
 from scopecast.scopes.reports import MalformedReport, ScopeReport, SubtreeState
 from scopecast.scopes.retirement import Retirement
+from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
 from scopecast.scopes.topic_view import ScopeTopics
 from scopecast.scopes.topics import TopicInfo
@@ -70,7 +71,7 @@ def _scope(topics: list[TopicInfo], parent: bool = True):
     known.table.load({str(t.id): t.to_dict() for t in topics})
     known.follow()
     container = PolicyContainer(PATH, multicast=False)
-    planner = Planner(PATH, not parent, members, known, container, settings)
+    planner = Planner(PATH, not parent, members, known, container, settings, ScopeChoices(PATH))
     return settings, members, known, container, planner, changes
 
 
@@ -198,7 +199,7 @@ def test_a_failing_plugin_policy_gives_its_topic_to_the_default_policy_in_this_s
     _s, members, known, container, planner, _ = _scope([TopicInfo("t/a", 1, plugin="ab" * 32)])
     members.children["a"] = _member("a", 1, subs=[1])
     kicks: list[int] = []
-    runner = PolicyRunner(PATH, container, None, lambda: kicks.append(1))
+    runner = PolicyRunner(PATH, container, None, lambda: kicks.append(1), planner.choices)
 
     async def host(_policy):
         return Handle(apply=Remote(lambda *_a: [{"topic": 1, "ops": "garbage"}]))
@@ -218,7 +219,8 @@ def test_a_failing_plugin_policy_gives_its_topic_to_the_default_policy_in_this_s
 def test_a_member_gets_a_new_view_only_when_it_changed_and_is_woken_for_it():
     _s, members, known, _c, planner, _ = _scope([TopicInfo("t/a", 1)])
     a = members.children["a"] = _member("a", 1, subs=[1])
-    down = Downlink(members, planner, known, RecoveryDomains(PATH, top=False), planner.settings)
+    down = Downlink(members, planner, known, RecoveryDomains(PATH, top=False), planner.settings,
+                    planner.choices)
     down.send()
     first = a.sent_version
     assert first == down.version and a.wake.is_set() and a.sent.members[0][1] == "a"

@@ -39,6 +39,20 @@ def test_create_is_idempotent_but_not_with_other_settings(cluster, topic_name):
         cluster.create_topic(topic_name, exist_ok=False)
 
 
+def test_create_topics_makes_many_in_one_call_and_nothing_when_one_is_refused(cluster, topic_name):
+    names = [f"{topic_name}/{i}" for i in range(500)]
+    made = cluster.create_topics(names + names[:3], policy="chain")  # (a repeat counts once)
+    assert [t.name for t in made] == names and {t.policy for t in made} == {"chain"}
+    assert len({t.id for t in made}) == 500
+    assert cluster.create_topics(names[:2], policy="chain") == made[:2]  # idempotent
+    with pytest.raises(scopecast.TopicExists):  # one of other settings: none is created
+        cluster.create_topics([f"{topic_name}/new", names[0]])
+    with pytest.raises(scopecast.InvalidConfig):
+        cluster.create_topics([f"{topic_name}/fine", "bad name"])
+    assert cluster.topics([f"{topic_name}/new", f"{topic_name}/fine"]) == []
+    assert len(cluster.topics([f"{topic_name}/*"])) == 500
+
+
 def test_unknown_topics_are_typed_errors(cluster):
     with pytest.raises(scopecast.TopicNotFound) as e:
         cluster.subscriber("no/such/topic")

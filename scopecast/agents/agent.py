@@ -57,7 +57,8 @@ class RecoveryAgent:
     def __init__(self, spec: dict, interface: str, protocol: type[RecoveryProtocol]) -> None:
         self.name = spec["name"]
         self.domain = spec["domain"]
-        self.key = spec["protocol"]  # tags its instructions: the member's agent for that protocol
+        # tags its instructions: the member's agent for that domain (`scopes.scope_admin`)
+        self.key = spec.get("domain_key") or spec["protocol"]
         self.options = dict(spec.get("options") or {})
         self.protocol = protocol(DomainContext(self.domain, int(spec["level"]), dict(self.options)))
         self.incarnation = random.getrandbits(48)

@@ -27,6 +27,7 @@ MAX_BYTES = 4 << 20
 KINDS = ("policy", "recovery")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _VERSION = re.compile(r"^[A-Za-z0-9_.+\-]{1,32}$")
+PLUGIN_PREFIX = "sha256:"  # how a plug-in is named by its digest, and keyed where it runs
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 

@@ -291,6 +291,15 @@ class Cluster:
         return call(self._manager.create_topic, name, policy, recovery, root, exist_ok, options,
                     history)
 
+    def create_topics(self, names: list[str], policy: str = "tree", recovery: str = "token_ring",
+                      root: str = "", exist_ok: bool = True, options: dict | None = None,
+                      history: str = "from_join") -> list[TopicInfo]:
+        """Create many topics of the same settings in one call (one write, one change handed
+        down the hierarchy), in the order of `names`; see `create_topic`. Every name is checked
+        before anything is created."""
+        return call(self._manager.create_topics, list(names), policy, recovery, root, exist_ok,
+                    options, history, timeout=max(60.0, len(names) / 2000))
+
     def topic(self, name: str) -> TopicInfo:
         return call(self._manager.topic, name)
 
@@ -304,6 +313,30 @@ class Cluster:
         """Record what the topic's messages hold as `TopicInfo.schema` (a JSON object of at most
         64 KiB, e.g. what `publish_dataframe` records; None clears it)."""
         return call(self._manager.set_schema, name, schema)
+
+    # ---------------------------------------------------------------------- administration
+
+    def configure_scope(self, path: str, policy: str | None = None,
+                        recovery: str | None = None,
+                        overrides: list[tuple[str, str | None, str | None]] | None = None
+                        ) -> dict[str, dict]:
+        """Administer scope `path` (e.g. "X/Q"; "" is the cluster scope): the forwarding policy
+        and recovery protocol of the topics within it, as a default and as overrides
+        `(pattern, policy, recovery)` tried in order (None: not set by this rule). This replaces
+        the scope's settings as a whole; what is left unset is inherited, and nothing set clears
+        them.
+
+        Precedence, for each of the two choices: the nearest scope on the way up from where the
+        topic is laid that sets it (its first matching override, then its default), else the
+        topic's own. A scope's recovery protocol applies to reliable topics (a topic created
+        with recovery="none" stays unreliable). Topics whose choices change start a new
+        session; the settings persist with the cluster. Returns every scope's settings."""
+        return call(self._manager.configure_scope, path, policy, recovery,
+                    [list(o) for o in overrides] if overrides is not None else None)
+
+    def scope_settings(self) -> dict[str, dict]:
+        """Every administered scope's settings, by path ("/" for the cluster scope)."""
+        return call(self._manager.scope_settings)
 
     # ---------------------------------------------------------------------------- plug-ins
 

@@ -2,8 +2,9 @@
 delegated down to the node where it belongs.
 
 A member process's agent runs in the `AgentHost` of that member's node. A child scope's agent
-goes where the child places it: on the node of the member that leads the child's own domain of
-that protocol (the child asks its leader, down to a member). The recovery domains
+goes where the child places it: on the node of the member that leads the child's own domain the
+agent stands for, whatever protocol that one runs (the child asks its leader, down to a
+member). The recovery domains
 (`recovery_domain`) decide when an agent is needed or misplaced; this part places it. Placement
 runs beside the heartbeat, never in its way: a slow child scope or a burst of agents starting must
 not make the scope look dead.
@@ -20,6 +21,7 @@ from scopecast.scopes.paths import scope_name
 from scopecast.scopes.placement import PLUGIN_PREFIX, named_actor, node_id, pinned, plugin_env
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains, agent_name
+from scopecast.scopes.scope_admin import protocol_of
 
 log = logging.getLogger(__name__)
 
@@ -71,36 +73,46 @@ class AgentPlacement:
         if changed:
             self._on_changed()
 
-    async def place_for(self, protocol: str, name: str) -> AgentRecord:
-        """Delegate the agent of member `name` of this scope's `protocol` domain."""
-        child = self.members.children.get(name)
-        if child is None:  # silent: its agent stays where it was, holding stability back
-            raise LookupError(f"child scope {name!r} is silent")
+    async def place_for(self, key: str, name: str) -> AgentRecord:
+        """Delegate the agent of member `name` of this scope's domain `key`: a member process's
+        to its node, a child scope's domain's (`Planner.source`) along the child's chain."""
+        below = self.planner.source(key, name)
+        child = below[0] if below is not None else self.members.children.get(name)
+        if child is None or child.name not in self.members.children:
+            # silent: its agent stays where it was, holding stability back
+            raise LookupError(f"child {name!r} is silent")
         hello = await self._hello()
-        spec = {"name": agent_name(self.path, name, protocol),
+        protocol = protocol_of(key)
+        spec = {"name": agent_name(self.path, name, key),
                 "domain": f"{self.path or '/'}|{name}",
                 "level": 1 if child.kind == "member" else child.depth, "protocol": protocol,
+                "domain_key": key,
                 "options": {"active_period": self.settings["token_period"],
                             "idle_period": self.settings["idle_token_period"]},
                 "key": hello["key"], "mac": hello["mac"], "interface": hello.get("interface")}
         if child.kind == "member":
             return AgentRecord(await self.agent_host(child.node, protocol), spec,
                                [self.path or "/", name])
+        spec["below"] = below[1] if below is not None else key
         host, chain = await asyncio.wait_for(child.handle.place_agent.remote(spec),
                                              self.settings["scope_timeout"])
         return AgentRecord(host, spec, [self.path or "/", *chain])
 
     async def place_agent(self, spec: dict) -> list:
         """Place an agent of the parent's domain on the host of the leader of this scope's
-        domain of the same protocol: delegated down to the child that leads, and run by the
-        AgentHost of its member's node. Returns [agent host, chain]."""
-        protocol = spec["protocol"]
-        leader = self.members.children.get(self.recovery.leader(protocol) or "")
-        if leader is not None and leader.kind == "scope":
-            host, chain = await leader.handle.place_agent.remote(spec)
+        domain it stands for (`spec["below"]`, whatever protocol that one runs): delegated
+        down to the child that leads, and run by the AgentHost of its member's node. Returns
+        [agent host, chain]."""
+        below = spec.get("below") or spec["protocol"]
+        first = self.recovery.leader(below) or ""
+        source = self.planner.source(below, first)
+        if source is not None and source[0].kind == "scope":
+            child, child_key = source
+            host, chain = await child.handle.place_agent.remote({**spec, "below": child_key})
             return [host, [self.name, *chain]]
+        leader = self.members.children.get(first)
         node = leader.node if leader is not None else node_id()
-        return [await self.agent_host(node, protocol),
+        return [await self.agent_host(node, spec["protocol"]),
                 [self.name, *([leader.name] if leader is not None else [])]]
 
     async def agent_host(self, node: str, protocol: str):

@@ -30,17 +30,18 @@ import ray
 
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
-from scopecast.agents.builtin import RECOVERY_NAMES
+from scopecast.agents.builtin import NO_RECOVERY, RECOVERY_NAMES
 from scopecast.netio import wire
 from scopecast.netio.auth import new_cluster_key
 from scopecast.netio.runtime import DEFAULT_MAX_MESSAGE, RuntimeConfig
-from scopecast.netio.topic_names import check_topic_name, name_filter
+from scopecast.netio.topic_names import check_subscription, check_topic_name, name_filter
 from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
 from scopecast.scopes import plugin_check
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.placement import pinned
+from scopecast.scopes.scope_admin import ADMIN_VERSION, Choice, ScopeAdmin, ScopeChoices
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import HISTORIES, TopicInfo
@@ -52,6 +53,7 @@ DEFAULT_LAN = "lan0"
 LAN_LABEL = "scopecast-lan"  # the Ray node label naming a host's LAN when no `levels` are set
 NODE_CHECK_PERIOD = TIMING.node_check_period
 MAX_SCHEMA_BYTES = 64 << 10  # a topic's recorded schema, as JSON
+MAX_TOPICS_PER_CALL = 1_000_000
 RETIRE_WAIT = TIMING.retire_wait
 
 
@@ -103,6 +105,14 @@ class ClusterScopeManager(ScopeManager):
         self._directory = {m["id"]: m for m in self._store.members()}
         self._library = PluginLibrary(self._store, plugin_check.__name__,
                                       cluster.get("trusted_keys"))
+        self._admins: dict[str, ScopeAdmin] = {}
+        for path, body in self._store.scope_admins().items():
+            try:
+                self._admins[path] = ScopeAdmin.from_wire(body)
+            except InvalidConfig as exc:  # (written by this code: only a hand-edited file)
+                log.error("state %s: settings of scope %r ignored: %s", self._store.path,
+                          path, exc)
+        self.choices.set(self._admins)
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
         self._last_node_check = 0.0
         self._making = asyncio.Lock()  # user scopes are made and retired one at a time
@@ -216,26 +226,48 @@ class ClusterScopeManager(ScopeManager):
     async def create_topic(self, name: str, policy: str = "tree", recovery: str = "token_ring",
                            root: str = "", exist_ok: bool = True,
                            options: dict | None = None, history: str = "from_join") -> TopicInfo:
-        check_topic_name(name)
+        return (await self.create_topics([name], policy, recovery, root, exist_ok, options,
+                                         history))[0]
+
+    async def create_topics(self, names: list[str], policy: str = "tree",
+                            recovery: str = "token_ring", root: str = "",
+                            exist_ok: bool = True, options: dict | None = None,
+                            history: str = "from_join") -> list[TopicInfo]:
+        """Create topics of the same settings in one call: one write to the state database and
+        one change of the table for all of them. A topic that exists with these settings is
+        returned as it is (TopicExists if with others, or if not `exist_ok`), checked for every
+        name before anything is created."""
+        if isinstance(names, str) or not isinstance(names, list | tuple) \
+                or len(names) > MAX_TOPICS_PER_CALL:
+            raise InvalidConfig(f"create_topics takes a list of at most {MAX_TOPICS_PER_CALL} "
+                                "topic names")
+        names = list(dict.fromkeys(check_topic_name(n) for n in names))
         plugin = self._plugin_digest(policy, "policy")
         recovery_plugin = self._plugin_digest(recovery, "recovery")
         if history not in HISTORIES:
             raise InvalidConfig(f"unknown history {history!r}: {' or '.join(HISTORIES)}")
         root = check_scope_path(root)
-        existing = self.topics.by_name.get(name)
-        if existing is not None:
-            if not exist_ok or (existing.policy, existing.recovery, existing.history) \
-                    != (policy, recovery, history):
+        for name in names:
+            existing = self.topics.by_name.get(name)
+            if existing is not None and (not exist_ok or (
+                    existing.policy, existing.recovery, existing.history)
+                    != (policy, recovery, history)):
                 raise TopicExists(f"topic {name!r} exists with policy={existing.policy!r}, "
                                   f"recovery={existing.recovery!r}, history={existing.history!r}")
-            return existing
-        tid = self._store.next_id("topic")
-        info = TopicInfo(name=name, id=tid, policy=policy, recovery=recovery, history=history,
-                         root=root, session=1, plugin=plugin, recovery_plugin=recovery_plugin,
-                         options=dict(options or {}))
-        self._save(info)
-        log.info("topic %s created (id %d, policy %s, root %r)", name, tid, policy, root)
-        return info
+        new = [n for n in names if n not in self.topics.by_name]
+        first = self._store.next_id("topic", len(new)) if new else 0
+        made = [TopicInfo(name=name, id=first + i, policy=policy, recovery=recovery,
+                          history=history, root=root, session=1, plugin=plugin,
+                          recovery_plugin=recovery_plugin, options=dict(options or {}))
+                for i, name in enumerate(new)]
+        self._save(*made)
+        if len(made) == 1:
+            log.info("topic %s created (id %d, policy %s, root %r)", made[0].name, made[0].id,
+                     policy, root)
+        elif made:
+            log.info("%d topics created (ids %d-%d, policy %s, root %r)", len(made), first,
+                     made[-1].id, policy, root)
+        return [self.topics.by_name[n] for n in names]
 
     async def update_topic(self, name: str, policy: str | None = None,
                            recovery: str | None = None) -> TopicInfo:
@@ -271,11 +303,13 @@ class ClusterScopeManager(ScopeManager):
         self._save(info)
         return info
 
-    def _save(self, info: TopicInfo) -> None:
-        body = info.to_dict()
-        self._store.put_topic(info.name, info.id, body)
-        self.topics.table.change(str(info.id), body)
-        self._table_changed({str(info.id)})
+    def _save(self, *infos: TopicInfo) -> None:
+        """Keep topics (new or changed) and hand them down: one transaction, one table change."""
+        bodies = [(info.name, info.id, info.to_dict()) for info in infos]
+        self._store.put_topics(bodies)
+        for _name, tid, body in bodies:
+            self.topics.table.change(str(tid), body)
+        self._table_changed({str(tid) for _n, tid, _b in bodies})
         self._kick()
 
     async def topic(self, name: str) -> TopicInfo:
@@ -299,6 +333,68 @@ class ClusterScopeManager(ScopeManager):
         self.topics.table.change(str(info.id), None)
         self._table_changed({str(info.id)})
         self._kick()
+
+    # ----------------------------------------------------------------------- administration
+
+    async def configure_scope(self, path: str, policy: str | None = None,
+                              recovery: str | None = None,
+                              overrides: list | None = None) -> dict:
+        """Set scope `path`'s administration as a whole (`scope_admin`): a default policy and
+        recovery protocol for the topics within it, and overrides [(pattern, policy, recovery)]
+        in order; what is left unset is inherited, and nothing set clears the scope's settings.
+        Every topic whose choice changes anywhere starts a new session (3.2.7), as
+        `update_topic` does. Returns every scope's settings."""
+        path = check_scope_path(path)
+        if overrides is not None and not isinstance(overrides, list | tuple):
+            raise InvalidConfig("overrides are a list of (pattern, policy, recovery)")
+        rules = []
+        for item in overrides or ():
+            if not isinstance(item, list | tuple) or len(item) != 3:
+                raise InvalidConfig(f"an override is (pattern, policy, recovery), not {item!r:.80}")
+            pattern, p, r = item
+            check_subscription(pattern)
+            if p is None and r is None:
+                raise InvalidConfig(f"override {pattern!r} sets neither policy nor recovery")
+            rules.append([pattern, self._choice(p, r).to_wire()])
+        admin = ScopeAdmin.from_wire({"v": ADMIN_VERSION,
+                                      "default": self._choice(policy, recovery).to_wire(),
+                                      "overrides": rules})
+        before = {p: self._keys_at(p) for p in self._admins.keys() | {path}
+                  if p == path or p.startswith(path + "/") or path == ""}
+        if admin.empty:
+            self._admins.pop(path, None)
+        else:
+            self._admins[path] = admin
+        self._store.put_scope_admin(path, None if admin.empty else admin.to_wire())
+        self.choices.set(self._admins)
+        changed = set()
+        for p, keys in before.items():
+            now = self._keys_at(p)
+            changed.update(tid for tid, k in keys.items() if now.get(tid) != k)
+        self._save(*(replace(self.topics.by_id[tid], session=self.topics.by_id[tid].session + 1)
+                     for tid in sorted(changed)))
+        log.info("scope %r: administration set to %s; %d topics in a new session", path,
+                 admin.describe(), len(changed))
+        self._kick()
+        return await self.scope_settings()
+
+    def _choice(self, policy: str | None, recovery: str | None) -> Choice:
+        if recovery == NO_RECOVERY:
+            raise InvalidConfig("a scope chooses how reliable topics are recovered, not whether: "
+                                "recovery='none' is a topic's own setting")
+        return Choice(policy, recovery,
+                      self._plugin_digest(policy, "policy") if policy else "",
+                      self._plugin_digest(recovery, "recovery") if recovery else "")
+
+    def _keys_at(self, path: str) -> dict[int, tuple[str, str]]:
+        """Each topic's (policy key, recovery chain) at scope `path`."""
+        choices = ScopeChoices(path)
+        choices.set(self._admins)
+        return {tid: choices.keys(info) for tid, info in self.topics.by_id.items()}
+
+    async def scope_settings(self) -> dict[str, dict]:
+        """Every administered scope's settings, by path ("/" for the cluster scope)."""
+        return {p or "/": a.describe() for p, a in sorted(self._admins.items())}
 
     # ----------------------------------------------------------------------------- plug-ins
 
@@ -342,7 +438,12 @@ class ClusterScopeManager(ScopeManager):
         return self._library.remove(ref, self._used_by(record["sha256"]))
 
     def _used_by(self, sha: str) -> list[str]:
-        return [t.name for t in self.topics.by_id.values() if sha in (t.plugin, t.recovery_plugin)]
+        """The topics, and the scopes (as "scope <path>"), whose settings name plug-in `sha`."""
+        scopes = [f"scope {p or '/'}" for p, a in self._admins.items()
+                  if any(sha in (c.plugin, c.recovery_plugin)
+                         for c in (a.default, *(c for _, c in a.overrides)))]
+        return [t.name for t in self.topics.by_id.values()
+                if sha in (t.plugin, t.recovery_plugin)] + scopes
 
     async def status(self, topics: bool = True, budget: float = STATUS_BUDGET) -> dict:
         tree = await super().status(topics, budget)
@@ -353,6 +454,7 @@ class ClusterScopeManager(ScopeManager):
                 "topics": [self.topics.table.entries[k] for k in sorted(self.topics.table.entries, key=int)]
                 if topics else len(self.topics.table.entries),
                 "directory": len(self._directory), "trusted_keys": self._library.trusted,
+                "scope_settings": await self.scope_settings(),
                 "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 
 

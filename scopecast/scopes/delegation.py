@@ -4,16 +4,20 @@ versioned encoding at the edge.
 A delegation carries the cluster settings, the topic entries ahead of the table, the channels
 handed to the child (`exits`: each an `Obligation` — where the channel goes, who waits for it, and
 the wraps of the scopes it was delegated through), the multicast coverage it takes part in
-(`covered`, per topic) and the addresses of the agents standing for it in this scope's recovery
-domains (`upper`). Its wire form is a dict of plain values (Ray pickles it) with the version `v`;
-one of another version, or malformed, raises `MalformedDelegation`.
+(`covered`, per topic), the addresses of the agents standing for its recovery domains in this
+scope's (`upper`, by the child's domain key) and the administrators' settings of its ancestors,
+itself and its subtree (`admins`, `scope_admin.ScopeAdmin` by scope path). Its wire form is a
+dict of plain values (Ray pickles it) with the version `v`; one of another version, or
+malformed, raises `MalformedDelegation`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DELEGATION_VERSION = 1
+from scopecast.scopes.scope_admin import ScopeAdmin
+
+DELEGATION_VERSION = 2
 
 
 class MalformedDelegation(ValueError):
@@ -80,14 +84,16 @@ class Delegation:
     settings: dict
     early: dict[str, dict]
     part: Part
-    upper: dict[str, list]    # protocol -> address of the agent standing for the child above
+    upper: dict[str, list]    # the child's domain key -> the agent standing for it above
+    admins: dict[str, ScopeAdmin] = field(default_factory=dict)
 
     def to_wire(self, version: int, topics) -> dict:
         return {"v": DELEGATION_VERSION, "version": version, "topics": topics,
                 "settings": dict(self.settings), "early": self.early,
                 "exits": [o.to_wire() for o in self.part.exits],
                 "covered": {str(t): o.to_wire() for t, o in self.part.covered.items()},
-                "upper": self.upper}
+                "upper": self.upper,
+                "admins": {p: a.to_wire() for p, a in self.admins.items()}}
 
     @classmethod
     def from_wire(cls, body) -> tuple[int, Delegation, object]:
@@ -97,9 +103,11 @@ class Delegation:
                 raise ValueError(f"version {body.get('v')!r}, not {DELEGATION_VERSION}")
             part = Part(tuple(Obligation.from_wire(o) for o in body["exits"]),
                         {int(t): Obligation.from_wire(o) for t, o in body["covered"].items()})
+            admins = {str(p): ScopeAdmin.from_wire(a) for p, a in body["admins"].items()}
             return (int(body["version"]),
                     cls(dict(body["settings"]), dict(body["early"]), part,
-                        dict(body.get("upper") or {})),
+                        dict(body.get("upper") or {}), admins),
                     body["topics"])
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # (a bad scope setting is an InvalidConfig, a ValueError)
             raise MalformedDelegation(str(exc)) from None

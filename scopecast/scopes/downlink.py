@@ -9,8 +9,10 @@ import time
 
 from scopecast.scopes.delegation import NO_PART, Delegation, Part
 from scopecast.scopes.membership import ChildScope, MemberProcess, Membership
+from scopecast.scopes.paths import child_path
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.recovery_domain import RecoveryDomains
+from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.topic_view import ScopeTopics
 
 
@@ -18,12 +20,13 @@ class Downlink:
     """The versions and contents sent to a scope's children."""
 
     def __init__(self, members: Membership, planner: Planner, topics: ScopeTopics,
-                 recovery: RecoveryDomains, settings: dict) -> None:
+                 recovery: RecoveryDomains, settings: dict, choices: ScopeChoices) -> None:
         self.members = members
         self.planner = planner
         self.topics = topics
         self.recovery = recovery
         self.settings = settings
+        self.choices = choices
         self.version = time.time_ns()
         self.delegated: dict[str, Part] = {}   # the last layout's part for each child
 
@@ -42,7 +45,8 @@ class Downlink:
     def _send_install(self, child: ChildScope, part: Part) -> None:
         table = self.topics.table
         content = Delegation(dict(self.settings), dict(table.early), part,
-                             self.recovery.addresses(child.name))
+                             self.planner.upper_addresses(child.name, self.recovery.address),
+                             self.choices.subtree(child_path(self.planner.path, child.name)))
         piece = table.piece(child.table)  # (what it lacks: sent along, not compared)
         if content == child.sent and piece is None:
             return

@@ -35,6 +35,11 @@ def parent_path(path: str) -> str | None:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
+def child_path(path: str, name: str) -> str:
+    """The path of child scope `name` of scope `path`."""
+    return f"{path}/{name}" if path else name
+
+
 def scope_name(path: str) -> str:
     """The scope's own name, the last part of its path ("" for the cluster scope): what its
     parent calls it."""

@@ -10,9 +10,9 @@ import ray
 from scopecast.actors import declare
 from scopecast.actors.errors import PluginRejected
 from scopecast.policies.library import materialize, shipped
-from scopecast.policies.registry import digest
+from scopecast.policies.registry import PLUGIN_PREFIX, digest
 
-PLUGIN_PREFIX = "sha256:"
+__all__ = ["PLUGIN_PREFIX", "named_actor", "node_id", "pinned", "plugin_env"]
 
 
 def pinned(node: str) -> dict:

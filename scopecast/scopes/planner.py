@@ -23,6 +23,7 @@ from scopecast.scopes.delegation import NO_PART, Delegation, Obligation, Part
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.membership import Child, MemberProcess, Membership
 from scopecast.scopes.reports import SubtreeState
+from scopecast.scopes.scope_admin import ScopeChoices, domain_member, upper_key
 from scopecast.scopes.topic_view import ScopeTopics, within
 from scopecast.scopes.topics import TopicInfo
 from scopecast.scopes.views import MemberView, ViewRoute
@@ -36,15 +37,18 @@ class Planner:
     or topics)."""
 
     def __init__(self, path: str, top: bool, members: Membership, topics: ScopeTopics,
-                 container: PolicyContainer, settings: dict) -> None:
+                 container: PolicyContainer, settings: dict, choices: ScopeChoices) -> None:
         self.path = path
         self.top = top
         self.members = members
         self.topics = topics
         self.container = container
         self.settings = settings
+        self.choices = choices
         self.delegation = NO_DELEGATION
         self._domains: dict[str, list[tuple[str, int]]] | None = None
+        # (domain key, member name) -> (child scope, its domain key) for child scopes' domains
+        self._sources: dict[tuple[str, str], tuple[str, str]] = {}
 
     @property
     def children(self) -> dict[str, Child]:
@@ -277,17 +281,18 @@ class Planner:
 
     def reliable_topics(self, member: MemberProcess) -> dict[int, str]:
         """Topics a member process takes part in recovering (subscribed as a member, or
-        published, with a recovery protocol), each with its protocol's domain key."""
+        published, with a recovery protocol), each with its domain's key here (`scope_admin`)."""
         mine = {t for t, role in member.subs.items() if role == "member"} | member.pubs
         by_id = self.topics.by_id
-        return {t: key for t in mine if t in by_id
-                and (key := by_id[t].recovery_key) != NO_RECOVERY}
+        key_of = self.choices.recovery_key
+        return {t: key for t in mine if t in by_id and (key := key_of(by_id[t])) != NO_RECOVERY}
 
     def forget_domains(self) -> None:
         self._domains = None
 
     def domain_members(self) -> dict[str, list[tuple[str, int]]]:
-        """Per protocol, the children in its domain with their regions, in ring order: children
+        """Per domain key, the domain's members with their regions, in ring order: a member
+        process, or a child scope's domain under this one (`scope_admin.domain_member`). Members
         that subscribe to the same topics share a region (QSM), numbered in order of their
         first member, and the ring keeps a region's members together. Kept until
         `forget_domains`: asked every tick, it costs a pass over every topic of every child."""
@@ -297,11 +302,18 @@ class Planner:
 
     def _group_domains(self) -> dict[str, list[tuple[str, int]]]:
         grouped: dict[str, list[tuple[tuple, str]]] = {}
+        sources: dict[tuple[str, str], tuple[str, str]] = {}
         for c in [*self.children.values(), *self.members.silent.values()]:
-            keys = c.recovering if c.kind == "scope" else set(self.reliable_topics(c).values())
             interest = tuple(sorted(t for t, role in c.subs.items() if role == "member"))
-            for key in keys:
+            if c.kind == "scope":
+                for below in c.recovering:
+                    key, name = upper_key(below), domain_member(c.name, below)
+                    sources[(key, name)] = (c.name, below)
+                    grouped.setdefault(key, []).append((interest, name))
+                continue
+            for key in set(self.reliable_topics(c).values()):
                 grouped.setdefault(key, []).append((interest, c.name))
+        self._sources = sources
         out: dict[str, list[tuple[str, int]]] = {}
         for key, entries in grouped.items():
             numbers: dict[tuple, int] = {}
@@ -309,20 +321,44 @@ class Planner:
                         for interest, name in sorted(entries)]
         return out
 
-    def lead_chain(self, protocol: str) -> tuple:
-        """The chain from this scope down to the member leading its `protocol` domain."""
-        members = self.domain_members().get(protocol)
+    def source(self, key: str, name: str) -> tuple[Child, str] | None:
+        """The child scope and its domain key that member `name` of domain `key` stands for
+        (None: a member process, or gone)."""
+        self.domain_members()
+        found = self._sources.get((key, name))
+        if found is None:
+            return None
+        child = self.children.get(found[0]) or self.members.silent.get(found[0])
+        return (child, found[1]) if child is not None else None
+
+    def lead_chain(self, key: str) -> tuple:
+        """The chain from this scope down to the member process leading its domain `key`
+        (child names, not domain member names)."""
+        members = self.domain_members().get(key)
         if not members:
             return ()
         first = members[0][0]
-        leader = self.children.get(first) or self.members.silent.get(first)
-        if leader is None or leader.kind != "scope":
+        below = self.source(key, first)
+        if below is None:
             return (first,)
-        return (leader.name, *leader.recovering.get(protocol, ()))
+        child, child_key = below
+        return (child.name, *child.recovering.get(child_key, ()))
 
-    def belongs(self, protocol: str, name: str) -> tuple | None:
-        """Where the agent of child scope `name` belongs: its lead chain (None: a member, or a
-        child whose domain has no leader yet)."""
-        child = self.children.get(name)
-        chain = child.recovering.get(protocol) if child and child.kind == "scope" else None
-        return chain or None
+    def belongs(self, key: str, name: str) -> tuple | None:
+        """Where the agent of domain member `name` belongs: the lead chain of the child scope's
+        domain it stands for (None: a member process, or a child whose domain has no leader
+        yet)."""
+        below = self.source(key, name)
+        if below is None or below[0].kind != "scope":
+            return None
+        return below[0].recovering.get(below[1]) or None
+
+    def upper_addresses(self, child: str, address) -> dict[str, list]:
+        """For child scope `child`: per domain of its, the address of the agent standing for it
+        in this scope's domain (`address(key, member name)`, None where not placed yet)."""
+        self.domain_members()
+        out = {}
+        for (key, name), (owner, below) in self._sources.items():
+            if owner == child and (a := address(key, name)) is not None:
+                out[below] = a
+        return out

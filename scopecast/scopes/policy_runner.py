@@ -20,6 +20,7 @@ from scopecast.actors.errors import actor_fault
 from scopecast.policies.host import PolicyHost
 from scopecast.scopes.container import PolicyContainer
 from scopecast.scopes.placement import PLUGIN_PREFIX, named_actor, node_id, pinned, plugin_env
+from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.topics import TopicInfo
 from scopecast.timing import TIMING
 
@@ -37,9 +38,10 @@ class PolicyRunner:
     `root_call` reaches the cluster scope (for plug-in modules); `kick` lays channels again."""
 
     def __init__(self, path: str, container: PolicyContainer, root_call,
-                 kick: Callable[[], None]) -> None:
+                 kick: Callable[[], None], choices: ScopeChoices) -> None:
         self.path = path
         self.container = container
+        self.choices = choices
         self._root_call = root_call
         self._kick = kick
         self._hosts: dict[str, object] = {}
@@ -47,9 +49,10 @@ class PolicyRunner:
         self.failed: dict[tuple[str, int], str] = {}
 
     def policy_key(self, info: TopicInfo) -> str:
-        """Which policy actor hosts the topic here: a built-in's name or a plug-in's digest; a
-        plug-in that failed in this scope is replaced by the default policy."""
-        key = f"{PLUGIN_PREFIX}{info.plugin}" if info.plugin else info.policy
+        """Which policy actor hosts the topic here: a built-in's name or a plug-in's digest, as
+        the topic or the scopes' administrators chose (`scope_admin`); a plug-in that failed in
+        this scope is replaced by the default policy."""
+        key = self.choices.policy_key(info)
         return DEFAULT_POLICY if (key, info.id) in self.failed else key
 
     async def run(self, batches: dict[str, list[dict]]) -> bool:

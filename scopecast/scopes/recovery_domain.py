@@ -14,8 +14,9 @@ take a message of the same version as of the same view (token_ring's rounds, ack
 view installed again under its version, on one agent before another, mixed two. The agents outlive
 a scope that Ray restarted, so its domains go on from the latest version their agents were sent.
 
-A scope has one domain per recovery protocol its topics use (`RecoveryDomains`): a domain's agents
-all run the same protocol, and a member takes part in the domain of each protocol among its topics.
+A scope has one domain per recovery chain its topics use (`RecoveryDomains`; `scope_admin` says
+what a chain is: where nobody configured a scope, one per protocol): a domain's agents all run the
+same protocol, and a member takes part in the domain of each chain among its topics.
 """
 
 from __future__ import annotations
@@ -253,8 +254,14 @@ class RecoveryDomains:
         return d.members[0] if d is not None and d.members else None
 
     def addresses(self, member: str) -> dict[str, list]:
-        """The agents of `member`, per protocol (only those placed and reachable)."""
+        """The agents of member process `member`, per domain (only those placed and
+        reachable)."""
         return {p: a for p, d in self.domains.items() if (a := d.address(member)) is not None}
+
+    def address(self, key: str, member: str) -> list | None:
+        """The agent of `member` in domain `key` (None: not placed or not reachable)."""
+        d = self.domains.get(key)
+        return d.address(member) if d is not None else None
 
     def set_upper(self, upper: dict | None) -> None:
         self.upper = dict(upper or {})

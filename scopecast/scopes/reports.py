@@ -32,7 +32,7 @@ class SubtreeState:
     offers: dict[int, Offer]            # topic -> where its traffic enters the subtree
     joined: dict[str, list[int]]        # "group:port" -> members below that joined it
     regular: bool                       # some member below has forwarding duty
-    recovering: dict[str, tuple[str, ...]]  # protocol -> chain down to its domain's leader
+    recovering: dict[str, tuple[str, ...]]  # domain key -> chain down to its leader
     rebuilding: bool = False            # the child restarted and is rebuilding (see retirement)
 
     def to_wire(self) -> dict:

@@ -22,6 +22,7 @@ The actor wires parts that each own their state:
 | `topics` | `topic_view` | the topic table and its entries |
 | `planner` | `planner` | what is laid, delegated, reported (pure) |
 | `policies` | `policy_runner` | runs the policies in policy actors |
+| `choices` | `scope_admin` | the administrators' settings: each topic's policy and recovery chain |
 | `downlink` | `downlink` | sends children their part |
 | `reporter` | `reporting` | reports up, heartbeats |
 | `recovery`, `agents` | `recovery_domain`, `agent_placement` | recovery domains and their agents |
@@ -65,6 +66,7 @@ from scopecast.scopes.recovery_domain import RecoveryDomains
 from scopecast.scopes.reporting import Reporter
 from scopecast.scopes.reports import MalformedReport, ScopeReport
 from scopecast.scopes.retirement import Rebuild, Retirement
+from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.topic_table import position
 from scopecast.scopes.topic_view import ScopeTopics, within
 from scopecast.scopes.topics import TopicInfo
@@ -106,12 +108,14 @@ class ScopeManager:
         self.topics = ScopeTopics()
         self.members = Membership(path, self.settings, self._kick, self._release)
         self.container = PolicyContainer(path, kind in MULTICAST_KINDS)
+        self.choices = ScopeChoices(path)  # the administrators' settings (from the root, down)
         self.planner = Planner(path, parent is None, self.members, self.topics, self.container,
-                               self.settings)
-        self.policies = PolicyRunner(path, self.container, self._root_call, self._kick)
+                               self.settings, self.choices)
+        self.policies = PolicyRunner(path, self.container, self._root_call, self._kick,
+                                     self.choices)
         self.recovery = RecoveryDomains(path, top=parent is None)
         self.downlink = Downlink(self.members, self.planner, self.topics, self.recovery,
-                                 self.settings)
+                                 self.settings, self.choices)
         self.retirement = Retirement(path, self.settings, self.incarnation, self._root_call)
         self.rebuild = Rebuild(path, self.settings, self.members, self._kick)
         self.reporter = Reporter(path, parent, self.settings, self.incarnation,
@@ -361,6 +365,8 @@ class ScopeManager:
         if version < self._pending_version:
             return  # overtaken by a newer one
         self.settings.update(delegation.settings)
+        if self.choices.set(delegation.admins):
+            log.info("scope %r: administration now %s", self.path, self.choices.describe())
         self.planner.delegation = delegation
         self.recovery.set_upper(delegation.upper)
         self._pending_version = version
@@ -441,7 +447,8 @@ class ScopeManager:
                 "multicast": self.planner.group() if self.container.multicast else None,
                 **({"multicast_probe": self.probe.state.record()} if self.kind == "lan" else {}),
                 "members": [c.record(topics) for c in self.members.processes()],
-                **({"topics": self.container.describe(),
+                "administration": self.choices.describe(),
+                **({"topics": self._topics_status(),
                     "delegated_here": [o.describe() for o in delegation.part.exits],
                     "covered_here": {str(t): o.describe()
                                      for t, o in delegation.part.covered.items()}}
@@ -456,6 +463,15 @@ class ScopeManager:
                              "delays_injected": self.delays_injected},
                 **({"refused_by_parent": self.reporter.refused} if self.reporter.refused else {}),
                 "scopes": [{**c.record(topics), **sub[c.name]} for c in scopes]}
+
+    def _topics_status(self) -> dict:
+        """Each topic laid here: its layout, and its policy and recovery chain here."""
+        out = self.container.describe()
+        for tid, entry in out.items():
+            info = self.topics.by_id.get(int(tid))
+            if info is not None:
+                entry["recovery"] = self.choices.recovery_key(info)
+        return out
 
     # ------------------------------------------------------------------------- retirement
 

@@ -3,8 +3,9 @@
 a temporary directory of its own, removed when it ends (`connect`).
 
 It holds what must survive the scope manager's process: the cluster's identity, key and multicast
-settings, topics with their session numbers, the member id counter and the member directory, and
-the plug-in library (each plug-in's manifest and files, by digest). One state
+settings, topics with their session numbers, the member id counter and the member directory, the
+plug-in library (each plug-in's manifest and files, by digest) and each administered scope's
+settings. One state
 directory serves one cluster at a time: two clusters running at once on one machine need distinct
 `SCOPECAST_HOME`s (the tests and the benchmark harness use their own).
 """
@@ -34,6 +35,8 @@ CREATE TABLE IF NOT EXISTS plugins (sha256 TEXT PRIMARY KEY, name TEXT NOT NULL,
 # one transaction (forward only: a database of a newer scopecast is refused, never misread)
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("CREATE INDEX IF NOT EXISTS plugins_by_name ON plugins (name, version)",),
+    # each scope's administration (`scope_admin.ScopeAdmin.to_wire()`), by scope path
+    3: ("CREATE TABLE IF NOT EXISTS scope_admin (path TEXT PRIMARY KEY, body TEXT NOT NULL)",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -88,12 +91,13 @@ class ScopeStore:
         self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)",
                          (key, json.dumps(value)))
 
-    def next_id(self, counter: str) -> int:
-        """Atomically take the next value of a counter (1, 2, ...); never reused."""
+    def next_id(self, counter: str, count: int = 1) -> int:
+        """Atomically take the next `count` values of a counter (1, 2, ...; the first is
+        returned); never reused."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             value = (self.get(counter) or 0) + 1
-            self.put(counter, value)
+            self.put(counter, value + count - 1)
         return value
 
     # ----------------------------------------------------------------------------- topics
@@ -102,8 +106,14 @@ class ScopeStore:
         return [json.loads(b) for (b,) in self._db.execute("SELECT body FROM topics ORDER BY id")]
 
     def put_topic(self, name: str, topic_id: int, body: dict) -> None:
-        self._db.execute("INSERT OR REPLACE INTO topics (name, id, body) VALUES (?, ?, ?)",
-                         (name, topic_id, json.dumps(body)))
+        self.put_topics([(name, topic_id, body)])
+
+    def put_topics(self, topics: list[tuple[str, int, dict]]) -> None:
+        """Keep (name, id, body) of each topic, in one transaction."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT OR REPLACE INTO topics (name, id, body) VALUES (?, ?, ?)",
+                                 [(n, i, json.dumps(b)) for n, i, b in topics])
 
     def delete_topic(self, name: str) -> None:
         self._db.execute("DELETE FROM topics WHERE name = ?", (name,))
@@ -136,6 +146,20 @@ class ScopeStore:
 
     def delete_plugin(self, sha256: str) -> None:
         self._db.execute("DELETE FROM plugins WHERE sha256 = ?", (sha256,))
+
+    # ------------------------------------------------------------------------ scope settings
+
+    def scope_admins(self) -> dict[str, dict]:
+        return {p: json.loads(b) for p, b in
+                self._db.execute("SELECT path, body FROM scope_admin ORDER BY path")}
+
+    def put_scope_admin(self, path: str, body: dict | None) -> None:
+        """Keep (None: forget) the settings of scope `path`."""
+        if body is None:
+            self._db.execute("DELETE FROM scope_admin WHERE path = ?", (path,))
+        else:
+            self._db.execute("INSERT OR REPLACE INTO scope_admin (path, body) VALUES (?, ?)",
+                             (path, json.dumps(body)))
 
     def close(self) -> None:
         self._db.close()
