@@ -29,7 +29,8 @@ def cmd_scope(args) -> int:
                                  "cluster scope)")
             settings = cluster.configure_scope(args.path, policy=args.policy,
                                                recovery=args.recovery,
-                                               overrides=args.override or None)
+                                               overrides=args.override or None,
+                                               cachers=args.cachers, partition=args.partition)
         else:
             settings = cluster.scope_settings()
         if args.json:
@@ -40,6 +41,10 @@ def cmd_scope(args) -> int:
                 for path, admin in settings.items()
                 for rule in [*admin["overrides"], admin["default"]]
                 if rule.get("policy") or rule.get("recovery")]
+        rows += [{"scope": path, "pattern": "(caching)",
+                  "recovery": f"cachers {admin.get('cachers', '-')} of each partition of "
+                              f"{admin.get('partition', '-')}"}
+                 for path, admin in settings.items() if "cachers" in admin or "partition" in admin]
         if rows:
             show_table(rows, ["scope", "pattern", "policy", "recovery"])
         else:
@@ -93,6 +98,11 @@ def add_parsers(sub, attach) -> None:
     sc.add_argument("--override", action="append", type=_override, metavar="PATTERN=POL,REC",
                     help="an override for topics matching PATTERN, tried in the order given "
                          "(e.g. 'prices/*=chain,' or 'news=,ack_tree'); repeatable")
+    sc.add_argument("--cachers", type=int, help="cooperative caching: how many agents of each "
+                                                "partition keep peers' messages until stable "
+                                                "(token_ring; default all)")
+    sc.add_argument("--partition", type=int, help="how many agents a token_ring partition has "
+                                                  "(default 5)")
     sc.add_argument("--json", action="store_true", help="machine-readable output")
     sc.set_defaults(func=cmd_scope)
 

@@ -143,3 +143,34 @@ def test_settings_from_the_cli_show_in_status_and_survive_the_scope_managers_res
     ray.get(consumer.close.remote())
     assert scopecast("scope", "configure", path, address=ray_address).returncode == 0
     assert path not in cluster.scope_settings()
+
+
+@needs_iptables
+def test_only_each_partitions_cachers_keep_peers_messages_where_a_scope_says_so(
+        cluster, topic_name):
+    """A scope sets cooperative caching (QSM): partitions of 2 agents, 1 cacher each. Of its 4
+    subscribers 2 keep peers' messages to repair the others; under 5% loss every one still gets
+    everything in order."""
+    path = f"{_campus()}/S"
+    cluster.configure_scope(path, cachers=1, partition=2)
+    cluster.create_topic(topic_name, policy="lan_multicast")
+    actors = [Consumer.remote(topic_name, scope=path, name=f"S{i}") for i in range(4)]
+    ray.get([a.ready.remote() for a in actors])
+    pending = [a.consume.remote(N, 180.0) for a in actors]
+    with udp_loss(0.05):
+        with cluster.publisher(topic_name) as pub:
+            for i in range(N):
+                pub.publish(b"%d" % i)
+            pub.flush(timeout=120)
+        results = ray.get(pending, timeout=240)
+        assert dropped() > 0
+    for got in results:
+        assert (got["count"], got["gaps"], got["out_of_order"]) == (N, 0, 0), got
+    recovery = [next(iter(ray.get(a.__ray_call__.remote(
+        lambda self: self._cluster.counters())).values()))["recovery"] for a in actors]
+    assert sorted(r["cacher"] for r in recovery) == [False, False, True, True]
+    assert all((r["peer_runs_kept"] > 0) == r["cacher"] for r in recovery), recovery
+    agents = scope(cluster.status(), path)["recovery"]["token_ring"]["agents"]
+    assert {a["options"]["cachers"] for a in agents.values()} == {1}
+    ray.get([a.close.remote() for a in actors])
+    cluster.configure_scope(path)

@@ -12,7 +12,7 @@ from scopecast.actors.errors import InvalidConfig
 from scopecast.scopes.agent_placement import AgentPlacement
 from scopecast.scopes.delegation import Delegation, MalformedDelegation, Part
 from scopecast.scopes.membership import ChildScope
-from scopecast.scopes.recovery_domain import RecoveryDomains
+from scopecast.scopes.recovery_domain import AgentRecord, RecoveryDomains
 from scopecast.scopes.scope_admin import (
     Choice,
     ScopeAdmin,
@@ -167,3 +167,38 @@ def test_a_heterogeneous_childs_domains_join_the_parents_under_their_own_names()
         "token_ring>ack_tree": ["10.0.0.5", 9], "token_ring": ["h", 8]}
     # the chain to the domain's leader names children, not domain members
     assert planner.lead_chain("token_ring") == ("q", "m2")
+
+
+def test_caching_is_set_per_scope_inherited_and_checked():
+    admins = {"X": ScopeAdmin(caching=(("cachers", 1), ("partition", 4))),
+              "X/Q": ScopeAdmin(caching=(("partition", 2),))}
+    assert _choices("X/Q", admins).caching() == {"cachers": 1, "partition": 2}
+    assert _choices("X/R", admins).caching() == {"cachers": 1, "partition": 4}
+    assert _choices("Y", admins).caching() == {}
+    assert ScopeAdmin.from_wire(admins["X"].to_wire()) == admins["X"]
+    for bad in ({"cachers": 0}, {"partition": 1}, {"cachers": True}, {"cache": 2}):
+        with pytest.raises(InvalidConfig):
+            ScopeAdmin.from_wire({"v": 1, "default": {}, "overrides": [], **bad})
+
+
+def test_a_domain_makes_its_agents_again_when_the_administrator_changes_their_options():
+    dropped: list[str] = []
+    host = Handle(drop=Remote(dropped.append), ensure_all=Remote(lambda specs: [
+        ["10.0.0.1", 7000 + i, 1, 1, 0] for i, _ in enumerate(specs)]),
+        view=Remote(lambda *a: None), _actor_id="h")
+    made: list[str] = []
+
+    async def place(name):
+        made.append(name)
+        return AgentRecord(host, {"name": name}, ["p", name])
+
+    domains = RecoveryDomains("p", top=False)
+    members = {"token_ring": [("a", 0), ("b", 0)]}
+    asyncio.run(domains.update(members, lambda _p, n: place(n), lambda _p, _n: None,
+                               options={"cachers": 5}))
+    asyncio.run(domains.update(members, lambda _p, n: place(n), lambda _p, _n: None,
+                               options={"cachers": 5}))
+    assert made == ["a", "b"] and dropped == []
+    asyncio.run(domains.update(members, lambda _p, n: place(n), lambda _p, _n: None,
+                               options={"cachers": 1}))
+    assert made == ["a", "b", "a", "b"] and sorted(dropped) == ["a", "b"]

@@ -13,14 +13,16 @@ _last_sseq = itemgetter(1)  # of a CachedRun
 
 
 class PeerCache:
-    __slots__ = ("_runs", "_heads")
+    __slots__ = ("_runs", "_heads", "kept")
 
     def __init__(self) -> None:
         self._runs: dict[int, list] = {}   # source -> its CachedRuns (None before the head)
         self._heads: dict[int, int] = {}   # source -> index of its first run not stable yet
+        self.kept = 0                      # runs ever kept (status: only cachers keep any)
 
     def keep(self, source: int, run: CachedRun) -> None:
         """Keep `run` (as received) until it is stable."""
+        self.kept += 1
         cache = self._runs.get(source)
         if cache is None:
             cache = self._runs[source] = []

@@ -318,7 +318,8 @@ class Cluster:
 
     def configure_scope(self, path: str, policy: str | None = None,
                         recovery: str | None = None,
-                        overrides: list[tuple[str, str | None, str | None]] | None = None
+                        overrides: list[tuple[str, str | None, str | None]] | None = None,
+                        cachers: int | None = None, partition: int | None = None
                         ) -> dict[str, dict]:
         """Administer scope `path` (e.g. "X/Q"; "" is the cluster scope): the forwarding policy
         and recovery protocol of the topics within it, as a default and as overrides
@@ -330,9 +331,15 @@ class Cluster:
         topic is laid that sets it (its first matching override, then its default), else the
         topic's own. A scope's recovery protocol applies to reliable topics (a topic created
         with recovery="none" stays unreliable). Topics whose choices change start a new
-        session; the settings persist with the cluster. Returns every scope's settings."""
+        session; the settings persist with the cluster.
+
+        `cachers` and `partition` set cooperative caching in the scope's recovery domains
+        (QSM; the token_ring protocol's): the agents form partitions of `partition` (default 5)
+        and only the first `cachers` of each (default all) keep peers' messages until stable
+        to repair the others. Inherited like the rest. Returns every scope's settings."""
         return call(self._manager.configure_scope, path, policy, recovery,
-                    [list(o) for o in overrides] if overrides is not None else None)
+                    [list(o) for o in overrides] if overrides is not None else None,
+                    cachers, partition)
 
     def scope_settings(self) -> dict[str, dict]:
         """Every administered scope's settings, by path ("/" for the cluster scope)."""

@@ -66,7 +66,8 @@ class AgentPlacement:
     async def _pass(self) -> None:
         try:
             changed = await self.recovery.update(self.planner.domain_members(), self.place_for,
-                                                 self.planner.belongs, hold=self._holding())
+                                                 self.planner.belongs, hold=self._holding(),
+                                                 options=self.planner.choices.caching())
         except Exception as exc:  # a child placing an agent timed out or died: next tick again
             log.warning("scope %r: recovery domain update failed: %r", self.path, exc)
             return
@@ -88,7 +89,8 @@ class AgentPlacement:
                 "level": 1 if child.kind == "member" else child.depth, "protocol": protocol,
                 "domain_key": key,
                 "options": {"active_period": self.settings["token_period"],
-                            "idle_period": self.settings["idle_token_period"]},
+                            "idle_period": self.settings["idle_token_period"],
+                            **self.planner.choices.caching()},
                 "key": hello["key"], "mac": hello["mac"], "interface": hello.get("interface")}
         if child.kind == "member":
             return AgentRecord(await self.agent_host(child.node, protocol), spec,

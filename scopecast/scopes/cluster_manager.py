@@ -338,10 +338,13 @@ class ClusterScopeManager(ScopeManager):
 
     async def configure_scope(self, path: str, policy: str | None = None,
                               recovery: str | None = None,
-                              overrides: list | None = None) -> dict:
+                              overrides: list | None = None, cachers: int | None = None,
+                              partition: int | None = None) -> dict:
         """Set scope `path`'s administration as a whole (`scope_admin`): a default policy and
         recovery protocol for the topics within it, and overrides [(pattern, policy, recovery)]
-        in order; what is left unset is inherited, and nothing set clears the scope's settings.
+        in order, and the caching of its recovery domains (`cachers` of each `partition` of
+        agents keep peers' messages until stable; token_ring's options); what is left unset is
+        inherited, and nothing set clears the scope's settings.
         Every topic whose choice changes anywhere starts a new session (3.2.7), as
         `update_topic` does. Returns every scope's settings."""
         path = check_scope_path(path)
@@ -358,7 +361,10 @@ class ClusterScopeManager(ScopeManager):
             rules.append([pattern, self._choice(p, r).to_wire()])
         admin = ScopeAdmin.from_wire({"v": ADMIN_VERSION,
                                       "default": self._choice(policy, recovery).to_wire(),
-                                      "overrides": rules})
+                                      "overrides": rules,
+                                      **({"cachers": cachers} if cachers is not None else {}),
+                                      **({"partition": partition} if partition is not None
+                                         else {})})
         before = {p: self._keys_at(p) for p in self._admins.keys() | {path}
                   if p == path or p.startswith(path + "/") or path == ""}
         if admin.empty:

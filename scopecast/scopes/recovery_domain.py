@@ -86,6 +86,7 @@ class RecoveryDomain:
         self.version = 0
         self.upper: list | None = None  # [host, port] of this domain's agent in the parent's group
         self._installed: tuple | None = None  # what the views of `version` say
+        self.options: dict | None = None  # the administrator's options its agents were made with
         self._pings: dict = {}  # host's actor id -> (its unanswered ensure_all, agent names)
 
     def address(self, member: str) -> list | None:
@@ -93,13 +94,22 @@ class RecoveryDomain:
         return list(rec.address) if rec is not None and rec.address else None
 
     async def update(self, members: list[tuple[str, int]], place, belongs,
-                     hold: bool = False) -> bool:
+                     hold: bool = False, options: dict | None = None) -> bool:
         """Bring agents and views in line with `members`, (name, region) in ring order;
         `place(name)` delegates a new member's agent and returns its AgentRecord; `belongs(name)`
         is the chain below the member its agent should now be delegated along (None: any);
         `hold`: members may be missing from the list (the scope is rebuilding), so nothing
         counts as held by the group. True when an agent's address changed (the members'
-        tables name their agents)."""
+        tables name their agents). Agents made with other `options` than these (the scope's
+        administrator changed them) are made again."""
+        if options is not None and self.options is not None and options != self.options:
+            log.info("scope %r: %s agents made again with options %s", self.path,
+                     self.protocol, options)
+            for rec in self.agents.values():
+                rec.host.drop.remote(rec.spec["name"])
+            self.agents.clear()
+        if options is not None:
+            self.options = options
         regions = dict(members)
         members = [name for name, _ in members]
         new = [name for name in members if name not in self.agents]
@@ -269,7 +279,7 @@ class RecoveryDomains:
             d.upper = self.upper.get(p)
 
     async def update(self, members: dict[str, list[tuple[str, int]]], place, belongs,
-                     hold: bool = False) -> bool:
+                     hold: bool = False, options: dict | None = None) -> bool:
         """Bring every protocol's domain in line with its `members` ((name, region) in ring
         order); `place(protocol, name)` delegates an agent, `belongs(protocol, name)` says
         along which chain it should be now, `hold` that the list may be incomplete (see
@@ -282,7 +292,8 @@ class RecoveryDomains:
                 d.upper = self.upper.get(protocol)
             names = members.get(protocol, [])
             changed |= await d.update(names, lambda name, p=protocol: place(p, name),
-                                      lambda name, p=protocol: belongs(p, name), hold)
+                                      lambda name, p=protocol: belongs(p, name), hold,
+                                      options)
             if not names:
                 del self.domains[protocol]
         return changed

@@ -44,6 +44,9 @@ from scopecast.policies.registry import PLUGIN_PREFIX
 
 ADMIN_VERSION = 1
 MAX_OVERRIDES = 64  # per scope
+# cooperative caching (QSM; the token ring's options): which members of each partition of a
+# domain keep peers' messages until stable, and how many agents a partition has
+CACHING = {"cachers": (1, 64), "partition": (2, 64)}
 CHAIN_SEP = ">"
 FIELDS = ("policy", "recovery")
 
@@ -104,6 +107,7 @@ class ScopeAdmin:
 
     default: Choice = Choice()
     overrides: tuple[tuple[str, Choice], ...] = ()
+    caching: tuple[tuple[str, int], ...] = ()  # ("cachers", n), ("partition", n): see CACHING
 
     def rule(self, topic: str, field: str) -> Choice | None:
         """The choice that sets `field` for `topic` here (first matching override, then the
@@ -115,11 +119,12 @@ class ScopeAdmin:
 
     @property
     def empty(self) -> bool:
-        return self.default == Choice() and not self.overrides
+        return self.default == Choice() and not self.overrides and not self.caching
 
     def to_wire(self) -> dict:
         return {"v": ADMIN_VERSION, "default": self.default.to_wire(),
-                "overrides": [[p, c.to_wire()] for p, c in self.overrides]}
+                "overrides": [[p, c.to_wire()] for p, c in self.overrides],
+                **dict(self.caching)}
 
     @classmethod
     def from_wire(cls, body) -> ScopeAdmin:
@@ -134,14 +139,27 @@ class ScopeAdmin:
             if not isinstance(item, list | tuple) or len(item) != 2:
                 raise InvalidConfig(f"an override is [pattern, choice], not {item!r:.80}")
             out.append((check_subscription(item[0]), Choice.from_wire(item[1])))
-        return cls(Choice.from_wire(body.get("default") or {}), tuple(out))
+        caching = []
+        for key, (low, high) in CACHING.items():
+            value = body.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidConfig(f"a scope's {key} is a whole number in [{low}, {high}], "
+                                    f"not {value!r:.40}")
+            caching.append((key, value))
+        unknown = set(body) - {"v", "default", "overrides", *CACHING}
+        if unknown:
+            raise InvalidConfig(f"unknown keys in scope settings: {sorted(unknown)}")
+        return cls(Choice.from_wire(body.get("default") or {}), tuple(out), tuple(caching))
 
     def describe(self) -> dict:
         """For status and the CLI: names only (digests are the root's)."""
         def names(c: Choice) -> dict:
             return {k: v for k, v in (("policy", c.policy), ("recovery", c.recovery)) if v}
         return {"default": names(self.default),
-                "overrides": [{"pattern": p, **names(c)} for p, c in self.overrides]}
+                "overrides": [{"pattern": p, **names(c)} for p, c in self.overrides],
+                **dict(self.caching)}
 
 
 # ------------------------------------------------------------------------- recovery chains
@@ -241,6 +259,16 @@ class ScopeChoices:
             if len(self._cache) > 200_000:
                 self._cache.clear()
         return got
+
+    def caching(self) -> dict[str, int]:
+        """The caching options of this scope's recovery domains: each from the nearest scope
+        that sets it (none set: the protocol's defaults)."""
+        out: dict[str, int] = {}
+        for scope in reversed(self._up):  # the root first: nearer ones overwrite
+            admin = self.admins.get(scope)
+            if admin is not None:
+                out.update(admin.caching)
+        return out
 
     def policy_key(self, info) -> str:
         return self.keys(info)[0]
