@@ -121,15 +121,13 @@ class Fragments:
         self.first_own, self.run, self.table, self.stamp = c.first_own, c.runs[0], c.table, c.stamp
         self._bytes = memoryview(self.run.payloads[0]).cast("B")  # (a view may be of wider items)
         self.chunk = chunk
-        self.count = max(1, -(-self._bytes.nbytes // chunk))
+        self.count = wire.fragment_count(self._bytes.nbytes, chunk)
         self.next = 0
 
     def take(self) -> tuple[tuple[int, int, int, int], memoryview]:
         """The next piece: (its fragment struct: total, index, count, chunk; its bytes)."""
-        i = self.next
         self.next += 1
-        return ((self._bytes.nbytes, i, self.count, self.chunk),
-                self._bytes[i * self.chunk:(i + 1) * self.chunk])
+        return wire.fragment(self._bytes, self.next - 1, self.count, self.chunk)
 
     def left(self) -> int:
         return self.count - self.next

@@ -516,10 +516,20 @@ def decode_control(view: memoryview | bytes) -> tuple[Header, object]:
     return header, body
 
 
+def fragment_count(total: int, chunk: int) -> int:
+    """How many fragments of at most `chunk` bytes a payload of `total` bytes takes."""
+    return max(1, -(-total // chunk))
+
+
+def fragment(view: memoryview, index: int, count: int, chunk: int) -> tuple[tuple, memoryview]:
+    """Fragment `index` of a payload's byte view: (its fragment struct, its bytes, a view)."""
+    return (view.nbytes, index, count, chunk), view[index * chunk:(index + 1) * chunk]
+
+
 def fragments(payload, chunk: int):
     """Split a payload into (fragment struct, chunk bytes) pieces of at most `chunk` bytes."""
-    total = len(payload)
-    count = max(1, -(-total // chunk))
-    view = memoryview(payload)
+    view = memoryview(payload).cast("B")
+    count = fragment_count(view.nbytes, chunk)
     for index in range(count):
-        yield (total, index, count, chunk), bytes(view[index * chunk:(index + 1) * chunk])
+        struct, piece = fragment(view, index, count, chunk)
+        yield struct, bytes(piece)
