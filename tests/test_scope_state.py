@@ -96,6 +96,8 @@ def _receive(actor, n: int) -> dict:
 @pytest.mark.ray
 def test_killed_root_scope_manager_restarts_with_its_state(cluster, ray_address, topic_name):
     info = cluster.create_topic(topic_name)
+    administered = f"{topic_name.replace('/', '_')[:40]}/Q"
+    cluster.configure_scope(administered, policy="star", recovery="ack_tree", cachers=2)
     before = cluster.status()
     sub = ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name)
     ray.get(sub.ready.remote())
@@ -119,6 +121,9 @@ def test_killed_root_scope_manager_restarts_with_its_state(cluster, ray_address,
 
     assert after["cluster_id"] == before["cluster_id"]
     assert cluster.topic(topic_name) == info              # same id, group, session
+    assert after["scope_settings"] == before["scope_settings"]  # each scope's administration
+    assert after["scope_settings"][administered]["default"]["recovery"] == "ack_tree"
+    cluster.configure_scope(administered)
     assert after["directory"] >= before["directory"]  # member ids and addresses kept
     # the child scopes report again within a heartbeat, and the tree is whole again
     while not {m["id"] for m in members(after)} >= {m["id"] for m in members(before)}:
