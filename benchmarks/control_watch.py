@@ -1,6 +1,7 @@
 """What a scopecast case costs the control side while it runs, read from `status()` twice a second:
 control datagrams and bytes per second sent by members (ACKs, summaries, NAKs, join asks) and by
-recovery agents (tokens, answers), and the token round time of the leading agents.
+recovery agents (tokens, answers), the token round time of the leading agents, and how many of
+their peers' messages the members hold until stable (cooperative caching), per member on average.
 
 Members report their counters with each heartbeat (about once a second), so the rates are over
 the span between the first and the last reading, each source from its first reading on.
@@ -28,6 +29,7 @@ class ControlWatch:
         self._first: dict[tuple, tuple[float, int, int]] = {}
         self._last: dict[tuple, tuple[float, int, int]] = {}
         self._rounds: list[float] = []
+        self._held: list[float] = []  # per reading: peers' messages held, mean over members
         self._errors = 0
 
     def __enter__(self) -> ControlWatch:
@@ -47,6 +49,10 @@ class ControlWatch:
 
     def _read(self, status: dict) -> None:
         now = time.monotonic()
+        held = [m["counters"]["recovery"].get("cached_messages", 0) for m in members(status)
+                if (m.get("counters") or {}).get("recovery") and m.get("subscriptions")]
+        if held:
+            self._held.append(sum(held) / len(held))
         for m in members(status):
             stats = (m.get("counters") or {}).get("stats") or {}
             self._note(("member", m["scope"], m["name"]), now, stats.get("control_out", 0),
@@ -68,7 +74,9 @@ class ControlWatch:
     def summary(self) -> dict:
         out = {"readings_failed": self._errors,
                "token_round_ms_p50": round(statistics.median(self._rounds) * 1e3, 2)
-               if self._rounds else None}
+               if self._rounds else None,
+               "cached_messages_per_member": round(statistics.mean(self._held), 1)
+               if self._held else None}
         for kind in ("member", "agent"):
             keys = [k for k in self._first if k[0] == kind]
             dg = nb = 0.0

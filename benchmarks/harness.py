@@ -485,6 +485,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         "latency": latency,
         "steady": steady,
         "scale_members": scale,
+        "caching_target": scale_suite.caching_target(scale),
         "table_markdown": _hosts_line(on_hosts, wiring_info["datagram_bytes"])
         + report.markdown_table(cases, targets) + steady_table(steady)
         + peer_suite.table(peers) + latency_suite.table(latency)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import latency_suite, loss, peer_suite
+from benchmarks import latency_suite, loss, peer_suite, scale_suite
 
 pytestmark = pytest.mark.ray
 
@@ -217,3 +217,16 @@ def test_topic_drop_is_the_median_over_pairs():
     t = peer_suite.topic_targets(rows)
     assert t["pair_ratios"] == [0.5, 0.95, 1.2] and t["drop"] == pytest.approx(0.05)
     assert t["drop_status"] == "met" and t["bytes_per_topic"] == pytest.approx(1000)
+
+
+def test_the_caching_target_compares_the_most_subscribers_run_both_ways():
+    def row(n, caching, held):
+        return {"subscribers": n, "caching": caching,
+                "control": {"cached_messages_per_member": held}}
+    rows = [row(4, "all", 900.0), row(8, "all", 1000.0), row(16, "all", 1200.0),
+            row(4, "1/5", 300.0), row(8, "1/5", 250.0)]  # (16 with cachers failed: no reading)
+    t = scale_suite.caching_target(rows)
+    assert (t["subscribers"], t["ratio"], t["status"]) == (8, 0.25, "met")
+    assert scale_suite.caching_target(rows[:3]) is None
+    assert scale_suite.caching_target([row(4, "all", 100.0), row(4, "1/5", 40.0)])["status"] \
+        == "missed"

@@ -13,16 +13,18 @@ _last_sseq = itemgetter(1)  # of a CachedRun
 
 
 class PeerCache:
-    __slots__ = ("_runs", "_heads", "kept")
+    __slots__ = ("_runs", "_heads", "kept", "held")
 
     def __init__(self) -> None:
         self._runs: dict[int, list] = {}   # source -> its CachedRuns (None before the head)
         self._heads: dict[int, int] = {}   # source -> index of its first run not stable yet
         self.kept = 0                      # runs ever kept (status: only cachers keep any)
+        self.held = 0                      # messages held now, not stable yet
 
     def keep(self, source: int, run: CachedRun) -> None:
         """Keep `run` (as received) until it is stable."""
         self.kept += 1
+        self.held += run[1] - run[0] + 1
         cache = self._runs.get(source)
         if cache is None:
             cache = self._runs[source] = []
@@ -43,6 +45,8 @@ class PeerCache:
             return
         old = self._heads[source]
         head = bisect.bisect_right(cache, stable, lo=old, key=_last_sseq)
+        for run in cache[old:head]:  # (each run is let go once: a sum, not a scan)
+            self.held -= run[1] - run[0] + 1
         if head * 2 > len(cache):
             del cache[:head]
             head = 0
@@ -61,3 +65,4 @@ class PeerCache:
     def clear(self) -> None:
         self._runs.clear()
         self._heads.clear()
+        self.held = 0

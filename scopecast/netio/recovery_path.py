@@ -151,7 +151,8 @@ class RecoveryPath:
                 "reliable_topics": len(self.reliable), "stable_sseq": self._own.stable_sseq,
                 "cacher": self.cacher, "token_period": self._period, "light": self._joins.light(),
                 "senders_known": sorted(self._records), "gaps": len(self._nak_at),
-                "cached_runs": self.peer_cache.count(), "peer_runs_kept": self.peer_cache.kept}
+                "cached_runs": self.peer_cache.count(), "peer_runs_kept": self.peer_cache.kept,
+                "cached_messages": self.peer_cache.held}
 
     # ------------------------------------------------------------------- control installs
 

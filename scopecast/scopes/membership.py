@@ -91,7 +91,7 @@ class ChildScope(Child):
 
     kind: ClassVar[str] = "scope"
     handle: object = None          # its actor
-    # per protocol whose domain there has members, the chain down to the member that leads it
+    # per domain key whose domain there has members, the chain down to the member that leads it
     # (where the agent standing for the child in this scope's domain belongs)
     recovering: dict[str, tuple] = field(default_factory=dict)
     offers: dict[int, Offer] = field(default_factory=dict)

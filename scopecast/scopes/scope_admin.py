@@ -271,9 +271,13 @@ class ScopeChoices:
         return out
 
     def policy_key(self, info) -> str:
+        if not self.admins:  # (every scope of a cluster nobody configured: per topic, per view)
+            return f"{PLUGIN_PREFIX}{info.plugin}" if info.plugin else info.policy
         return self.keys(info)[0]
 
     def recovery_key(self, info) -> str:
+        if not self.admins:
+            return info.recovery_key
         return self.keys(info)[1]
 
     def describe(self) -> dict:
