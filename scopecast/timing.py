@@ -89,6 +89,10 @@ class Timing:
     # ------------------------------------------------------------------------- the agents
     agent_tick: float = _knob(0.005, "an agent host runs its agents' timers this often")
     agent_idle_wait: float = _knob(0.1, "an agent host without agents waits this long")
+    agent_hang: float = _knob(3.0, "a plug-in's agents whose thread made no progress this long "
+                              "are hung: their protocol is replaced")
+    agent_restarts: float = _knob(60.0, "a plug-in's agent host restarted 3 times within this is "
+                                  "faulty: its protocol is replaced")
     token_lost_max: float = _knob(5.0, "a token not back is lost after 4 periods, twice as long "
                                   "after each loss in a row, up to this")
     # ----------------------------------------------------------------- the control plane

@@ -202,3 +202,46 @@ def test_a_domain_makes_its_agents_again_when_the_administrator_changes_their_op
     asyncio.run(domains.update(members, lambda _p, n: place(n), lambda _p, _n: None,
                                options={"cachers": 1}))
     assert made == ["a", "b", "a", "b"] and sorted(dropped) == ["a", "b"]
+
+
+def test_a_failed_recovery_plugin_is_replaced_in_every_chain_and_handed_down():
+    plug = "sha256:" + "e" * 64
+    topic = TopicInfo("g", 9, recovery="gossip@1", recovery_plugin="e" * 64)
+    admins = {"X/Q": ScopeAdmin(Choice(recovery="ack_tree"))}
+    q, x = _choices("X/Q", admins), _choices("X", admins)
+    assert q.recovery_key(topic) == f"{plug}>{plug}>ack_tree"
+    assert q.set_failed({plug}) and not q.set_failed({plug})
+    x.set_failed({plug})
+    assert q.recovery_key(topic) == "token_ring>token_ring>ack_tree"
+    assert upper_key(q.recovery_key(topic)) == x.recovery_key(topic) == "token_ring"
+    assert q.describe()["failed_recovery"] == [plug]
+    sent = Delegation({}, {}, Part(), {}, admins, (plug,))
+    assert Delegation.from_wire(sent.to_wire(2, None)) == (2, sent, None)
+
+
+def test_a_domain_records_its_agents_fault_and_a_host_that_keeps_restarting():
+    process = iter(range(100, 200))
+    faults = {"a": "", "b": "faulty: RuntimeError('x')"}
+
+    def answer(specs):  # every answer from a new process: the host restarted each time
+        pid = next(process)
+        return [["10.0.0.1", 7000, pid, pid, 0, faults[s["name"]]] for s in specs]
+    host = Handle(drop=Remote(lambda n: None), view=Remote(lambda *a: None), _actor_id="h",
+                  ensure_all=Remote(answer))
+
+    async def place(name):
+        return AgentRecord(host, {"name": name}, ["p", name])
+
+    domain = RecoveryDomains("p", top=False)
+    members = {"sha256:" + "e" * 64: [("a", 0), ("b", 0)]}
+    asyncio.run(domain.update(members, lambda _p, n: place(n), lambda _p, _n: None))
+    (d,) = domain.domains.values()
+    assert d.fault.startswith("agent of b: faulty: RuntimeError")
+    faults["b"] = ""
+    quiet = RecoveryDomains("p", top=False)
+    for restarts in range(3):  # (two agents of one host: one restart each time, not two)
+        asyncio.run(quiet.update(members, lambda _p, n: place(n), lambda _p, _n: None))
+        (q,) = quiet.domains.values()
+        assert q.fault == "", restarts
+    asyncio.run(quiet.update(members, lambda _p, n: place(n), lambda _p, _n: None))
+    assert q.fault.startswith("its agents' host restarted 3 times")

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 TICK = TIMING.agent_tick
 IDLE_WAIT = TIMING.agent_idle_wait
+HANG = TIMING.agent_hang
 MAX_STATE_CHARS = 8192  # of a protocol's describe() in status
 
 
@@ -56,11 +57,13 @@ class RecoveryAgent:
 
     def __init__(self, spec: dict, interface: str, protocol: type[RecoveryProtocol]) -> None:
         self.name = spec["name"]
+        self.fault = ""  # what its protocol did wrong first (a raise): the scope replaces it
         self.domain = spec["domain"]
         # tags its instructions: the member's agent for that domain (`scopes.scope_admin`)
         self.key = spec.get("domain_key") or spec["protocol"]
         self.options = dict(spec.get("options") or {})
         self.protocol = protocol(DomainContext(self.domain, int(spec["level"]), dict(self.options)))
+        self.plugin = protocol not in BUILTIN_PROTOCOLS.values()
         self.incarnation = random.getrandbits(48)
         self._auth = authenticator(spec["mac"], spec["key"])
         self.sock = unicast_socket(TransportConfig(interface=spec.get("interface") or interface,
@@ -87,7 +90,7 @@ class RecoveryAgent:
     def status(self) -> dict:
         v = self._view
         return {"domain": self.domain, "protocol": self.protocol.name, "options": self.options,
-                "pid": os.getpid(),
+                "pid": os.getpid(), **({"fault": self.fault} if self.fault else {}),
                 "address": "%s:%d" % self.address, "view": v.version if v else 0,
                 "peers": list(v.peers) if v else [], "index": v.index if v else -1,
                 "missing": v.missing if v else 0,
@@ -125,6 +128,10 @@ class RecoveryAgent:
             if header.ptype != wire.PacketType.TOKEN:
                 raise wire.DecodeError("bad_type", "not a token packet")
             msg = control_messages.decode(header.ptype, body)
+        except (wire.DecodeError, IndexError, KeyError, TypeError, ValueError, AttributeError):
+            self.drops["bad_packet"] += 1
+            return
+        try:
             now = time.monotonic()
             if msg.__class__ is Summary:
                 self._last_bottom = now
@@ -139,7 +146,11 @@ class RecoveryAgent:
                 self.protocol.on_down(msg.body)
             else:
                 self.drops["stale_or_unknown"] += 1
-        except (wire.DecodeError, IndexError, KeyError, TypeError, ValueError, AttributeError):
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+            # a built-in protocol reading a peer's malformed body; a plug-in's error is its
+            # fault (`_guarded`: the scope replaces it)
+            if self.plugin:
+                raise
             self.drops["bad_packet"] += 1
 
     def _send_peers(self, out: list[tuple[int, object]]) -> None:
@@ -181,6 +192,7 @@ class AgentHost:
         self._agents: dict[str, RecoveryAgent] = {}   # the Ray side's view
         self._versions: dict[str, int] = {}           # agent -> the latest view version sent
         self._ops: deque = deque()
+        self._looped = time.monotonic()  # the agents' thread's last pass (a hung plug-in's stops)
         self._thread = threading.Thread(target=self._run, name="scopecast-agents", daemon=True)
         self._thread.start()
 
@@ -194,8 +206,9 @@ class AgentHost:
 
     def _ensure(self, spec: dict) -> list:
         """Create agent `spec["name"]` unless it runs here; where it listens, which incarnation
-        it is (a host restarted by Ray recreates its agents with new ones), and the latest view
-        version it was sent (a scope restarted by Ray goes on from there)."""
+        it is (a host restarted by Ray recreates its agents with new ones), the latest view
+        version it was sent (a scope restarted by Ray goes on from there), and its fault ("" if
+        none: its protocol raised, or a plug-in's thread hangs)."""
         agent = self._agents.get(spec["name"])
         if agent is None:
             protocol = self._plugin or BUILTIN_PROTOCOLS[spec["protocol"]]
@@ -203,8 +216,11 @@ class AgentHost:
             self._ops.append(("add", agent))
             log.info("recovery agent %s (%s) at %s:%d", agent.domain, agent.protocol.name,
                      *agent.address)
+        stalled = time.monotonic() - self._looped
+        fault = agent.fault or (f"its agents' thread made no progress for {stalled:.0f} s"
+                                if self._plugin is not None and stalled > HANG else "")
         return [agent.address[0], agent.address[1], agent.incarnation, os.getpid(),
-                self._versions.get(spec["name"], 0)]
+                self._versions.get(spec["name"], 0), fault]
 
     def view(self, name: str, version: int, peers: list[list], index: int, upper: list | None,
              top: bool, missing: int) -> None:
@@ -230,6 +246,7 @@ class AgentHost:
         sel = selectors.DefaultSelector()
         next_tick = 0.0
         while True:
+            self._looped = time.monotonic()
             try:
                 while self._ops:
                     self._apply(sel, *self._ops.popleft())
@@ -264,9 +281,10 @@ def _guarded(agent: RecoveryAgent, step, *args) -> None:
     """Run one agent's step; an error is counted (logged the first time) and the others go on."""
     try:
         step(*args)
-    except Exception:
+    except (Exception, SystemExit) as exc:  # (MemoryError too: a plug-in over its memory bound)
         agent.drops["internal_error"] += 1
         if agent.drops["internal_error"] == 1:
+            agent.fault = f"{agent.protocol.name}: {exc!r}"[:300]
             log.exception("recovery agent %s: error (counted from now on)", agent.domain)
 
 

@@ -7,11 +7,10 @@ position it holds everything it is owed up to, its NAKs, and (as a sender) its r
 agent's reply carries stability decided at the top (cleanup), the senders' records (which reveal
 tail losses), and repairs to push to peers.
 
-- **Several protocols**: a member has one agent per recovery protocol among its topics (each
-  protocol is a domain of its own). Every agent gets the same acknowledgements (MaxContiguous is
-  per stream, whatever the topics) but only the NAKs of its protocol's topics; a message is stable
-  when every agent says so, and a peer's cached copy goes when every agent that knows the stream
-  says so.
+- **Several domains**: a member has one agent per recovery domain among its topics (a protocol,
+  or a chain of them: `scopes.scope_admin`). Every agent gets the same acknowledgements
+  (MaxContiguous is per stream, whatever the topics) but only the NAKs of its domain's topics; a
+  message is stable, and a peer's cached copy let go, when every agent that knows it says so.
 - **Receiver**: a run after a gap waits in the reorder buffer (with no timeout on reliable topics)
   while the member NAKs the range: to its agent (a neighbour that caches it pushes the repair) and,
   straight to the sender, which still holds everything not yet stable.

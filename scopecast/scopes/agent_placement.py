@@ -47,6 +47,7 @@ class AgentPlacement:
         self._on_changed = on_changed
         self._task: asyncio.Task | None = None
         self._again = False
+        self._reported: set[str] = set()  # faulty recovery plug-ins told to the root
 
     def start(self) -> None:
         """Bring the agents in line soon: every tick, and right after a re-layout (so that a new
@@ -71,8 +72,32 @@ class AgentPlacement:
         except Exception as exc:  # a child placing an agent timed out or died: next tick again
             log.warning("scope %r: recovery domain update failed: %r", self.path, exc)
             return
+        self._report_faults()
         if changed:
             self._on_changed()
+
+    def _report_faults(self) -> None:
+        """A domain of a recovery plug-in whose agents faulted (raised, hung, outgrew their
+        memory, or their host kept dying): the root replaces the plug-in everywhere
+        (`scope_admin.FALLBACK_RECOVERY`, a new session of its topics), as a faulty policy
+        plug-in is replaced by the default policy."""
+        for key, domain in self.recovery.domains.items():
+            protocol = protocol_of(key)
+            if not domain.fault or not protocol.startswith(PLUGIN_PREFIX) \
+                    or protocol in self._reported:
+                continue
+            self._reported.add(protocol)
+            log.error("scope %r: recovery protocol %s is faulty (%s); the cluster replaces it",
+                      self.path, protocol[:23], domain.fault)
+            asyncio.get_running_loop().create_task(self._tell_root(protocol, domain.fault))
+
+    async def _tell_root(self, protocol: str, why: str) -> None:
+        try:
+            await self._root_call("recovery_failed", protocol, self.path, why)
+        except Exception as exc:  # told again at the next pass
+            self._reported.discard(protocol)
+            log.warning("scope %r: could not tell the root that %s is faulty: %r", self.path,
+                        protocol[:23], exc)
 
     async def place_for(self, key: str, name: str) -> AgentRecord:
         """Delegate the agent of member `name` of this scope's domain `key`: a member process's

@@ -41,7 +41,13 @@ from scopecast.policies.registry import PluginRef
 from scopecast.scopes import plugin_check
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.placement import pinned
-from scopecast.scopes.scope_admin import ADMIN_VERSION, Choice, ScopeAdmin, ScopeChoices
+from scopecast.scopes.scope_admin import (
+    ADMIN_VERSION,
+    FALLBACK_RECOVERY,
+    Choice,
+    ScopeAdmin,
+    ScopeChoices,
+)
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager
 from scopecast.scopes.state import ScopeStore
 from scopecast.scopes.topics import HISTORIES, TopicInfo
@@ -112,7 +118,10 @@ class ClusterScopeManager(ScopeManager):
             except InvalidConfig as exc:  # (written by this code: only a hand-edited file)
                 log.error("state %s: settings of scope %r ignored: %s", self._store.path,
                           path, exc)
+        # recovery plug-ins found faulty: replaced everywhere (scope_admin), for good
+        self._failed: dict[str, dict] = dict(self._store.get("failed_recovery") or {})
         self.choices.set(self._admins)
+        self.choices.set_failed(self._failed)
         self._hosts_of: dict[str, str] = {}   # Ray node id -> host scope path
         self._last_node_check = 0.0
         self._making = asyncio.Lock()  # user scopes are made and retired one at a time
@@ -345,8 +354,9 @@ class ClusterScopeManager(ScopeManager):
         in order, and the caching of its recovery domains (`cachers` of each `partition` of
         agents keep peers' messages until stable; token_ring's options); what is left unset is
         inherited, and nothing set clears the scope's settings.
-        Every topic whose choice changes anywhere starts a new session (3.2.7), as
-        `update_topic` does. Returns every scope's settings."""
+        Every topic the scope's subtree takes part in whose choice changes there starts a new
+        session (3.2.7), as `update_topic` does (a topic used nowhere there has nothing to
+        switch). Returns every scope's settings."""
         path = check_scope_path(path)
         if overrides is not None and not isinstance(overrides, list | tuple):
             raise InvalidConfig("overrides are a list of (pattern, policy, recovery)")
@@ -365,24 +375,72 @@ class ClusterScopeManager(ScopeManager):
                                       **({"cachers": cachers} if cachers is not None else {}),
                                       **({"partition": partition} if partition is not None
                                          else {})})
-        before = {p: self._keys_at(p) for p in self._admins.keys() | {path}
-                  if p == path or p.startswith(path + "/") or path == ""}
-        if admin.empty:
-            self._admins.pop(path, None)
-        else:
-            self._admins[path] = admin
-        self._store.put_scope_admin(path, None if admin.empty else admin.to_wire())
-        self.choices.set(self._admins)
+        paths = {p for p in self._admins.keys() | {path}
+                 if p == path or p.startswith(path + "/") or path == ""}
+
+        def change() -> None:
+            if admin.empty:
+                self._admins.pop(path, None)
+            else:
+                self._admins[path] = admin
+            self._store.put_scope_admin(path, None if admin.empty else admin.to_wire())
+            self.choices.set(self._admins)
+        changed = self._new_sessions(paths, change, await self._used_in(paths))
+        log.info("scope %r: administration set to %s; %d topics in a new session", path,
+                 admin.describe(), changed)
+        return await self.scope_settings()
+
+    async def recovery_failed(self, protocol: str, scope: str, why: str) -> None:
+        """A scope found recovery plug-in `protocol` ("sha256:<hex>") faulty: it is replaced by
+        the fallback protocol everywhere, for good (status `failed_recovery` says why), and its
+        topics start a new session."""
+        if protocol in self._failed or not protocol.startswith("sha256:"):
+            return
+        record = {"scope": scope or "/", "why": str(why)[:400], "at": time.time()}
+
+        def change() -> None:
+            self._failed[protocol] = record
+            self._store.put("failed_recovery", self._failed)
+            self.choices.set_failed(self._failed)
+        changed = self._new_sessions(self._admins.keys() | {""}, change)
+        log.error("recovery protocol %s failed in scope %r (%s): replaced by %s; %d topics in a "
+                  "new session", protocol[:23], scope or "/", why, FALLBACK_RECOVERY, changed)
+
+    async def _used_in(self, paths: set[str]) -> set[int] | None:
+        """The topics the subtrees of `paths` take part in (None: not known, a scope there did
+        not answer); a scope not running has none."""
+        used: set[int] = set()
+        for path in paths:
+            if path == "":
+                used.update(await self.used_topics())
+                continue
+            try:
+                handle = await asyncio.to_thread(scope_actor, path)
+            except ValueError:  # not running: nothing there to switch
+                continue
+            try:
+                used.update(await asyncio.wait_for(handle.used_topics.remote(),
+                                                   self.settings["scope_timeout"]))
+            except Exception as exc:  # slow or restarting: every changed topic, to be safe
+                log.warning("scope %r did not say which topics it uses: %r", path, exc)
+                return None
+        return used
+
+    def _new_sessions(self, paths: set[str], change, used: set[int] | None = None) -> int:
+        """Run `change()` (of the scopes' settings or the failed protocols); every topic (of
+        `used`, if given) whose policy or recovery chain it changes at any of `paths` starts a
+        new session (3.2.7). Returns how many."""
+        before = {p: self._keys_at(p) for p in paths}
+        change()
         changed = set()
         for p, keys in before.items():
             now = self._keys_at(p)
-            changed.update(tid for tid, k in keys.items() if now.get(tid) != k)
+            changed.update(tid for tid, k in keys.items() if now.get(tid) != k
+                           and (used is None or tid in used))
         self._save(*(replace(self.topics.by_id[tid], session=self.topics.by_id[tid].session + 1)
                      for tid in sorted(changed)))
-        log.info("scope %r: administration set to %s; %d topics in a new session", path,
-                 admin.describe(), len(changed))
         self._kick()
-        return await self.scope_settings()
+        return len(changed)
 
     def _choice(self, policy: str | None, recovery: str | None) -> Choice:
         if recovery == NO_RECOVERY:
@@ -396,6 +454,7 @@ class ClusterScopeManager(ScopeManager):
         """Each topic's (policy key, recovery chain) at scope `path`."""
         choices = ScopeChoices(path)
         choices.set(self._admins)
+        choices.set_failed(self._failed)
         return {tid: choices.keys(info) for tid, info in self.topics.by_id.items()}
 
     async def scope_settings(self) -> dict[str, dict]:
@@ -461,6 +520,7 @@ class ClusterScopeManager(ScopeManager):
                 if topics else len(self.topics.table.entries),
                 "directory": len(self._directory), "trusted_keys": self._library.trusted,
                 "scope_settings": await self.scope_settings(),
+                "failed_recovery": {p: dict(r) for p, r in self._failed.items()},
                 "plugins": [str(ref_of(r)) for r in self._library.records()], "scopes": tree}
 
 

@@ -86,6 +86,7 @@ class Delegation:
     part: Part
     upper: dict[str, list]    # the child's domain key -> the agent standing for it above
     admins: dict[str, ScopeAdmin] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()  # recovery plug-ins replaced everywhere (`scope_admin`)
 
     def to_wire(self, version: int, topics) -> dict:
         return {"v": DELEGATION_VERSION, "version": version, "topics": topics,
@@ -93,7 +94,8 @@ class Delegation:
                 "exits": [o.to_wire() for o in self.part.exits],
                 "covered": {str(t): o.to_wire() for t, o in self.part.covered.items()},
                 "upper": self.upper,
-                "admins": {p: a.to_wire() for p, a in self.admins.items()}}
+                "admins": {p: a.to_wire() for p, a in self.admins.items()},
+                "failed_recovery": list(self.failed)}
 
     @classmethod
     def from_wire(cls, body) -> tuple[int, Delegation, object]:
@@ -104,9 +106,10 @@ class Delegation:
             part = Part(tuple(Obligation.from_wire(o) for o in body["exits"]),
                         {int(t): Obligation.from_wire(o) for t, o in body["covered"].items()})
             admins = {str(p): ScopeAdmin.from_wire(a) for p, a in body["admins"].items()}
+            failed = tuple(map(str, body["failed_recovery"]))
             return (int(body["version"]),
                     cls(dict(body["settings"]), dict(body["early"]), part,
-                        dict(body.get("upper") or {}), admins),
+                        dict(body.get("upper") or {}), admins, failed),
                     body["topics"])
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             # (a bad scope setting is an InvalidConfig, a ValueError)

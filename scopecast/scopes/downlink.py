@@ -46,7 +46,8 @@ class Downlink:
         table = self.topics.table
         content = Delegation(dict(self.settings), dict(table.early), part,
                              self.planner.upper_addresses(child.name, self.recovery.address),
-                             self.choices.subtree(child_path(self.planner.path, child.name)))
+                             self.choices.subtree(child_path(self.planner.path, child.name)),
+                             tuple(sorted(self.choices.failed)))
         piece = table.piece(child.table)  # (what it lacks: sent along, not compared)
         if content == child.sent and piece is None:
             return

@@ -26,6 +26,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import ray
 from ray.exceptions import ActorDiedError, ActorUnschedulableError
 
 from scopecast.timing import TIMING
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 AGENT_PREFIX = "scopecast:agent:"
 PING_TIMEOUT = TIMING.agent_ping_timeout
 REPLACE_AFTER = TIMING.agent_replace_after
+RESTARTS_WITHIN = TIMING.agent_restarts  # a plug-in host restarted 3 times within: faulty
+FAULTY_RESTARTS = 3
 # What a call to an agent host raises once Ray has given it up (its node is dead, or it died
 # for good); a host that is merely slow or restarting times out instead.
 GONE = (ActorDiedError, ActorUnschedulableError)
@@ -87,6 +90,9 @@ class RecoveryDomain:
         self.upper: list | None = None  # [host, port] of this domain's agent in the parent's group
         self._installed: tuple | None = None  # what the views of `version` say
         self.options: dict | None = None  # the administrator's options its agents were made with
+        self.fault = ""  # the first fault its agents reported (a plug-in's: the scope replaces it)
+        self._restarts: list[float] = []  # when its agents' hosts restarted lately
+        self._host_pids: dict = {}  # host's actor id -> the process it answered from last
         self._pings: dict = {}  # host's actor id -> (its unanswered ensure_all, agent names)
 
     def address(self, member: str) -> list | None:
@@ -166,6 +172,9 @@ class RecoveryDomain:
     def _answered(self, name: str, rec: AgentRecord, res: list) -> bool:
         """Take a host's answer for agent `name`; True when it is new (restarted, or first)."""
         address, incarnation = (res[0], int(res[1])), int(res[2])
+        if len(res) > 5 and res[5] and not self.fault:
+            self.fault = f"agent of {name}: {res[5]}"[:400]
+        self._host_answered(rec.host._actor_id, int(res[3]))
         if int(res[4]) > self.version:  # sent by this scope before Ray restarted it: go on
             self.version, self._installed = int(res[4]), None  # past it (module docstring)
         if (address, incarnation) == (rec.address, rec.incarnation):
@@ -176,6 +185,20 @@ class RecoveryDomain:
         rec.address, rec.incarnation, rec.pid = address, incarnation, int(res[3])
         rec.sent = None
         return True
+
+    def _host_answered(self, host: object, pid: int) -> None:
+        """A host answered from process `pid`: another than before is a restart (Ray restarts
+        a host that died); FAULTY_RESTARTS within RESTARTS_WITHIN make this domain faulty (a
+        plug-in that kills its process, or outgrows its memory and is ended)."""
+        before = self._host_pids.get(host)
+        self._host_pids[host] = pid
+        if before is None or before == pid:
+            return
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTARTS_WITHIN] + [now]
+        if len(self._restarts) >= FAULTY_RESTARTS and not self.fault:
+            self.fault = (f"its agents' host restarted {len(self._restarts)} times within "
+                          f"{RESTARTS_WITHIN:.0f} s")
 
     async def _replace_misplaced(self, place, belongs) -> bool:
         """Delegate again the agents whose host Ray has given up, and those of child scopes whose
@@ -244,9 +267,14 @@ class RecoveryDomain:
                 out[name] = {**recs[name].describe(), **status}
         return out
 
+    def hosts(self) -> list:
+        """The agent hosts that run this domain's agents (one handle each)."""
+        return [host for host, _names in _by_host(self.agents).values()]
+
     def describe(self) -> dict:
         return {"version": self.version, "members": self.members, "upper": self.upper,
-                "regions": [self.regions[n] for n in self.members]}
+                "regions": [self.regions[n] for n in self.members],
+                **({"fault": self.fault} if self.fault else {})}
 
 
 class RecoveryDomains:
@@ -291,11 +319,14 @@ class RecoveryDomains:
                 d = self.domains[protocol] = RecoveryDomain(self.path, protocol, self.top)
                 d.upper = self.upper.get(protocol)
             names = members.get(protocol, [])
+            faulty_hosts = d.hosts() if d.fault and not names else []
             changed |= await d.update(names, lambda name, p=protocol: place(p, name),
                                       lambda name, p=protocol: belongs(p, name), hold,
                                       options)
             if not names:
                 del self.domains[protocol]
+                for host in faulty_hosts:  # (a hung plug-in's thread would run on for good)
+                    ray.kill(host, no_restart=True)
         return changed
 
     async def describe(self, timeout: float) -> dict:

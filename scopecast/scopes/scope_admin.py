@@ -29,6 +29,10 @@ recovered by two protocols that the parent recovers with one) is two members of 
 
 The root holds every scope's settings in its state database; each scope gets, with its parent's
 delegation, those of its ancestors, itself and its subtree (`subtree`).
+
+A recovery plug-in found faulty anywhere (it raised, hung, outgrew its memory or killed its
+process: `recovery_domain`) is *failed* cluster-wide: every scope then runs FALLBACK_RECOVERY
+wherever a chain named it, so the chains stay consistent between levels.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ MAX_OVERRIDES = 64  # per scope
 # domain keep peers' messages until stable, and how many agents a partition has
 CACHING = {"cachers": (1, 64), "partition": (2, 64)}
 CHAIN_SEP = ">"
+FALLBACK_RECOVERY = "token_ring"  # where a failed recovery plug-in was chosen
 FIELDS = ("policy", "recovery")
 
 
@@ -212,6 +217,7 @@ class ScopeChoices:
     def __init__(self, path: str) -> None:
         self.path = path
         self.admins: dict[str, ScopeAdmin] = {}
+        self.failed: frozenset[str] = frozenset()  # recovery plug-ins replaced everywhere
         self._up = _ancestry(path)          # this scope, then each ancestor
         self._levels = self._up[::-1]       # the root first: a recovery chain's order
         self._cache: dict[tuple, tuple[str, str]] = {}
@@ -226,6 +232,15 @@ class ScopeChoices:
         self.admins = admins
         self._cache.clear()
         return before != {p: admins.get(p) for p in self._up}
+
+    def set_failed(self, failed) -> bool:
+        """Take the recovery plug-ins found faulty (keys "sha256:<hex>"); True if that changed."""
+        failed = frozenset(failed)
+        if failed == self.failed:
+            return False
+        self.failed = failed
+        self._cache.clear()
+        return True
 
     def subtree(self, child: str) -> dict[str, ScopeAdmin]:
         """What child scope `child` gets handed down."""
@@ -242,7 +257,7 @@ class ScopeChoices:
 
     def keys(self, info) -> tuple[str, str]:
         """(policy key, recovery domain key) of topic `info` (a `TopicInfo`) here."""
-        if not self.admins:
+        if not self.admins and not self.failed:
             return (f"{PLUGIN_PREFIX}{info.plugin}" if info.plugin else info.policy,
                     info.recovery_key)
         ck = (info.id, info.session, info.name, info.policy, info.plugin, info.recovery_key)
@@ -252,9 +267,9 @@ class ScopeChoices:
             policy = self._at(self._up, info.name, "policy") or own_policy
             recovery = info.recovery_key
             if recovery != NO_RECOVERY:
-                recovery = chain_key(
-                    self._at(self._up[self._up.index(level):], info.name, "recovery") or recovery
-                    for level in self._levels)
+                chain = (self._at(self._up[self._up.index(level):], info.name, "recovery")
+                         or recovery for level in self._levels)
+                recovery = chain_key(FALLBACK_RECOVERY if p in self.failed else p for p in chain)
             got = self._cache[ck] = (policy, recovery)
             if len(self._cache) > 200_000:
                 self._cache.clear()
@@ -276,7 +291,7 @@ class ScopeChoices:
         return self.keys(info)[0]
 
     def recovery_key(self, info) -> str:
-        if not self.admins:
+        if not self.admins and not self.failed:
             return info.recovery_key
         return self.keys(info)[1]
 
@@ -285,4 +300,5 @@ class ScopeChoices:
         own = self.admins.get(self.path)
         return {"settings": own.describe() if own else None,
                 "inherited": {p or "/": self.admins[p].describe() for p in self._up[1:]
-                              if p in self.admins}}
+                              if p in self.admins},
+                **({"failed_recovery": sorted(self.failed)} if self.failed else {})}

@@ -365,7 +365,7 @@ class ScopeManager:
         if version < self._pending_version:
             return  # overtaken by a newer one
         self.settings.update(delegation.settings)
-        if self.choices.set(delegation.admins):
+        if self.choices.set(delegation.admins) | self.choices.set_failed(delegation.failed):
             log.info("scope %r: administration now %s", self.path, self.choices.describe())
         self.planner.delegation = delegation
         self.recovery.set_upper(delegation.upper)
@@ -390,6 +390,12 @@ class ScopeManager:
                                 self.settings["scope_timeout"])
         return all(r is True for r in results) and self.downlink.version == sent \
             and not self._dirty and (self._laying is None or self._laying.done())
+
+    async def used_topics(self) -> list[int]:
+        """The topics this subtree takes part in: what a change of this scope's administration
+        concerns (the root starts their new sessions)."""
+        subs, pubs, exits = self.planner.interest()
+        return sorted(subs.keys() | pubs.keys() | exits.keys() | self.container.topics.keys())
 
     async def alive(self, name: str, incarnation: int) -> bool:
         """A child scope whose event loop is held says it lives (see Reporter.start_beating)."""
