@@ -20,6 +20,7 @@ MEMBER_COUNTS = (1, 2, 4, 8, 16)
 SIZE = 1000
 CACHING_COUNTS = (4, 8, 16)
 CACHERS, CACHING_PARTITION = 1, 5
+COOPERATIVE = f"{CACHERS}/{CACHING_PARTITION}"  # the rows' caching label ("all": every member)
 CACHING_SLACK = 0.10  # of what a member holds when every member caches
 
 
@@ -40,7 +41,7 @@ def run(cluster, stamp: str, log_dir: Path, *, counts: list[int], seconds: float
                             ready_timeout=min(120.0, case_timeout), timeout=case_timeout)
                 rows.append({**scale_row(run_one(cluster, stamp, log_dir, case, None, policy,
                                                  f"members{n}-cachers", watch=True)),
-                             "caching": f"{CACHERS}/{CACHING_PARTITION}"})
+                             "caching": COOPERATIVE})
         finally:
             cluster.configure_scope("")
     return rows
@@ -52,11 +53,11 @@ def caching_target(rows: list[dict]) -> dict | None:
     held = {(r["subscribers"], r.get("caching")): (r.get("control") or {}).get(
         "cached_messages_per_member") for r in rows}
     both = [n for n in sorted({n for n, _ in held}, reverse=True)
-            if held.get((n, "all")) and held.get((n, f"{CACHERS}/{CACHING_PARTITION}")) is not None]
+            if held.get((n, "all")) and held.get((n, COOPERATIVE)) is not None]
     if not both:
         return None
     n = both[0]
-    ratio = held[(n, f"{CACHERS}/{CACHING_PARTITION}")] / held[(n, "all")]
+    ratio = held[(n, COOPERATIVE)] / held[(n, "all")]
     bound = CACHERS / CACHING_PARTITION + CACHING_SLACK
     return {"subscribers": n, "ratio": round(ratio, 3), "bound": bound,
             "status": "met" if ratio <= bound else "missed"}
@@ -91,7 +92,7 @@ def table(member_rows: list[dict], topic_rows: list[dict]) -> str:
             "processes + the publisher; control traffic is every member's and every recovery "
             "agent's UDP datagrams besides data, read from status() while the case runs; "
             "caching 'all': every member keeps its peers' messages until stable, "
-            f"'{CACHERS}/{CACHING_PARTITION}': {CACHERS} of each partition of "
+            f"'{COOPERATIVE}': {CACHERS} of each partition of "
             f"{CACHING_PARTITION}):\n\n" + "\n".join(lines) + "\n" + verdict)
 
 

@@ -522,7 +522,7 @@ def fragment_count(total: int, chunk: int) -> int:
 
 
 def fragment(view: memoryview, index: int, count: int, chunk: int) -> tuple[tuple, memoryview]:
-    """Fragment `index` of a payload's byte view: (its fragment struct, its bytes, a view)."""
+    """Fragment `index` of a payload's byte view: (its fragment struct, its bytes as a view)."""
     return (view.nbytes, index, count, chunk), view[index * chunk:(index + 1) * chunk]
 
 

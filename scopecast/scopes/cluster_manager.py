@@ -30,7 +30,7 @@ import ray
 
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
-from scopecast.agents.builtin import NO_RECOVERY, RECOVERY_NAMES
+from scopecast.agents.builtin import RECOVERY_NAMES
 from scopecast.netio import wire
 from scopecast.netio.auth import new_cluster_key
 from scopecast.netio.runtime import DEFAULT_MAX_MESSAGE, RuntimeConfig
@@ -40,7 +40,7 @@ from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
 from scopecast.scopes import plugin_check
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
-from scopecast.scopes.placement import pinned
+from scopecast.scopes.placement import PLUGIN_PREFIX, pinned
 from scopecast.scopes.scope_admin import (
     ADMIN_VERSION,
     FALLBACK_RECOVERY,
@@ -394,7 +394,7 @@ class ClusterScopeManager(ScopeManager):
         """A scope found recovery plug-in `protocol` ("sha256:<hex>") faulty: it is replaced by
         the fallback protocol everywhere, for good (status `failed_recovery` says why), and its
         topics start a new session."""
-        if protocol in self._failed or not protocol.startswith("sha256:"):
+        if protocol in self._failed or not protocol.startswith(PLUGIN_PREFIX):
             return
         record = {"scope": scope or "/", "why": str(why)[:400], "at": time.time()}
 
@@ -438,14 +438,11 @@ class ClusterScopeManager(ScopeManager):
             changed.update(tid for tid, k in keys.items() if now.get(tid) != k
                            and (used is None or tid in used))
         self._save(*(replace(self.topics.by_id[tid], session=self.topics.by_id[tid].session + 1)
-                     for tid in sorted(changed)))
-        self._kick()
+                     for tid in sorted(changed)))  # (it lays the channels again)
         return len(changed)
 
     def _choice(self, policy: str | None, recovery: str | None) -> Choice:
-        if recovery == NO_RECOVERY:
-            raise InvalidConfig("a scope chooses how reliable topics are recovered, not whether: "
-                                "recovery='none' is a topic's own setting")
+        """The names with their plug-ins' digests (ScopeAdmin.from_wire checks the rest)."""
         return Choice(policy, recovery,
                       self._plugin_digest(policy, "policy") if policy else "",
                       self._plugin_digest(recovery, "recovery") if recovery else "")

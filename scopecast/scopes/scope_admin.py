@@ -53,7 +53,6 @@ MAX_OVERRIDES = 64  # per scope
 CACHING = {"cachers": (1, 64), "partition": (2, 64)}
 CHAIN_SEP = ">"
 FALLBACK_RECOVERY = "token_ring"  # where a failed recovery plug-in was chosen
-FIELDS = ("policy", "recovery")
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,13 +257,11 @@ class ScopeChoices:
     def keys(self, info) -> tuple[str, str]:
         """(policy key, recovery domain key) of topic `info` (a `TopicInfo`) here."""
         if not self.admins and not self.failed:
-            return (f"{PLUGIN_PREFIX}{info.plugin}" if info.plugin else info.policy,
-                    info.recovery_key)
+            return info.policy_key, info.recovery_key
         ck = (info.id, info.session, info.name, info.policy, info.plugin, info.recovery_key)
         got = self._cache.get(ck)
         if got is None:
-            own_policy = f"{PLUGIN_PREFIX}{info.plugin}" if info.plugin else info.policy
-            policy = self._at(self._up, info.name, "policy") or own_policy
+            policy = self._at(self._up, info.name, "policy") or info.policy_key
             recovery = info.recovery_key
             if recovery != NO_RECOVERY:
                 chain = (self._at(self._up[self._up.index(level):], info.name, "recovery")
@@ -287,7 +284,7 @@ class ScopeChoices:
 
     def policy_key(self, info) -> str:
         if not self.admins:  # (every scope of a cluster nobody configured: per topic, per view)
-            return f"{PLUGIN_PREFIX}{info.plugin}" if info.plugin else info.policy
+            return info.policy_key
         return self.keys(info)[0]
 
     def recovery_key(self, info) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from scopecast.policies.registry import PLUGIN_PREFIX
+
 HISTORIES = ("from_join", "cached")
 
 
@@ -59,6 +61,13 @@ class TopicInfo:
         return DataFrameSchema.from_dict(self.schema)
 
     @property
+    def policy_key(self) -> str:
+        """Which policy actor lays the topic by its own setting: a built-in's name or
+        "sha256:<hex>"."""
+        return f"{PLUGIN_PREFIX}{self.plugin}" if self.plugin else self.policy
+
+    @property
     def recovery_key(self) -> str:
-        """Which recovery domain serves the topic: a built-in's name or "sha256:<hex>"."""
-        return f"sha256:{self.recovery_plugin}" if self.recovery_plugin else self.recovery
+        """Which recovery domain serves the topic by its own setting: a built-in's name or
+        "sha256:<hex>"."""
+        return f"{PLUGIN_PREFIX}{self.recovery_plugin}" if self.recovery_plugin else self.recovery
