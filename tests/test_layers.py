@@ -163,6 +163,8 @@ def test_no_module_is_longer_than_a_newcomer_can_read():
 FOREIGN_PRIVATES = {"_exit",                                          # os._exit
                     "_jvm", "_jsparkSession", "_serialize_to_jvm",    # PySpark's JVM bridge
                     "_private", "_global_node",                       # Ray's node, in launch
+                    "_internal_kv_get", "_internal_kv_put", "_internal_kv_del",  # Ray's GCS
+                    "_internal_kv_list", "_internal_kv_initialized",  # store, in ray_private
                     "_actor_id"}                                      # a Ray actor handle's id
 
 

@@ -17,6 +17,9 @@ package's Ray range, in pyproject.toml, is the one these are tested with).
   Without it: Ray's notice about many worker processes shows on the console.
 - `session_dir`: the Ray session `scopecast up` started, so `down --ray` stops only its
   processes. Without it: "".
+- `kv_get`, `kv_put`, `kv_delete`, `kv_keys`: Ray's GCS key-value store, where the root keeps the
+  image of its state (scopes/state_mirror). Without them: a typed error; the root then runs on
+  its node-local state alone and says so.
 """
 
 from __future__ import annotations
@@ -159,3 +162,35 @@ def session_dir() -> str:
         return worker._global_node.get_session_dir_path()
     except (ImportError, AttributeError):
         return ""
+
+
+KV_NAMESPACE = b"scopecast"
+
+
+def _kv():
+    try:
+        from ray.experimental import internal_kv
+    except ImportError as exc:
+        raise ScopecastError(f"this Ray version has no GCS key-value store here ({exc})") from exc
+    if not internal_kv._internal_kv_initialized():
+        raise ScopecastError("Ray's GCS key-value store is not reachable from this process "
+                             "(not a Ray driver or worker)")
+    return internal_kv
+
+
+def kv_get(key: bytes) -> bytes | None:
+    """The value of `key` in scopecast's namespace of the GCS store (None: no such key)."""
+    return _kv()._internal_kv_get(key, namespace=KV_NAMESPACE)
+
+
+def kv_put(key: bytes, value: bytes) -> None:
+    _kv()._internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def kv_delete(key: bytes) -> None:
+    _kv()._internal_kv_del(key, namespace=KV_NAMESPACE)
+
+
+def kv_keys(prefix: bytes) -> list[bytes]:
+    """Every key of scopecast's namespace that starts with `prefix`."""
+    return list(_kv()._internal_kv_list(prefix, namespace=KV_NAMESPACE))

@@ -9,7 +9,9 @@ Layout for `LocalHosts(hosts=N, lans=K, prefix=P)` (root only)::
                        routing, so IP multicast stays inside its LAN and unicast crosses LANs
 
 Host 1 runs the Ray head, the others `ray start --address`; every node is labelled
-`scopecast-lan=lan<k>`, has a temp dir of its own, token authentication off (Ray turns it on when
+`scopecast-lan=lan<k>`, has a temp dir of its own (and in it a SCOPECAST_HOME of its own, as a
+machine has its own disk: a root Ray restarts on another host does not find the state file it
+wrote), token authentication off (Ray turns it on when
 ~/.ray/auth_token exists, and nodes started here would not share it) and the GCS's node health
 check tuned so that a dead host is declared dead in seconds (HEALTH_CHECK). What was made is
 written to `<state dir>/<prefix>.json` before it is made, so `down()` removes it all, also after
@@ -161,6 +163,10 @@ class LocalHosts:
     def _temp_dir(self, host: Host) -> str:
         return f"/tmp/scopecast-{host.name}"
 
+    def home(self, host: Host) -> str:
+        """The SCOPECAST_HOME of the processes Ray runs on `host` (its own disk)."""
+        return f"{self._temp_dir(host)}/home"
+
     def _start_ray(self, host: Host) -> None:
         ray = str(Path(self.python).with_name("ray"))
         cmd = [ray, "start", "--node-ip-address", host.address,
@@ -171,7 +177,8 @@ class LocalHosts:
             cmd += ["--head", "--port", str(RAY_PORT), "--dashboard-host", "0.0.0.0"]
         else:
             cmd += ["--address", self.address]
-        out = self.run(host, cmd, capture=True, extra_env=HEALTH_CHECK)
+        out = self.run(host, cmd, capture=True,
+                       extra_env={**HEALTH_CHECK, "SCOPECAST_HOME": self.home(host)})
         if out.returncode != 0:
             raise LocalHostsError(f"ray start on {host.name} failed ({out.returncode}):\n"
                                   f"{out.stdout[-2000:]}{out.stderr[-2000:]}")

@@ -32,7 +32,7 @@ from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig, TopicExists, TopicNotFound
 from scopecast.agents.builtin import RECOVERY_NAMES
 from scopecast.netio import wire
-from scopecast.netio.auth import new_cluster_key
+from scopecast.netio.auth import AUTHENTICATORS, new_cluster_key
 from scopecast.netio.runtime import DEFAULT_MAX_MESSAGE, RuntimeConfig
 from scopecast.netio.topic_names import check_subscription, check_topic_name, name_filter
 from scopecast.policies.builtin import BUILTIN_POLICIES
@@ -50,6 +50,7 @@ from scopecast.scopes.scope_admin import (
 )
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS, STATUS_BUDGET, ScopeManager
 from scopecast.scopes.state import ScopeStore
+from scopecast.scopes.state_mirror import StateMirror
 from scopecast.scopes.topics import HISTORIES, TopicInfo
 from scopecast.timing import CLUSTER_TIMING, TIMING, check_cluster
 
@@ -71,8 +72,11 @@ class ClusterScopeManager(ScopeManager):
                  levels: list[str] | None = None, trusted_keys: list[str] | None = None,
                  datagram_bytes: int | None = None, max_message_bytes: int | None = None) -> None:
         super().__init__("", "cluster", None)
+        if mac not in AUTHENTICATORS:
+            raise InvalidConfig(f"unknown packet authenticator {mac!r}; choose one of "
+                                f"{', '.join(AUTHENTICATORS)}")
         self._datagram_bytes = datagram_bytes  # None: each member's from its interface MTU
-        self._store = ScopeStore(Path(state) if state else None)
+        self._store = ScopeStore(Path(state) if state else None, mirror=StateMirror())
         cluster = self._store.get("cluster")
         if cluster is None:
             rng = random.SystemRandom()
@@ -511,7 +515,10 @@ class ClusterScopeManager(ScopeManager):
         tree = await super().status(topics, budget)
         return {"cluster_id": f"{self._cluster_id:012x}",
                 "uptime_s": round(time.time() - self._started, 1),
-                "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac},
+                "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac,
+                            "state_generation": self._store.generation,
+                            "state_restored_from_gcs": self._store.restored,
+                            "state_mirror_failures": self._store.mirror_failures},
                 "settings": {k: v for k, v in self.settings.items() if k in DEFAULT_SETTINGS},
                 "topics": [self.topics.table.entries[k] for k in sorted(self.topics.table.entries, key=int)]
                 if topics else len(self.topics.table.entries),
