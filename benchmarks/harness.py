@@ -32,6 +32,7 @@ from pathlib import Path
 from benchmarks import (
     analysis,
     demo_naks,
+    encryption,
     hosts,
     latency_suite,
     loss,
@@ -224,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"name prefix of that cluster's namespaces and bridge (default "
                         f"{hosts.PREFIX}; a leftover one: scopecast cluster local --prefix P --down)")
     p.add_argument("--on-hosts", default="", help=argparse.SUPPRESS)  # the run inside the head
+    p.add_argument("--encrypt-pairs", type=int, default=None, metavar="N",
+                   help="encryption suite: the 1 KB cases (each of --subscribers) on an "
+                        "encrypting cluster of its own beside the harness's, N pairs back to back "
+                        "(default 3; 0 with --quick or --hosts: skipped)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every process's stderr log (kept anyway when a case fails)")
     return p
@@ -243,6 +248,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              f"{', '.join(asked)}")
         args.peers, args.members, args.spark_rows, args.steady_runs = [], [], 0, 0
         args.demo_rows = 0
+        args.encrypt_pairs = 0
         if args.latency_subscribers is None:  # across hosts: the 1 -> 4 cases, beside loopback's
             args.latency_subscribers = [4]
     defaults = dict(latency_rates=list(latency_suite.RATES),
@@ -280,6 +286,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise SystemExit("--latency-messages must be positive, --steady-runs not negative")
     if args.spark_rows is None:
         args.spark_rows = 0 if args.quick else 100_000
+    if args.encrypt_pairs is None:
+        args.encrypt_pairs = 0 if args.quick else 3
     if args.demo_rows is None:
         args.demo_rows = 0 if args.quick else -1  # -1: every flight
     elif args.demo_rows < 0:
@@ -441,6 +449,10 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
             if args.spark_rows else {}
         without_loss = demo_naks.run(None if args.demo_rows < 0 else args.demo_rows) \
             if args.demo_rows and "scopecast" in args.systems else {}
+        encrypted = encryption.run(
+            cluster, address, placement, stamp, log_dir / "encryption",
+            args.subscribers, args.seconds, args.warmup, args.case_timeout,
+            args.policy, args.encrypt_pairs) if "scopecast" in args.systems else {}
     finally:
         cluster.shutdown()
     analysis.attach_ratios(cases)
@@ -458,6 +470,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "members": args.members, "loss": args.loss, "loss_pairs": args.loss_pairs,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
                    "spark_rows": args.spark_rows, "demo_rows": args.demo_rows,
+                   "encrypt_pairs": args.encrypt_pairs,
                    "hosts": args.hosts,
                    "datagram_bytes": args.datagram_bytes},
         "definitions": {
@@ -481,6 +494,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         "recovery_curves": curves,
         "spark_pipeline": pipeline,
         "demo_naks": without_loss,
+        "encryption": encrypted,
         "peers": peers,
         "latency": latency,
         "steady": steady,
@@ -492,7 +506,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
         + report.loss_table(loss_rows, bool(on_hosts))
         + report.curves_table(curves) + spark_pipeline.table(pipeline)
-        + demo_naks.table(without_loss),
+        + demo_naks.table(without_loss) + encryption.table(encrypted),
         "wall_seconds": round(time.monotonic() - t0, 1),
     }, wiring_info
 

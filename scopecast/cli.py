@@ -282,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept only plug-ins signed by this Ed25519 public key (repeatable)")
     u.add_argument("--mac", default="gmac", choices=["gmac", "hmac-sha256"],
                    help="packet authenticator of a newly deployed cluster (gmac)")
+    u.add_argument("--encrypt", action="store_true",
+                   help="a newly deployed cluster encrypts every datagram's payload and control "
+                        "body (AES-256-GCM under the cluster key; headers stay readable, "
+                        "authenticated); attaching to one that does not is refused")
     u.add_argument("--datagram-bytes", type=int, default=None, metavar="B",
                    help="datagram size of a newly deployed cluster's members (default: each "
                         "member's interface MTU, 64 KB on loopback); up to 65000 lets the kernel "

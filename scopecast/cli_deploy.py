@@ -11,7 +11,7 @@ import sys
 def cmd_up(args) -> int:
     from scopecast.ray_cluster import launch
 
-    info = launch.up(address=args.address, port=args.port, mac=args.mac,
+    info = launch.up(address=args.address, port=args.port, mac=args.mac, encrypt=args.encrypt,
                      trusted_keys=args.trusted_key, datagram_bytes=args.datagram_bytes,
                      settings=dict(args.setting or ()) or None, levels=args.levels,
                      max_message_bytes=args.max_message_bytes)

@@ -21,6 +21,7 @@ from scopecast.netio.auth import authenticator
 from scopecast.netio.channel import MulticastGroup, UnicastEndpoint
 from scopecast.netio.control_messages import Kind
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.replay_guard import ControlNumbers
 from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 
@@ -48,6 +49,7 @@ class Env:
     junk: socket.socket
     seq: int = 0
     received: list = field(default_factory=list)
+    numbers: ControlNumbers = field(default_factory=ControlNumbers)
 
     @property
     def targets(self) -> list[tuple[str, int]]:
@@ -59,9 +61,25 @@ class Env:
             self.junk.sendto(datagram, target)
         return len(self.targets)
 
+    def send_control(self, body, sender: int = JUNK_ID, numbers=None, stamp: int | None = None,
+                     ptype: int = wire.PacketType.CONTROL) -> list[bytes]:
+        """A signed control datagram of `sender` to each of the subscriber's addresses, each
+        numbered and stamped as a member's are (else the replay guard takes them first); the
+        datagrams sent."""
+        numbers = numbers or self.numbers
+        sent = []
+        for target in self.targets:
+            d = self.signed(wire.encode_control(ptype, sender, body, 0, numbers.next(),
+                                                wire.stamp_now() if stamp is None else stamp))
+            self.junk.sendto(d, target)
+            sent.append(d)
+        return sent
+
     def signed(self, body: bytes, key: bytes | None = None) -> bytes:
-        """`body` with the trailer of the runtimes' packet authenticator under `key`."""
-        return body + authenticator(self.sub.config.mac, key or self.key).sign(body)
+        """`body` sealed as the runtimes' sealer does under `key` (encrypted, in an encrypting
+        cluster), trailer and all."""
+        return b"".join(bytes(p) for p in authenticator(self.sub.config.mac,
+                                                        key or self.key).seal(body))
 
     @property
     def trailer(self) -> int:
@@ -235,8 +253,10 @@ def test_unknown_version(make_env):
     env.assert_valid_stream_intact()
 
 
-@pytest.mark.parametrize("mac", ["gmac", "hmac-sha256"])
+@pytest.mark.parametrize("mac", ["gmac", "hmac-sha256", "aes-256-gcm"])
 def test_wrong_mac(make_env, mac):
+    """Forged (another key) or damaged datagrams are counted and dropped, the valid stream
+    intact; in an encrypting cluster too (aes-256-gcm: a wrong key cannot be read or believed)."""
     env = make_env(RuntimeConfig(mac=mac))
     other_key = os.urandom(32)
     sent = 0
@@ -364,7 +384,7 @@ def test_join_points_out_of_range(make_env):
     def junk(r: int) -> None:
         nonlocal sent
         body = BAD_JOIN_POINTS[r % len(BAD_JOIN_POINTS)]
-        sent += env.send(env.signed(wire.encode_control(wire.PacketType.CONTROL, JUNK_ID, body)))
+        sent += len(env.send_control(body))
 
     env.interleave(junk)
     env.wait(counter_at_least(env, "bad_control", sent), "bad_control count")
@@ -428,3 +448,30 @@ def test_io_thread_survives_an_exception_while_idle(make_env):
     assert env.sub.alive
     assert env.sub.drops["internal_error"] == 1
     assert [m.seq for m in env.received] == [2, 3, 4, 5, 6]
+
+
+def test_replayed_stale_and_old_epoch_control_datagrams_are_refused_and_counted(make_env):
+    """Issue 45 item 6, replay: authentic control datagrams (a join point the subscriber would
+    otherwise count as bad_control) sent again as recorded, stamped over the age bound, or of an
+    epoch older than the sender's newest, are each refused and counted, never taken; the valid
+    stream is intact."""
+    env = make_env()
+    body = BAD_JOIN_POINTS[0]
+    old = ControlNumbers(epoch=env.numbers.epoch - 1)
+    counts = {"replayed": 0, "stale_control": 0, "stale_epoch": 0, "bad_control": 0}
+
+    def junk(r: int) -> None:
+        recorded = env.send_control(body)  # taken (and found bad_control), once per address
+        counts["bad_control"] += len(recorded)
+        for d, target in zip(recorded, env.targets, strict=True):
+            env.junk.sendto(d, target)  # the same datagram again
+            counts["replayed"] += 1
+        counts["stale_control"] += len(env.send_control(
+            body, stamp=(wire.stamp_now() - 31_000_000) % wire.STAMP_WRAP))
+        counts["stale_epoch"] += len(env.send_control(body, numbers=old))
+
+    env.interleave(junk)
+    for reason, n in counts.items():
+        env.wait(counter_at_least(env, reason, n), f"{reason} count")
+    assert env.sub.drops["bad_control"] == counts["bad_control"]  # no replay was taken
+    env.assert_valid_stream_intact()

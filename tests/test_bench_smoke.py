@@ -107,11 +107,11 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
 @pytest.mark.skipif(not loss.available(), reason="the loss suite needs root and iptables")
 def test_quick_loss_steady_and_spark_suites_write_their_rows(tmp_path):
     """One harness run for the suites that start something of their own: the loss suite (its
-    iptables rule) with the recovery curves, the steady-throughput repeats, and the Spark pipeline
-    suite (its Spark session)."""
+    iptables rule) with the recovery curves, the steady-throughput repeats, the Spark pipeline
+    suite (its Spark session) and the encryption suite (an encrypting cluster of its own)."""
     results = _harness(tmp_path, "--systems", "scopecast", "--loss", "0.05", "--peers", "",
                        "--members", "", "--latency-rates", "", "--spark-rows", "2000", "--spark-rounds", "1",
-                       "--steady-runs", "2")
+                       "--steady-runs", "2", "--encrypt-pairs", "1")
     (row,) = results["loss_suite"]
     assert row["error"] is None and row["loss"] == 0.05 and row["lost"] == 0, row
     assert row["dropped_datagrams"] and row["lossless_rate"], row  # the rule dropped; a clean case ran
@@ -144,6 +144,11 @@ def test_quick_loss_steady_and_spark_suites_write_their_rows(tmp_path):
         ("rows", 1), ("rows", 2), ("arrow", 1), ("arrow", 2)]
     assert all(c["complete"] and c["delivered"] == 2000 for c in cases), cases
     assert "Spark pipeline suite" in results["table_markdown"]
+    encrypted = results["encryption"]  # 1 KB 1 -> 1 on an encrypting cluster of its own, beside
+    (row,) = encrypted["rows"]         # the harness's, one pair
+    assert "error" not in encrypted and row["lost"] == 0 and len(row["ratios"]) == 1, encrypted
+    assert encrypted["status"] in ("met", "missed") and "Encryption (1000 B" in \
+        results["table_markdown"]
 
 
 @pytest.mark.skipif(not loss.available() or shutil.which("ip") is None,

@@ -188,3 +188,33 @@ def test_a_messages_fragments_in_one_receive_call_are_read_as_the_message():
     gap = data[:segment] + data[2 * segment:3 * segment]
     assert scanner.scan(gap, segment, 0) is None
     assert scanner.scan(data[:2 * segment], segment, 0) is None  # the last not here yet
+
+
+def test_an_encrypting_cluster_s_batches_hide_payloads_and_read_back_as_python_seals_them():
+    """connect(encrypt=True): the sealer encrypts everything after each header, the scanner
+    decrypts (leaving the receive buffer as it came: a segment it stops at is read again by the
+    slow path), and both agree with auth's aes-256-gcm sealer; a GMAC scanner, or another key,
+    reads none of it."""
+    from scopecast.netio.auth import GcmSealer
+
+    secret = b"secret payload %d"
+    runs = [(3, 9, 1, 1 + i, 9, 1 + i, 0, [secret % i], 7) for i in range(4)]
+    data, segment = BatchSealer(KEY, True).seal(9, 1, 1, 0, TABLE, runs)
+    assert b"secret" not in data and TABLE[2:] not in data
+    python = GcmSealer(KEY, encrypt=True)
+    for i in range(4):
+        d = data[i * segment:(i + 1) * segment]
+        plain = python.open(d, len(d) - 28)
+        assert plain is not None and secret % i in plain and d[:28] == plain[:28]
+    buf = bytes(data)
+    got = BatchScanner(KEY, True).scan(buf, segment, 0)
+    assert got[1] == 4 and got[16] == b"".join(secret % i for i in range(4))
+    assert buf == data  # decrypted aside
+    assert BatchScanner(KEY).scan(data, segment, 0) is None
+    assert BatchScanner(os.urandom(32), True).scan(data, segment, 0) is None
+    # Python's seal, C's scan (a datagram the slow path sent, a batch of one)
+    parts = wire.run_parts(3, 9, 1, 5, 9, 5, 0, 0, [b"from python"])
+    body, trailer = python.seal(wire.encode_data(wire.PacketType.DATA, 9, 1, 5, TABLE, 1, parts))
+    one = bytes(body) + trailer
+    assert b"from python" not in one
+    assert BatchScanner(KEY, True).scan(one, len(one), 0)[16] == b"from python"

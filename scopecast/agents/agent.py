@@ -40,6 +40,7 @@ from scopecast.agents.builtin import BUILTIN_PROTOCOLS
 from scopecast.netio import control_messages, wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.control_messages import InstructionsEnvelope, PeerToken, Summary
+from scopecast.netio.replay_guard import ControlNumbers, ReplayGuard
 from scopecast.netio.transport import TransportConfig, unicast_socket
 from scopecast.policies.host import PLUGIN_MEMORY, confine
 from scopecast.timing import TIMING
@@ -65,6 +66,11 @@ class RecoveryAgent:
         self.protocol = protocol(DomainContext(self.domain, int(spec["level"]), dict(self.options)))
         self.plugin = protocol not in BUILTIN_PROTOCOLS.values()
         self.incarnation = random.getrandbits(48)
+        # its control datagrams' sender id (above members' ids, which count from 1), numbers and
+        # stamps, and the guard against replayed ones (netio/replay_guard)
+        self.sender = 1 << 31 | random.getrandbits(31)
+        self._numbers = ControlNumbers()
+        self._replays = ReplayGuard()
         self._auth = authenticator(spec["mac"], spec["key"])
         self.sock = unicast_socket(TransportConfig(interface=spec.get("interface") or interface,
                                                    rcvbuf_bytes=4 << 20))
@@ -102,6 +108,7 @@ class RecoveryAgent:
                 "drops": dict(self.drops), "stats": dict(self.stats)}
 
     def tick(self, now: float) -> None:
+        self._replays.expire(now)
         self._send_peers(self.protocol.on_tick(now))
         up = self.protocol.upward()
         if up is not None and self._upper is not None:
@@ -120,7 +127,7 @@ class RecoveryAgent:
 
     def _on_datagram(self, data: bytes, addr) -> None:
         n = len(data) - self._auth.trailer_size
-        if n < wire.HEADER.size or not self._auth.check(data, n):
+        if n < wire.HEADER.size or (data := self._auth.open(data, n)) is None:
             self.drops["bad_mac"] += 1
             return
         try:
@@ -131,8 +138,13 @@ class RecoveryAgent:
         except (wire.DecodeError, IndexError, KeyError, TypeError, ValueError, AttributeError):
             self.drops["bad_packet"] += 1
             return
+        now = time.monotonic()
+        refused = self._replays.admit(header.sender, header.dseq, header.stamp, wire.stamp_now(),
+                                      now)
+        if refused is not None:
+            self.drops[refused] += 1
+            return
         try:
-            now = time.monotonic()
             if msg.__class__ is Summary:
                 self._last_bottom = now
                 self.stats["summaries"] += 1
@@ -162,12 +174,13 @@ class RecoveryAgent:
     def _send(self, message, address: tuple[str, int]) -> None:
         try:
             ptype, body = control_messages.encode(message)
-            data = wire.encode_control(ptype, 0, body)
+            data = wire.encode_control(ptype, self.sender, body, 0, self._numbers.next(),
+                                       wire.stamp_now())
         except (ValueError, TypeError):  # too large, or not msgpack-able (a faulty plug-in)
             self.drops["unsendable"] += 1
             return
         try:
-            self.sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
+            self.sock.sendmsg(self._auth.seal(data), (), 0, address)
             self.stats["datagrams_out"] += 1
             self.stats["bytes_out"] += len(data) + self._auth.trailer_size
         except OSError:

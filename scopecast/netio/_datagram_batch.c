@@ -6,8 +6,13 @@
  * bookkeeping) a datagram cost ~6 us to send and ~10 us to receive, several times what the
  * kernel spends on it.
  *
- * BatchScanner (receive, see receive_path._take_segments): each segment's GMAC is checked
- * (OpenSSL, the cipher the `cryptography` package uses), its header and run are read and checked
+ * Both take the cluster key and whether the cluster encrypts (auth.GcmSealer): AES-256-GCM with
+ * the 28-byte header as associated data and the rest of the datagram as plaintext (encrypted), or
+ * the whole datagram as associated data and nothing encrypted (GMAC).
+ *
+ * BatchScanner (receive, see receive_path._take_segments): each segment's tag is checked
+ * (OpenSSL, the cipher the `cryptography` package uses; an encrypted segment is decrypted into
+ * the scanner's scratch buffer, the receive buffer is left as it came), its header and run are read and checked
  * as wire.unpack_header and wire.iter_runs do, and as long as each continues the one before
  * (same sender, channel, routing table, topic, source, session, stream, content type; the next
  * datagram number, seq and stream seq) they become one run: its payload lengths and its payloads
@@ -40,8 +45,9 @@
 #define TRAILER 28
 #define NONCE 12
 #define TAG 16
-#define VERSION 5
-#define ABI 2  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments */
+#define VERSION 6
+#define ABI 3  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments;
+                 3: BatchScanner(key, encrypt), BatchSealer(key, encrypt) */
 #define PTYPE_DATA 1
 #define FLAG_FRAGMENT 0x01
 #define FRAGMENT_SIZE 16
@@ -63,14 +69,15 @@ static inline void put32(unsigned char *p, uint32_t v)
 }
 static inline void put64(unsigned char *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, (uint32_t)v); }
 
-/* An AES-256-GCM context under the 32-byte cluster key, to encrypt (sign) or decrypt (check);
- * 0, or -1 with an exception set. */
+/* An AES-256-GCM context under the 32-byte cluster key, to encrypt (sign) or decrypt (check),
+ * and whether datagrams are encrypted (`*secret`); 0, or -1 with an exception set. */
 static int
-keyed_init(EVP_CIPHER_CTX **ctx, PyObject *args, int encrypt)
+keyed_init(EVP_CIPHER_CTX **ctx, int *secret, PyObject *args, int encrypt)
 {
     Py_buffer key;
     int ok;
-    if (!PyArg_ParseTuple(args, "y*", &key))
+    *secret = 0;
+    if (!PyArg_ParseTuple(args, "y*|p", &key, secret))
         return -1;
     if (key.len != 32) {
         PyBuffer_Release(&key);
@@ -104,6 +111,9 @@ keyed_free(EVP_CIPHER_CTX *ctx, PyObject *self)
 typedef struct {
     PyObject_HEAD
     EVP_CIPHER_CTX *ctx;
+    int secret;              /* datagrams are encrypted after their header */
+    unsigned char *scratch;  /* (secret) a call's segments decrypted, at their offsets */
+    Py_ssize_t scratch_len;
 } BatchScanner;
 
 /* What one segment holds when it is a plain single-run data datagram, or a fragment of one
@@ -134,10 +144,31 @@ gmac_ok(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t n)
     return EVP_DecryptFinal_ex(ctx, out, &outl) == 1;
 }
 
-/* 1 and `s` filled if the `len` bytes at `data` are an authentic plain single-run data datagram
- * or a well-formed fragment; 0 otherwise (the slow path decides what it is). */
+/* Decrypt the `n` bytes before the trailer at `data` into `out` (the header copied as it is):
+ * 1 if the tag checks. */
 static int
-read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Segment *s)
+gcm_open(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t n, unsigned char *out)
+{
+    int outl;
+    unsigned char fin[16];
+    const unsigned char *nonce = data + n, *tag = data + n + NONCE;
+    if (n > INT32_MAX || n < HEADER_SIZE)
+        return 0;
+    memcpy(out, data, HEADER_SIZE);
+    return EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) == 1
+        && EVP_DecryptUpdate(ctx, NULL, &outl, data, HEADER_SIZE) == 1
+        && EVP_DecryptUpdate(ctx, out + HEADER_SIZE, &outl, data + HEADER_SIZE,
+                             (int)(n - HEADER_SIZE)) == 1
+        && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG, (void *)tag) == 1
+        && EVP_DecryptFinal_ex(ctx, fin, &outl) == 1;
+}
+
+/* 1 and `s` filled if the `len` bytes at `data` are an authentic plain single-run data datagram
+ * or a well-formed fragment; 0 otherwise (the slow path decides what it is). Encrypted, the
+ * segment is read from its plaintext, which `plain` (as long) receives. */
+static int
+read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Segment *s,
+             unsigned char *plain)
 {
     Py_ssize_t n = len - TRAILER, end, off;
     uint16_t pad;
@@ -146,6 +177,11 @@ read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Seg
         return 0;
     if (data[0] != 'S' || data[1] != 'C' || data[2] != VERSION || data[3] != PTYPE_DATA)
         return 0;
+    if (plain != NULL) {
+        if (!gcm_open(ctx, data, n, plain))
+            return 0;
+        data = plain;
+    }
     s->flags = data[4];
     s->fragment = (s->flags & FLAG_FRAGMENT) != 0;
     if (be16(data + 6) != 1)
@@ -200,7 +236,7 @@ read_segment(EVP_CIPHER_CTX *ctx, const unsigned char *data, Py_ssize_t len, Seg
         return 0;
     s->payloads = data + off;
     s->payload_bytes = (Py_ssize_t)total;
-    return gmac_ok(ctx, data, n);
+    return plain != NULL || gmac_ok(ctx, data, n);
 }
 
 static int
@@ -253,10 +289,20 @@ scan(BatchScanner *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "segment must be positive, start not negative");
         goto done;
     }
+    if (self->secret && self->scratch_len < buf.len) {
+        unsigned char *grown = PyMem_Realloc(self->scratch, buf.len);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        self->scratch = grown;
+        self->scratch_len = buf.len;
+    }
     for (pos = start; pos < buf.len && nsegs < MAX_SEGMENTS; pos += segment) {
         Py_ssize_t len = buf.len - pos < segment ? buf.len - pos : segment;
         Segment *s = &segs[nsegs];
-        if (!read_segment(self->ctx, (const unsigned char *)buf.buf + pos, len, s))
+        if (!read_segment(self->ctx, (const unsigned char *)buf.buf + pos, len, s,
+                          self->secret ? self->scratch + pos : NULL))
             break;
         if (segs[0].fragment) {  /* one message's fragments, whole, or nothing */
             if (nsegs ? !next_piece(&segs[nsegs - 1], s) : s->findex != 0)
@@ -331,12 +377,13 @@ done:
 static int
 scanner_init(BatchScanner *self, PyObject *args, PyObject *kwds)
 {
-    return keyed_init(&self->ctx, args, 0);
+    return keyed_init(&self->ctx, &self->secret, args, 0);
 }
 
 static void
 scanner_dealloc(BatchScanner *self)
 {
+    PyMem_Free(self->scratch);
     keyed_free(self->ctx, (PyObject *)self);
 }
 
@@ -348,7 +395,7 @@ static PyMethodDef scanner_methods[] = {
 static PyTypeObject BatchScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "scopecast.netio._datagram_batch.BatchScanner",
-    .tp_doc = PyDoc_STR("BatchScanner(cluster_key): reads a GRO batch's plain runs (GMAC only)"),
+    .tp_doc = PyDoc_STR("BatchScanner(cluster_key, encrypt=False): reads a GRO batch's plain runs"),
     .tp_basicsize = sizeof(BatchScanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -362,6 +409,7 @@ static PyTypeObject BatchScannerType = {
 typedef struct {
     PyObject_HEAD
     EVP_CIPHER_CTX *ctx;
+    int secret;                   /* encrypt what follows each header */
     unsigned char nonce[NONCE];   /* 8 random bytes, then a 32-bit counter (as auth.py) */
     uint32_t counter;
 } BatchSealer;
@@ -391,6 +439,15 @@ sign(BatchSealer *self, unsigned char *data, Py_ssize_t n)
     }
     put32(self->nonce + 8, self->counter);
     memcpy(data + n, self->nonce, NONCE);
+    if (n > INT32_MAX)
+        return 0;
+    if (self->secret)  /* the header authenticated, the rest encrypted in place */
+        return EVP_EncryptInit_ex(self->ctx, NULL, NULL, NULL, self->nonce) == 1
+            && EVP_EncryptUpdate(self->ctx, NULL, &outl, data, HEADER_SIZE) == 1
+            && EVP_EncryptUpdate(self->ctx, data + HEADER_SIZE, &outl, data + HEADER_SIZE,
+                                 (int)(n - HEADER_SIZE)) == 1
+            && EVP_EncryptFinal_ex(self->ctx, out, &outl) == 1
+            && EVP_CIPHER_CTX_ctrl(self->ctx, EVP_CTRL_GCM_GET_TAG, TAG, data + n + NONCE) == 1;
     return EVP_EncryptInit_ex(self->ctx, NULL, NULL, NULL, self->nonce) == 1
         && EVP_EncryptUpdate(self->ctx, NULL, &outl, data, (int)n) == 1
         && EVP_EncryptFinal_ex(self->ctx, out, &outl) == 1
@@ -425,7 +482,8 @@ PyDoc_STRVAR(seal_doc,
 "seq, content type, payloads, stamp (see wire.stamp_now)[, fragment (total, index, count,\n"
 "chunk): a FRAGMENT datagram of the run's one payload]): one datagram each, numbered from `first_dseq`, under the encoded\n"
 "routing table `table` (its u16 length first)), each but the last padded to the largest one's\n"
-"size, `segment`, and signed: one buffer for one GSO send call.");
+"size, `segment`, and sealed (signed, or encrypted after the header): one buffer for one GSO\n"
+"send call.");
 
 static PyObject *
 seal(BatchSealer *self, PyObject *args)
@@ -554,7 +612,7 @@ sealer_init(BatchSealer *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL has no random bytes");
         return -1;
     }
-    return keyed_init(&self->ctx, args, 1);
+    return keyed_init(&self->ctx, &self->secret, args, 1);
 }
 
 static void
@@ -571,7 +629,7 @@ static PyMethodDef sealer_methods[] = {
 static PyTypeObject BatchSealerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "scopecast.netio._datagram_batch.BatchSealer",
-    .tp_doc = PyDoc_STR("BatchSealer(cluster_key): builds a GSO batch of plain runs (GMAC)"),
+    .tp_doc = PyDoc_STR("BatchSealer(cluster_key, encrypt=False): builds a GSO batch of plain runs"),
     .tp_basicsize = sizeof(BatchSealer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,

@@ -26,6 +26,7 @@ from scopecast.netio.native import BatchScanner, NameTable, SeqTable, take_mixed
 from scopecast.netio.reassembly import Reassembler, ReassemblyError
 from scopecast.netio.reorder_buffer import ReorderBuffer
 from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun, MemberRepairs
+from scopecast.netio.replay_guard import ControlNumbers, ReplayGuard
 from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 from scopecast.netio.wire import WireRun
 
@@ -59,6 +60,8 @@ class ReceivePath:
         self._gro = gro
         self._scanner = scanner  # a GRO call's consecutive plain runs read in C (_datagram_batch)
         self._recv_size = 65_536
+        self._numbers = ControlNumbers()  # this member's control datagrams (replay_guard)
+        self._replays = ReplayGuard()
         self._reassembler = Reassembler(config.max_message_bytes, config.reassembly_budget_bytes,
                                         config.reassembly_timeout)
         # (topic, source, session) -> the routing record its runs came with, for forwarding the
@@ -90,6 +93,7 @@ class ReceivePath:
         return {sender for _t, sender, _data in self._held}
 
     def housekeeping(self, now: float) -> None:
+        self._replays.expire(now)
         expired = self._reassembler.expire()
         if expired:
             self.drops["reassembly_timeout"] += expired
@@ -196,7 +200,8 @@ class ReceivePath:
         if n < HEADER.size:
             self.drop("truncated")
             return
-        if not self._auth.check(data, n):
+        data = self._auth.open(data, n)
+        if data is None:
             self.drop("bad_mac")
             return
         try:
@@ -207,6 +212,12 @@ class ReceivePath:
             self.drop(exc.reason)
             return
         sender = header.sender
+        if header.ptype not in wire.DATA_TYPES:  # (data: a replay is a duplicate)
+            refused = self._replays.admit(sender, header.dseq, header.stamp, wire.stamp_now(),
+                                          time.monotonic())
+            if refused is not None:
+                self.drop(refused)
+                return
         if header.ptype == wire.PacketType.TOKEN:  # from this member's recovery agent
             self._dispatch(header, data, n)
             return
@@ -562,9 +573,10 @@ class ReceivePath:
 
     def send_control(self, message, address) -> None:
         ptype, body = control_messages.encode(message)
-        data = wire.encode_control(ptype, self.member_id, body)
+        data = wire.encode_control(ptype, self.member_id, body, 0, self._numbers.next(),
+                                   wire.stamp_now())
         try:
-            self._sock.sendmsg([data, self._auth.sign(data)], (), 0, address)
+            self._sock.sendmsg(self._auth.seal(data), (), 0, address)
             self.stats["control_out"] += 1
             self.stats["control_bytes_out"] += len(data) + self._trailer
         except OSError as exc:

@@ -230,6 +230,6 @@ class MemberRepairs:
 
     def _send(self, datagram: bytes, address: tuple[str, int]) -> None:
         try:
-            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, address)
+            self._sock.sendmsg(self._auth.seal(datagram), (), 0, address)
         except OSError:
             self._drops["repair_send_failed"] += 1  # asked again at the requester's next NAK

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from scopecast.actors.errors import WindowFull
 from scopecast.netio import wire
-from scopecast.netio.auth import authenticator
+from scopecast.netio.auth import ENCRYPTING, authenticator
 from scopecast.netio.channel_acks import ChannelAcks
 from scopecast.netio.delivery import Delivery, Subscription
 from scopecast.netio.feed import MESSAGE_COST
@@ -94,9 +94,9 @@ class MemberRuntime:
                                  and batch_limit(datagram) >= MIN_SEGMENTS,
                                  gro=tcfg.gro and found.gro and enable_gro(self._sock))
         self._datagram = datagram
-        # a GRO call's consecutive plain runs read in C, a GSO call's built there (GMAC only: see
-        # _datagram_batch.c; without the extension, see `native`, one by one in Python)
-        gmac = config.mac == "gmac"
+        # a GRO call's plain runs read in C, a GSO call's built there (AES-GCM only; without the
+        # extension, see `native`, one by one in Python)
+        gcm, secret = config.mac in ("gmac", ENCRYPTING), config.mac == ENCRYPTING
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -139,13 +139,13 @@ class MemberRuntime:
         basics = MemberBasics(member_id, name, config, self._sock, authenticator(config.mac, key),
                               datagram, self.stats, self.drops, self.unknown_sender, self.address)
         self.receiver = ReceivePath(basics, self.tables, self.offloads.gro,
-                                    BatchScanner(key) if BatchScanner and self.offloads.gro
-                                    and gmac else None)
+                                    BatchScanner(key, secret) if BatchScanner
+                                    and self.offloads.gro and gcm else None)
         self.own = OwnStream(self.stats, self._space)
         self.sender = SendPath(basics, self.tables, self.own, self._publish_q, self._sel,
                                self.offloads.gso,
-                               BatchSealer(key) if BatchSealer and self.offloads.gso
-                               and gmac else None)
+                               BatchSealer(key, secret) if BatchSealer and self.offloads.gso
+                               and gcm else None)
         self.joins = Joins(self.stats, self.tables, self.own)
         self.recovery = RecoveryPath(basics, self.tables, self.own, self.joins)
         self.delivery = Delivery(member_id, name, self.tables, self.stats, config.max_backlog_bytes)

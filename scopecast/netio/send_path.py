@@ -463,7 +463,7 @@ class SendPath:
         datagram = wire.encode_data(wire.PacketType.DATA, self.member_id, feed.channel, feed.dseq,
                                     EMPTY_TABLE, 0, [], flags=wire.FLAG_ACK_NOW)
         try:
-            self._sock.sendmsg([datagram, self._auth.sign(datagram)], (), 0, feed.address)
+            self._sock.sendmsg(self._auth.seal(datagram), (), 0, feed.address)
             self.stats[counter] += 1
         except OSError:
             self.drops["send_error"] += 1  # probed again after PROBE_AFTER
@@ -490,7 +490,7 @@ class SendPath:
             sent = True
         else:
             size = len(datagram) + self._trailer
-            sent = self._send(feed.address, [datagram, self._auth.sign(datagram)], 0)
+            sent = self._send(feed.address, self._auth.seal(datagram), 0)
         feed.sent(size, now)
         self.stats["datagrams_out"] += 1
         return sent
@@ -508,7 +508,7 @@ class SendPath:
             self._batch_most = batch_limit(size)
         elif size < self._batch_segment:
             datagram = wire.padded(datagram, self._batch_segment - self._trailer)
-        self._batch_parts += (datagram, self._auth.sign(datagram))
+        self._batch_parts += self._auth.seal(datagram)
         self._batch_n += 1
         return self._batch_segment
 

@@ -51,7 +51,8 @@ from scopecast.actors.errors import IncompatibleVersion
 from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
-VERSION = 5  # 5: the header's stamp; 4: control bodies are `control_messages` records
+VERSION = 6  # 6: control datagrams numbered and stamped (replay_guard); 5: the header's stamp;
+            # 4: control bodies are `control_messages` records
 
 HEADER = struct.Struct("!2sBBBBHIHHQI")
 STAMP_AT = 24  # the header's stamp field
@@ -491,12 +492,14 @@ def decode_data(view: memoryview | bytes) -> tuple[Header, list[WireMessage] | F
     return header, messages
 
 
-def encode_control(ptype: int, sender: int, body: object, channel: int = 0, dseq: int = 0) -> bytes:
-    """A non-data datagram (token, NAK, control, end-of-stream): header plus a msgpack body."""
+def encode_control(ptype: int, sender: int, body: object, channel: int = 0, dseq: int = 0,
+                   stamp: int = 0) -> bytes:
+    """A non-data datagram (token, NAK, control): header plus a msgpack body. A sender numbers
+    them (`dseq`: its epoch and a counter) and stamps them (`stamp_now`): see replay_guard."""
     payload = msgpack.packb(body, use_bin_type=True)
     if len(payload) > MAX_CONTROL_BODY:
         raise ValueError(f"control body of {len(payload)} bytes exceeds {MAX_CONTROL_BODY}")
-    return pack_header(ptype, 0, 0, sender, channel, dseq) + payload
+    return pack_header(ptype, 0, 0, sender, channel, dseq, stamp) + payload
 
 
 def decode_control(view: memoryview | bytes) -> tuple[Header, object]:

@@ -19,6 +19,7 @@ import ray
 from scopecast.actors import declare, ray_private
 from scopecast.actors.errors import InvalidConfig, NotConnected
 from scopecast.netio import wire
+from scopecast.netio.auth import ENCRYPTING
 from scopecast.netio.pubsub import (
     Publisher,
     Subscriber,
@@ -84,14 +85,17 @@ def embedded_ray_options() -> dict:
 
 
 def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
-            start: bool = True, mac: str = "gmac", interface: str | None = None,
+            start: bool = True, mac: str = "gmac", encrypt: bool = False,
+            interface: str | None = None,
             name: str | None = None, settings: dict | None = None,
             levels: list[str] | None = None, trusted_keys: list[str] | None = None,
             datagram_bytes: int | None = None, max_message_bytes: int | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet authenticator of a
-    cluster deployed now, "gmac" or "hmac-sha256"; `interface` the address its members use for multicast,
+    cluster deployed now, "gmac" or "hmac-sha256"; `encrypt` makes it encrypt every datagram's
+    payload and control body with AES-256-GCM under the cluster key, and attaching with it to a
+    cluster that does not raises InvalidConfig; `interface` the address its members use for multicast,
     default loopback for an embedded Ray and each node's own address otherwise). `settings` sets the
     cluster settings of a cluster deployed now: failure detection, the recovery token's periods, how
     long an empty user scope lives, and when a slow consumer is demoted (docs/settings.md lists them
@@ -110,6 +114,11 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
         TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
     if max_message_bytes is not None:
         RuntimeConfig(max_message_bytes=max_message_bytes)  # InvalidConfig when out of range
+    if encrypt:
+        if mac not in ("gmac", ENCRYPTING):
+            raise InvalidConfig(f"encrypt=True is AES-256-GCM, which authenticates too: it does "
+                                f"not combine with mac={mac!r}")
+        mac = ENCRYPTING
     owns_ray = attach_ray(address, start)
     ray_private.preload_log_thread_imports()  # (a driver that called ray.init itself, too)
     ray_private.route_worker_pool_notice()
@@ -132,6 +141,10 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     hello = call(manager.hello)
     wire.check_version(hello.get("wire_version"), "the cluster")  # IncompatibleVersion
     cluster_config(config, hello)  # a limit other than the cluster's: InvalidConfig now
+    if encrypt and hello.get("mac") != ENCRYPTING:
+        raise InvalidConfig(f"this cluster does not encrypt (it was deployed with "
+                            f"mac={hello.get('mac')}): deploy it afresh with encrypt=True "
+                            "(`scopecast up --encrypt`)")
     return Cluster(manager, hello, owns_ray, config, name, embedded_home=home)
 
 

@@ -42,6 +42,7 @@ def record_path() -> Path:
 
 
 def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
+       encrypt: bool = False,
        trusted_keys: list[str] | None = None, datagram_bytes: int | None = None,
        settings: dict | None = None, levels: list[str] | None = None,
        max_message_bytes: int | None = None) -> dict:
@@ -57,7 +58,7 @@ def up(address: str | None = None, port: int = DEFAULT_PORT, mac: str = "gmac",
         if not reachable(address):
             _start_head(port)
             started_ray = True
-    cluster = connect(address=address, start=True, mac=mac, interface=interface,
+    cluster = connect(address=address, start=True, mac=mac, encrypt=encrypt, interface=interface,
                       trusted_keys=trusted_keys, datagram_bytes=datagram_bytes,
                       settings=settings, levels=levels, max_message_bytes=max_message_bytes)
     try:
