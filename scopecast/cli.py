@@ -48,9 +48,16 @@ def cmd_status(args) -> int:
 
 def _status_text(status: dict) -> str:
     """The scope tree, one line per scope, member and channel."""
-    lines = [f"cluster {status['cluster_id']}  (up {status['uptime_s']}s, state "
-             f"{status['manager']['state']}, {status['directory']} members in the directory)",
-             f"topics ({len(status['topics'])}):"]
+    from scopecast.netio.auth import ENCRYPTING
+
+    manager = status["manager"]
+    mirror = "mirrored to the GCS" + (f", {manager['state_mirror_failures']} failed puts"
+                                      if manager.get("state_mirror_failures") else "") \
+        + (" (restored from it)" if manager.get("state_restored_from_gcs") else "")
+    lines = [f"cluster {status['cluster_id']}  (up {status['uptime_s']}s, "
+             + ("encrypted, " if manager.get("mac") == ENCRYPTING else f"{manager.get('mac')}, ")
+             + f"state {manager['state']} {mirror}, {status['directory']} members in the "
+             "directory)", f"topics ({len(status['topics'])}):"]
     lines += [f"  {t['name']:<30} id={t['id']:<5} policy={t['policy']:<14} session={t['session']}"
               + (f" root={t['root']}" if t["root"] else "") for t in status["topics"]]
     lines.append("scopes:")

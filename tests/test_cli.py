@@ -117,6 +117,8 @@ def test_status_shows_each_members_channels(cluster, topic_name):
     assert topic_name in me["subscriptions"] and info.id in me["publishes"]
     text = _status_text(status)
     assert "scopes:" in text and me["name"] in text
+    # the first line says how datagrams are protected and where the root's state is kept
+    assert "gmac, state " in text.splitlines()[0] and "mirrored to the GCS" in text
     # a LAN scope's line says whether multicast passes among its hosts (here: one host)
     lan = next(s for s in walk(status) if s["kind"] == "lan")
     line = next(x for x in text.splitlines() if x.strip().startswith(f"{lan['path']}  [lan"))
