@@ -15,12 +15,15 @@ def admit(guard: ReplayGuard, dseq: int, sender: int = 5, stamp: int = NOW, t: f
 
 def test_each_number_passes_once_in_any_order_within_the_window():
     n = ControlNumbers(epoch=7)
-    numbers = [n.next() for _ in range(200)]
+    total = WINDOW + 200
+    numbers = [n.next() for _ in range(total)]
     guard = ReplayGuard()
-    order = numbers[:50] + numbers[60:100] + numbers[50:60][::-1] + numbers[100:]
-    assert [admit(guard, d) for d in order] == [None] * 200
+    # a whole socket's batch read before another's: far out of order, yet within the window
+    order = (numbers[:50] + numbers[60:100] + numbers[50:60][::-1] + numbers[100:200]
+             + numbers[300:] + numbers[200:300])
+    assert [admit(guard, d) for d in order] == [None] * total
     assert {admit(guard, d) for d in numbers[-WINDOW:]} == {"replayed"}
-    assert admit(guard, numbers[200 - WINDOW - 2]) == "replayed"  # below the window
+    assert admit(guard, numbers[total - WINDOW - 2]) == "replayed"  # below the window
 
 
 def test_an_older_epoch_is_stale_a_newer_one_starts_afresh_and_senders_are_apart():
@@ -59,4 +62,9 @@ def test_idle_senders_are_forgotten_and_the_table_is_bounded():
         assert admit(guard, ControlNumbers(epoch=1).next(), sender=sender, t=sender) is None
     assert len(guard) == 3  # the oldest went
     guard.expire(62.5)
+    assert len(guard) == 2
+    assert admit(guard, ControlNumbers(epoch=2).next(), sender=2, t=62.6) is None
+    guard.expire(63.2)  # within a second of the last scan: not scanned again (3 idle now)
+    assert len(guard) == 3
+    guard.expire(64.0)
     assert len(guard) == 2

@@ -11,9 +11,12 @@ Data datagrams need nothing of this (their sequence numbers make a replay a dupl
   sender's epoch (its start, in wall-clock seconds, 32 bits) then a 32-bit counter; a counter that
   would wrap starts the next epoch.
 * `ReplayGuard` keeps, per sender id, the newest epoch and the counters seen in a window of
-  WINDOW below the highest (as IPsec's anti-replay window: UDP reorders a little, and a datagram
-  out of order must still pass once). Refused and counted: an older epoch (`stale_epoch`), a
-  counter seen already or below the window (`replayed`), and a datagram whose stamp is more than
+  WINDOW below the highest (as IPsec's and WireGuard's anti-replay windows: a datagram out of
+  order must still pass once). The window is wide because a member reads its sockets (its
+  unicast port, each group) a batch at a time in turn: one sender's datagrams to two of them
+  arrive far out of order when the member is busy, and a 64-counter window refused fresh ones.
+  Refused and counted: an older epoch (`stale_epoch`), a counter seen already or below the
+  window (`replayed`), and a datagram whose stamp is more than
   `max_age` seconds from the receiver's clock either way (`stale_control`: the sender state a
   receiver forgets after `idle` seconds without one is then no opening for old recordings). A
   sender's state is forgotten after `idle` seconds, and the oldest beyond `limit` senders.
@@ -28,7 +31,7 @@ import time
 
 from scopecast.netio import wire
 
-WINDOW = 64
+WINDOW = 2048
 EPOCH_SHIFT = 32
 COUNTER_MASK = (1 << EPOCH_SHIFT) - 1
 HALF_WRAP = wire.STAMP_WRAP >> 1
@@ -60,6 +63,7 @@ class ReplayGuard:
         self._limit = limit
         # sender -> [epoch, highest counter, bitmap of the WINDOW counters below it, last seen]
         self._senders: dict[int, list] = {}
+        self._next_expiry = 0.0
 
     def admit(self, sender: int, dseq: int, stamp: int, now_stamp: int, now: float) -> str | None:
         """None if the datagram passes (and is remembered); else the reason it is refused."""
@@ -92,7 +96,11 @@ class ReplayGuard:
         return None
 
     def expire(self, now: float) -> None:
-        """Forget senders not heard from for `idle` seconds (housekeeping)."""
+        """Forget senders not heard from for `idle` seconds (housekeeping; callers may call it
+        every tick, the scan runs at most once a second)."""
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + 1.0
         gone = [s for s, st in self._senders.items() if now - st[3] > self._idle]
         for s in gone:
             del self._senders[s]
