@@ -22,6 +22,7 @@ from scopecast.actors.errors import (
     MessageTooLarge,
     MissingExtra,
     NotConnected,
+    PermissionDenied,
     PipelineError,
     PipelineNotFound,
     PluginRejected,
@@ -91,7 +92,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster", "CollectIncomplete", "Connect", "ControlTimeout", "DataFrameRejected", "Disconnect",
     "FlushTimeout", "ForwardingPolicy", "IncompatibleVersion", "InvalidConfig", "MemberExpired", "Message",
-    "MessageTooLarge", "MissingExtra", "NotConnected", "PipelineError", "PipelineNotFound",
+    "MessageTooLarge", "MissingExtra", "NotConnected", "PermissionDenied", "PipelineError",
+    "PipelineNotFound",
     "PluginRef", "PluginRejected", "PolicyContext", "PublishReport", "Publisher", "PublisherClosed",
     "RuntimeConfig", "ScopecastError", "SparkUnavailable", "Subscriber", "TopicCollector",
     "TopicDatasink", "TopicExists", "TopicInfo", "TopicNotFound", "TransportConfig", "WindowFull",

@@ -1,5 +1,6 @@
 """The `scopecast` commands that administer a running cluster: `scope` (each scope's forwarding
-policy and recovery protocol) and `plugin` (the plug-in library)."""
+policy and recovery protocol), `plugin` (the plug-in library) and `credential` (what a member may
+publish and subscribe to)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,16 @@ def cmd_plugin(args) -> int:
         return 0
 
 
+def cmd_credential(args) -> int:
+    with connect(args) as cluster:
+        token = cluster.issue_credential(args.name, args.publish or [], args.subscribe or [])
+    show({"name": args.name, "publish": args.publish or [], "subscribe": args.subscribe or [],
+          "credential": token}, args.json)
+    return 0
+
+
 def add_parsers(sub, attach) -> None:
-    """The `scope` and `plugin` commands' parsers (`attach` adds --address)."""
+    """The `scope`, `plugin` and `credential` commands' parsers (`attach` adds --address)."""
     sc = attach(sub.add_parser(
         "scope", help="administer scopes: the forwarding policy and recovery protocol of the "
                       "topics within a scope",
@@ -115,3 +124,22 @@ def add_parsers(sub, attach) -> None:
     pl.add_argument("--sign", metavar="KEY", help="submit: sign with this Ed25519 private key")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plugin)
+
+    cr = attach(sub.add_parser(
+        "credential", help="issue a credential limiting what a process may publish and "
+                           "subscribe to",
+        description="Prints a token for `scopecast.connect(credential=TOKEN)` (or the "
+                    "SCOPECAST_CREDENTIAL environment variable): members of a process that "
+                    "connects with it may publish only to topics named or matched by --publish "
+                    "and subscribe only to those of --subscribe; anything else raises "
+                    "PermissionDenied, and what such a member publishes elsewhere is dropped by "
+                    "its receivers (counted as `forbidden`)."))
+    cr.add_argument("action", choices=["issue"])
+    cr.add_argument("name", help="who holds it (shown in status and logs)")
+    cr.add_argument("--publish", action="append", metavar="TOPIC",
+                    help="a topic name or pattern it may publish to; repeatable (none: nothing)")
+    cr.add_argument("--subscribe", action="append", metavar="TOPIC",
+                    help="a topic name or pattern it may subscribe to; repeatable (none: "
+                         "nothing)")
+    cr.add_argument("--json", action="store_true", help="machine-readable output")
+    cr.set_defaults(func=cmd_credential)

@@ -137,7 +137,8 @@ def _free_udp_port() -> int:
 def make_env():
     made: list = []
 
-    def make(config: RuntimeConfig | None = None, install_junk_member: bool = True) -> Env:
+    def make(config: RuntimeConfig | None = None, install_junk_member: bool = True,
+             junk_publishes: tuple[str, ...] | None = None) -> Env:
         key = os.urandom(32)
         junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         made.append(junk)
@@ -153,7 +154,7 @@ def make_env():
         members = [MemberInfo(r.member_id, r.name, *r.address) for r in (pub, sub)]
         if install_junk_member:
             # a member the subscriber knows, whose address is the junk socket
-            members.append(MemberInfo(JUNK_ID, "J", *junk.getsockname()))
+            members.append(MemberInfo(JUNK_ID, "J", *junk.getsockname(), junk_publishes))
         for r in (pub, sub):
             r.call_wait(r.install_members, members)
             r.call_wait(r.install_topics, {TOPIC: "t"})
@@ -475,3 +476,21 @@ def test_replayed_stale_and_old_epoch_control_datagrams_are_refused_and_counted(
         env.wait(counter_at_least(env, reason, n), f"{reason} count")
     assert env.sub.drops["bad_control"] == counts["bad_control"]  # no replay was taken
     env.assert_valid_stream_intact()
+
+
+def test_runs_a_member_may_not_publish_are_dropped_as_forbidden(make_env):
+    """Issue 45 item 6, permissions on the wire: a member whose credential lets it publish only
+    to other topics sends authentic data of this topic (as a process bypassing the API would):
+    every run is dropped and counted as forbidden, none delivered, and the valid stream is
+    intact."""
+    env = make_env(junk_publishes=("other/*",))
+    sent = 0
+
+    def junk(r: int) -> None:
+        nonlocal sent
+        env.junk.sendto(env.signed(data_body([junk_message(r + 1)], dseq=r + 1)), env.sub.address)
+        sent += 1
+
+    env.interleave(junk)
+    env.wait(counter_at_least(env, "forbidden", sent), "forbidden count")
+    env.assert_valid_stream_intact()  # (no message of J's among those delivered)

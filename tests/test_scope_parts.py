@@ -13,6 +13,7 @@ from scopecast.policies.api import MULTICAST
 from scopecast.scopes import topic_table
 from scopecast.scopes.agent_placement import AgentPlacement
 from scopecast.scopes.container import Channel, PolicyContainer, TopicLayout
+from scopecast.scopes.credentials import Credential
 from scopecast.scopes.delegation import Delegation, MalformedDelegation, Obligation, Part
 from scopecast.scopes.downlink import Downlink
 from scopecast.scopes.layout import Offer
@@ -118,10 +119,80 @@ def test_a_channel_to_a_child_scope_waits_for_its_offer():
     container.topics[1] = TopicLayout("tree", {}, members={"x"}, sources={"b"},
                                       channels={("b", "x", "b"): Channel("b", "x", "b")})
     assert planner.delegate().get("b") is None  # no offer from x yet: nothing to send along
-    below.offers[1] = Offer(("m",), ("u", "10.0.0.2", 6000, 9), (9,))
+    below.offers[1] = (Offer(("m",), ("u", "10.0.0.2", 6000, 9), (9,)),)
     (exit_,) = planner.delegate()["b"].exits
     assert exit_.endpoint == ("u", "10.0.0.2", 6000, 9) and exit_.dst == ("x", "m")
     assert exit_.wraps == (("b", 2),)  # the label's length here: x is two levels deep
+
+
+def test_a_split_scope_offers_a_filtered_sub_channel_per_entry_and_senders_take_each():
+    """Thesis 3.2.4, Fig. 3.10: this scope's policy splits the traffic entering it (by topic set
+    for one topic, modulo 2 for the other); its offers carry the filters, and a sender above that
+    lays a channel with a filter of its own gets an obligation per sub-channel with both."""
+    _s, members, _k, container, planner, _ = _scope([TopicInfo("t/a/1", 1), TopicInfo("t/b/1", 2)])
+    members.children.update(p=_member("p", 1, subs=[1, 2]), q=_member("q", 2, subs=[1, 2]))
+    container.topics[1] = TopicLayout("tree", {}, entry="p", split=(
+        ("p", ("topics", "t/a/*")), ("q", ("topics", "t/b/*"))))
+    container.topics[2] = TopicLayout("tree", {}, entry="p", split=(
+        ("p", ("modulo", 2, 0)), ("q", ("modulo", 2, 1))))
+    offers = planner.offers({1: "member", 2: "member"})
+    assert [(o.endpoint[3], o.filter) for o in offers[1]] == [(1, None)]  # t/a/1: p's alone
+    assert [(o.endpoint[3], o.filter) for o in offers[2]] == [(1, ("modulo", 2, 0)),
+                                                              (2, ("modulo", 2, 1))]
+    wanted = planner.wanted(lambda info: info.policy)
+    assert wanted[2]["sources"] == {"p", "q"}  # each entry starts the traffic inside
+    assert wanted[1]["sources"] == {"p"}  # (q's topic set leaves t/a/1 out)
+    # the scope above: a channel to this one (x), itself replicated modulo 3 by stream
+    _s, above, _k, upper, parent, _ = _scope([TopicInfo("t/a/1", 1), TopicInfo("t/b/1", 2)])
+    above.children["b"] = _member("b", 7, pubs=[2])
+    x = above.children["x"] = ChildScope("x", subs={2: "member"}, depth=2)
+    x.offers[2] = tuple(Offer(("m",), o.endpoint, o.receivers, o.filter) for o in offers[2])
+    upper.topics[2] = TopicLayout("tree", {}, members={"x"}, sources={"b"}, channels={
+        ("b", "x", "b"): Channel("b", "x", "b", ("modulo", 3, 1, "stream"))})
+    exits = parent.delegate()["b"].exits
+    assert sorted((x.endpoint[3], x.filter) for x in exits) == [
+        (1, ("all", ("modulo", 2, 0), ("modulo", 3, 1, "stream"))),
+        (2, ("all", ("modulo", 2, 1), ("modulo", 3, 1, "stream")))]
+    view = parent.member_view(above.children["b"], parent.delegate()["b"], agents={})
+    assert MemberView.from_wire(view.to_wire(1, None)) == (1, view, None)
+
+
+def test_a_policy_filter_naming_members_and_topics_is_laid_with_ids():
+    _s, members, _k, container, planner, _ = _scope([TopicInfo("t/a/1", 1)])
+    members.children.update(a=_member("a", 1, subs=[1]), b=_member("b", 2, pubs=[1]),
+                            c=_member("c", 3, pubs=[1]))
+    container.topics[1] = TopicLayout("tree", {}, members={"a"}, sources={"b", "c"}, channels={
+        ("b", "a", "b"): Channel("b", "a", "b", ("all", ("origin", "b", "nobody"),
+                                                 ("topics", "t/a/*"))),
+        ("c", "a", "c"): Channel("c", "a", "c", ("topics", "t/b/*"))})
+    parts = planner.delegate()
+    (ob,) = parts["b"].exits
+    assert ob.filter == ("origin", 2)  # b's id; the topic set passes t/a/1, decided here
+    assert "c" not in parts  # its topic set passes nothing of t/a/1: not laid
+
+
+def test_a_policy_split_is_checked_by_the_container():
+    container = PolicyContainer(PATH, multicast=False)
+    layout = container.topics[1] = TopicLayout("tree", {})
+    item = {"topic": 1, "members": ["p", "q"], "replicas": [], "_choices": (("p", "q"), ())}
+    container.apply(item, {"entry": "p", "split": [("p", ("topics", "t/*")), ("q", None)]})
+    assert layout.entries() == (("p", ("topics", "t/*")), ("q", None))
+    for bad in ([("z", None)], [("p", ("modulo", 2, 5))], "p", [("p", ("topics", "a/["))]):
+        container.apply(item, {"entry": "p", "split": bad})
+        assert layout.entries() == (("p", None),)  # refused: all of it at the entry
+    assert container.rejected["split"] == 4
+
+
+def test_the_planner_never_makes_a_member_pass_on_a_topic_it_may_not_read():
+    _s, members, _k, _c, planner, _ = _scope([TopicInfo("secret/a", 1), TopicInfo("open/a", 2)])
+    a = _member("a", 1, pubs=[1, 2])
+    b = members.children["b"] = _member("b", 2)
+    b.credential = Credential("b", (), ("open/*",))
+    c = members.children["c"] = _member("c", 3)
+    members.children["a"] = a
+    assert planner.forwarders(1) == ["a", "c"]
+    assert planner.forwarders(2) == ["a", "b", "c"]
+    assert b.publish_limit == () and c.publish_limit is None
 
 
 def test_the_report_cascades_subscriptions_a_member_role_winning_over_a_client_one():
@@ -181,7 +252,7 @@ def test_a_child_scope_joins_by_reporting_and_a_heartbeat_of_a_state_not_held_is
 
 @pytest.mark.parametrize("body", [
     {"incarnation": 1, "rev": 1, "acked": 0, "state": None},             # no version
-    {**ScopeReport(1, 1, 0, None).to_wire(), "v": 2},                    # another version
+    {**ScopeReport(1, 1, 0, None).to_wire(), "v": 1},                    # another version
     {**ScopeReport(1, 1, 0, None).to_wire(), "rev": "x"},
     {**ScopeReport(1, 1, 0, None).to_wire(), "state": {"depth": 1}},
     {**ScopeReport(1, 1, 0, None, SubtreeState(1, {1: "boss"}, frozenset(), {}, {}, True,

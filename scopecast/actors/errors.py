@@ -57,6 +57,11 @@ class PluginRejected(ScopecastError):
     """A plug-in failed validation or trust checks."""
 
 
+class PermissionDenied(ScopecastError, PermissionError):
+    """The member's credential does not let it publish or subscribe to that topic, or the
+    credential itself is not one of this cluster's."""
+
+
 class FlushTimeout(ScopecastError, TimeoutError):
     """Messages were not yet stable (unreliable topics: not yet sent) when the timeout expired."""
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import socket
 import threading
 from collections import Counter
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from scopecast.netio.channel import Channel
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.routing import RoutingLabel
+from scopecast.netio.topic_names import name_filter
 
 MAX_NAMES = 4096   # names of members remembered, current and gone
 
@@ -38,12 +39,14 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True, frozen=True)
 class MemberInfo:
-    """What a member needs to know of another member: its name and unicast address."""
+    """What a member needs to know of another member: its name and unicast address, and the
+    topics (names and patterns) its credential lets it publish to (None: any)."""
 
     id: int
     name: str
     host: str
     port: int
+    publish: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,12 +86,16 @@ class MemberTables:
     routes: dict[int, Sequence[Route]] = field(default_factory=dict)
     subs: dict[int, tuple[Subscription, ...]] = field(default_factory=dict)  # topic -> takers
     subscriptions: list[Subscription] = field(default_factory=list)
+    # member -> a test of the topic names it may publish to, for members with a credential
+    # (scopes/credentials); empty in a cluster without credentials
+    limits: dict[int, Callable[[str], bool]] = field(default_factory=dict)
 
     def set_members(self, members: list[MemberInfo]) -> bool:
         """The members this one knows now; whether any it knew left. Names of members gone are
         kept, the MAX_NAMES latest (their messages still come as repairs)."""
         left = bool(self.members.keys() - {m.id for m in members})
         self.members = current = {m.id: m for m in members}
+        self.limits = {m.id: name_filter(m.publish) for m in members if m.publish is not None}
         names = self.names
         for m in members:
             names.pop(m.id, None)

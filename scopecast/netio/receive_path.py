@@ -355,6 +355,15 @@ class ReceivePath:
         if reorder.held and key in reorder.held and not reorder.releasing:
             reorder.release(key)
 
+    def _forbidden(self, topic: int, source: int) -> bool:
+        """A run published by a member whose credential does not let it publish to the topic
+        (scopes/credentials): dropped, counted, neither delivered nor forwarded."""
+        allowed = self.tables.limits.get(source)
+        if allowed is None or allowed(self.tables.topic_names.get(topic, "")):
+            return False
+        self.drop("forbidden")
+        return True
+
     def _plain_topics(self) -> dict[int, tuple]:
         """topic -> (subscriptions, reliable, latest announced session, names) of the topics this
         member takes and does not forward, rebuilt on table installs: what `_take_mixed` needs of
@@ -383,6 +392,8 @@ class ReceivePath:
         plain = self._plain
         if plain is None:
             plain = self._plain_topics()
+        if self.tables.limits and run[1] in self.tables.limits:
+            plain = {}  # a source with a credential: each message by take_run, checked there
         if self._take_mixed_at_once(data, routes, run, plain):
             return
         _, source, session, _, stream, sseq, ctype, ridx, count, off = run
@@ -494,6 +505,10 @@ class ReceivePath:
         if not (subs or forwards):
             return
         count = len(lengths)
+        if self.tables.limits and self._forbidden(topic, source):
+            if topic in self.recovery.reliable:  # (its stream moves on: never asked for again)
+                self._stream_taken(source, first_sseq, first_sseq + count - 1)
+            return
         stop = off
         payloads = [data[stop:(stop := stop + n)] for n in lengths]
         route = routes[ridx]

@@ -7,14 +7,23 @@ the member through which the topic's traffic enters the scope) or went away — 
 each event with operations on its channels:
 
     Connect(src, dst, origin, filter=None, replicas=1)   lay a channel src -> dst for messages whose
-                                                         origin in this scope is `origin`
+                                                         origin in this scope is `origin`, that
+                                                         pass `filter` if one is given
     Disconnect(src, dst, origin)                         remove it
+
+Filters (thesis 3.2.4), built with the functions below and combined with `every`:
+`modulo(n, k)` (sequence number modulo n, or `on="stream"`: the source's stream sequence number),
+`topic_set(names and patterns)` and `origins(member names)`. A scope decides a topic set when it
+lays the channel (a topic's channel carries that topic only), so it costs nothing per message.
 
 `dst` may be `MULTICAST` where the scope allows IP multicast (`context.multicast`): one group
 reaches every member of the scope. `replicas=n` asks the container to replicate the channel modulo
 n over n members of the source sub-scope (3.2.4). The policy also picks, among the scope's members,
 the *entry* member at which traffic from outside enters the scope and the *exit* members to which a
-channel leaving the scope is delegated.
+channel leaving the scope is delegated. A policy may instead *split* the channel entering the scope
+into sub-channels (Figs 3.10-3.11): `split(members)` returns (member, filter) pairs, and a sender
+outside sends each message to every member whose filter passes it; the built-in policies split
+modulo n over the first n candidates when the topic's options say `{"split": n}`.
 
 Policies are plain Python with no access to the scope manager: everything they know comes through
 `PolicyContext` and the events, and everything they do is the operations they return, which the
@@ -30,12 +39,36 @@ API_VERSION = 1
 MULTICAST = "*"  # the destination of a channel to the scope's multicast group
 
 
+FilterSpec = tuple  # see modulo, topic_set, origins, every
+
+
+def modulo(n: int, k: int, on: str = "seq") -> FilterSpec:
+    """Messages whose sequence number (`on="stream"`: the stream sequence number of their
+    source, across its topics) is k modulo n."""
+    return ("modulo", n, k) if on == "seq" else ("modulo", n, k, on)
+
+
+def topic_set(*names: str) -> FilterSpec:
+    """Messages of the topics named or matched by the patterns (`"flights/*"`)."""
+    return ("topics", *names)
+
+
+def origins(*members: str) -> FilterSpec:
+    """Messages published by these member processes of the scope (by name)."""
+    return ("origin", *members)
+
+
+def every(*specs: FilterSpec) -> FilterSpec:
+    """Messages every one of the filters passes."""
+    return ("all", *specs)
+
+
 @dataclass(slots=True, frozen=True)
 class Connect:
     src: str
     dst: str
     origin: str
-    filter: tuple | None = None   # ("modulo", n, k) or None
+    filter: FilterSpec | None = None   # modulo / topic_set / origins / every, or None
     replicas: int = 1
 
 
@@ -89,6 +122,15 @@ class ForwardingPolicy:
     def exits(self, members: list[str], replicas: int) -> list[str]:
         """The members a channel leaving the scope is delegated to (`replicas` of them)."""
         return members[:replicas]
+
+    def split(self, members: list[str]) -> list[tuple[str, FilterSpec | None]] | None:
+        """The sub-channels traffic entering the scope is split into: (member, filter) pairs,
+        each member one of `members` (sorted by name); None: it all enters at `entry`. By
+        default, `{"split": n}` in the topic's options splits it modulo n over the first n."""
+        n = min(int(self.context.options.get("split", 1) or 1), len(members))
+        if n < 2:
+            return None
+        return [(m, modulo(n, k)) for k, m in enumerate(members[:n])]
 
 
 class LayoutPolicy(ForwardingPolicy):

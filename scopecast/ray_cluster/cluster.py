@@ -89,7 +89,8 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
             interface: str | None = None,
             name: str | None = None, settings: dict | None = None,
             levels: list[str] | None = None, trusted_keys: list[str] | None = None,
-            datagram_bytes: int | None = None, max_message_bytes: int | None = None) -> Cluster:
+            datagram_bytes: int | None = None, max_message_bytes: int | None = None,
+            credential: str | None = None) -> Cluster:
     """Attach to the running Ray (or `address`, or `RAY_ADDRESS`), else start an embedded one.
 
     Deploys the cluster scope manager if it is not there yet (`mac` chooses the packet authenticator of a
@@ -108,8 +109,11 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
     the kernel fragment datagrams inside a LAN, several messages per datagram even of 1 KB, where IP
     fragments pass and frames are seldom lost). `max_message_bytes` sets the largest message of a
     cluster deployed now (default 16 MiB): every member applies it, and a process whose `config`
-    asks for another gets InvalidConfig. With `start=False`, raise `NotConnected` instead of
-    starting an embedded Ray or deploying."""
+    asks for another gets InvalidConfig. `credential` (a token from `Cluster.issue_credential`,
+    or `scopecast credential issue`) limits this process's members to the topics it lets them
+    publish and subscribe to: others raise PermissionDenied (default: the SCOPECAST_CREDENTIAL
+    environment variable, if set). With `start=False`, raise
+    `NotConnected` instead of starting an embedded Ray or deploying."""
     if datagram_bytes is not None:
         TransportConfig(datagram_bytes=datagram_bytes)  # InvalidConfig when out of range
     if max_message_bytes is not None:
@@ -145,7 +149,8 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
         raise InvalidConfig(f"this cluster does not encrypt (it was deployed with "
                             f"mac={hello.get('mac')}): deploy it afresh with encrypt=True "
                             "(`scopecast up --encrypt`)")
-    return Cluster(manager, hello, owns_ray, config, name, embedded_home=home)
+    return Cluster(manager, hello, owns_ray, config, name, embedded_home=home,
+                   credential=credential or os.environ.get("SCOPECAST_CREDENTIAL") or None)
 
 
 def _pem(key: str) -> str:
@@ -229,12 +234,13 @@ class Cluster:
 
     def __init__(self, manager, hello: dict, owns_ray: bool,
                  config: RuntimeConfig | None = None, name: str | None = None,
-                 embedded_home: Path | None = None) -> None:
+                 embedded_home: Path | None = None, credential: str | None = None) -> None:
         self._manager = manager
         self._hello = hello
         self._owns_ray = owns_ray
         self._config = config
         self._name = name
+        self._credential = credential
         self._elements: dict[str, ControlledElement] = {}  # scope path -> this process's member
         self._embedded_home = embedded_home  # an embedded cluster's state directory
         self._lock = threading.Lock()
@@ -264,7 +270,7 @@ class Cluster:
                 handle = scope_actor(path)
                 element = self._elements[path] = ControlledElement(
                     self._manager, handle, path, self._hello, self._config, name=self._name,
-                    on_unused=self._leave)
+                    on_unused=self._leave, credential=self._credential)
                 if self._metrics is None:  # (False: not in this process)
                     self._metrics = metrics.start(self._metric_sources) or False
             element.touch()
@@ -328,6 +334,14 @@ class Cluster:
         return call(self._manager.set_schema, name, schema)
 
     # ---------------------------------------------------------------------- administration
+
+    def issue_credential(self, name: str, publish: list[str] = (),
+                         subscribe: list[str] = ()) -> str:
+        """A credential for `connect(credential=...)`: its holder's members may publish only to
+        the topics named or matched by `publish`, and subscribe only to those of `subscribe`
+        (as NATS subject permissions). Signed with a key derived from the cluster key: any scope
+        manager of this cluster checks it, no other cluster takes it."""
+        return call(self._manager.issue_credential, name, list(publish), list(subscribe))
 
     def configure_scope(self, path: str, policy: str | None = None,
                         recovery: str | None = None,

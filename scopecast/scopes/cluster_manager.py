@@ -38,7 +38,7 @@ from scopecast.netio.topic_names import check_subscription, check_topic_name, na
 from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
-from scopecast.scopes import plugin_check
+from scopecast.scopes import credentials, plugin_check
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.placement import PLUGIN_PREFIX, pinned
 from scopecast.scopes.scope_admin import (
@@ -210,13 +210,16 @@ class ClusterScopeManager(ScopeManager):
     # ------------------------------------------------------------------------ the directory
 
     async def allocate_member(self, name: str, host: str, port: int, pid: int, node: str,
-                              scope: str, member_id: int = 0) -> int:
-        """A cluster-wide member id (the old one for a member registering again)."""
+                              scope: str, member_id: int = 0,
+                              publish: list[str] | None = None) -> int:
+        """A cluster-wide member id (the old one for a member registering again); `publish`:
+        the topics its credential lets it publish to (None: any)."""
         old = self._directory.get(member_id)
         if not (old and old["name"] == name and old["pid"] == pid):
             member_id = self._store.next_id("member")
         entry = {"id": member_id, "name": name, "host": host, "port": port, "pid": pid,
-                 "node": node, "scope": scope}
+                 "node": node, "scope": scope,
+                 "publish": None if publish is None else list(publish)}
         self._directory[member_id] = entry
         self._store.put_member(member_id, entry)
         return member_id
@@ -226,13 +229,23 @@ class ClusterScopeManager(ScopeManager):
             self._store.delete_member(member_id)
 
     async def lookup_members(self, ids: list[int]) -> list[list]:
-        """Name and address of the members `ids` (those the directory knows)."""
+        """Name, address and publish permission (None: any topic) of the members `ids` (those
+        the directory knows)."""
         out = []
         for i in ids[:1024]:
             m = self._directory.get(i)
             if m is not None:
-                out.append([m["id"], m["name"], m["host"], m["port"]])
+                out.append([m["id"], m["name"], m["host"], m["port"], m.get("publish")])
         return out
+
+    async def issue_credential(self, name: str, publish: list[str],
+                               subscribe: list[str]) -> str:
+        """A credential's token (`scopes/credentials`): its holder may publish to `publish` and
+        subscribe to `subscribe` (topic names and patterns) only."""
+        token = credentials.issue(self._key, name, list(publish), list(subscribe))
+        log.info("credential %r issued (%s): publish %s, subscribe %s", name,
+                 credentials.digest(token), list(publish), list(subscribe))
+        return token
 
     # ------------------------------------------------------------------------------- topics
 

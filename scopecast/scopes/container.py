@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from scopecast.policies.api import MULTICAST
+from scopecast.scopes import policy_filters
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,19 @@ class TopicLayout:
     sources: set[str] = field(default_factory=set)
     channels: dict[tuple[str, str, str], Channel] = field(default_factory=dict)
     entry: str | None = None
+    # the sub-channels traffic entering the scope is split into (member, filter spec), if the
+    # policy splits it (else it all enters at `entry`)
+    split: tuple[tuple[str, tuple | None], ...] = ()
     exits: dict[int, list[str]] = field(default_factory=dict)  # replicas -> members
     choices_for: tuple | None = None
     error: str | None = None
     fresh: bool = True  # the policy actor has no instance yet (or lost it)
+
+    def entries(self) -> tuple[tuple[str, tuple | None], ...]:
+        """Where traffic from outside enters the scope: (member, filter spec) per sub-channel."""
+        if self.split:
+            return self.split
+        return ((self.entry, None),) if self.entry is not None else ()
 
 
 class PolicyContainer:
@@ -140,6 +150,7 @@ class PolicyContainer:
         layout.entry = entry if entry in candidates else None
         if layout.entry is None:
             rejected.append(self._reject("entry", entry))
+        layout.split = self._split(result.get("split"), candidates, rejected)
         layout.exits = {}
         for n, chosen in zip(item["replicas"], result.get("exits", ()), strict=False):
             good = [m for m in chosen if m in candidates] if isinstance(chosen, list) else []
@@ -147,6 +158,24 @@ class PolicyContainer:
                 rejected.append(self._reject("exit", chosen))
             layout.exits[n] = good[:n]
         return rejected
+
+    def _split(self, split, candidates: set[str], rejected: list[str]) -> tuple:
+        """A policy's split, checked: every part a candidate with a good filter; none (the
+        whole channel at the entry) where any part is not."""
+        if split is None:
+            return ()
+        try:
+            if not isinstance(split, list) or not 1 <= len(split) <= 64:
+                raise ValueError("not a list of 1 to 64 parts")
+            parts = []
+            for member, flt in split:
+                if member not in candidates:
+                    raise ValueError(f"{member!r:.80} is no candidate")
+                parts.append((member, policy_filters.check(flt)))
+            return tuple(parts)
+        except (TypeError, ValueError) as exc:
+            rejected.append(self._reject("split", f"{exc}: {split!r:.200}"))
+            return ()
 
     def _op(self, layout: TopicLayout, op) -> str | None:
         """Apply one operation; returns why it was refused, or None."""
@@ -164,7 +193,11 @@ class PolicyContainer:
         if (src not in ends or origin not in layout.sources or src == dst
                 or not (dst in ends or (dst == MULTICAST and self.multicast))):
             return self._reject("non-member", op)
-        if not isinstance(replicas, int) or not 1 <= replicas <= 64 or not _good_filter(flt):
+        try:
+            flt = policy_filters.check(flt)
+        except ValueError:
+            return self._reject("malformed", op)
+        if not isinstance(replicas, int) or not 1 <= replicas <= 64:
             return self._reject("malformed", op)
         layout.channels[(src, dst, origin)] = Channel(src, dst, origin, flt, replicas)
         return None
@@ -182,15 +215,11 @@ class PolicyContainer:
     def describe(self) -> dict:
         return {str(t): {"policy": lay.policy, "members": sorted(lay.members),
                          "sources": sorted(lay.sources), "entry": lay.entry,
+                         **({"split": [[m, list(f) if f else None] for m, f in lay.split]}
+                            if lay.split else {}),
                          "channels": [f"{c.src}->{c.dst} (origin {c.origin})"
                                       + (f" x{c.replicas}" if c.replicas > 1 else "")
                                       for c in lay.channels.values()],
                          **({"error": lay.error} if lay.error else {})}
                 for t, lay in self.topics.items()}
 
-
-def _good_filter(flt) -> bool:
-    if flt is None:
-        return True
-    return (isinstance(flt, (list, tuple)) and len(flt) == 3 and flt[0] == "modulo"
-            and isinstance(flt[1], int) and isinstance(flt[2], int) and 0 <= flt[2] < flt[1] <= 64)

@@ -28,7 +28,7 @@ from scopecast.actors.errors import (
 )
 from scopecast.netio import wire
 from scopecast.netio.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
-from scopecast.netio.filters import ModuloFilter
+from scopecast.netio.filters import build
 from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import (
     DEFAULT_MAX_MESSAGE,
@@ -110,7 +110,7 @@ class ControlledElement:
 
     def __init__(self, root, manager, scope: str, hello: dict,
                  config: RuntimeConfig | None = None, role: str = "member",
-                 name: str | None = None, on_unused=None) -> None:
+                 name: str | None = None, on_unused=None, credential: str | None = None) -> None:
         self.root = root
         self.manager = manager
         self.scope = scope
@@ -135,25 +135,31 @@ class ControlledElement:
         self._siblings: list[MemberInfo] = []
         self._peers: dict[int, MemberInfo] = {}  # members of other scopes, from the directory
         self._role = role
+        self._credential = credential  # (a token: scopes/credentials)
         self.demoted = ""   # why the scope demoted this member to client, if it did
         self._on_unused = on_unused  # called from the control thread once it lingered out
         self.unused_since: float | None = time.monotonic()  # no publisher nor subscriber since
         # the runtime's socket is the member's address, so it exists before the registration
         self.runtime = MemberRuntime(0, self.name, hello["key"], config)
         self.publish = self.runtime.publish  # one bound method for all of its publishers
-        self._register()
-        self._fetch()
+        try:
+            self._register()  # (PermissionDenied for a credential not this cluster's, ...)
+            self._fetch()
+        except BaseException:
+            self.runtime.close()
+            raise
         self._thread = threading.Thread(target=self._loop, name="scopecast-control", daemon=True)
         self._thread.start()
 
     def _register(self) -> None:
         rt = self.runtime
         me = (self.name, rt.address[0], rt.address[1], os.getpid(), _node_id(), self._role)
+        args = (*me, self.member_id, wire.VERSION, self._credential)
         try:
-            self.member_id = call(self.manager.register_member, *me, self.member_id, wire.VERSION)
+            self.member_id = call(self.manager.register_member, *args)
         except SCOPE_GONE:
             self._find_scope()
-            self.member_id = call(self.manager.register_member, *me, self.member_id, wire.VERSION)
+            self.member_id = call(self.manager.register_member, *args)
         rt.member_id = self.member_id
 
     def _find_scope(self) -> None:
@@ -408,7 +414,7 @@ def _channel(route: ViewRoute):
     ep = route.endpoint
     channel = UnicastEndpoint(ep[1], ep[2], ep[3]) if ep[0] == "u" else MulticastGroup(ep[1], ep[2])
     if route.filter:
-        return FilteredChannel(((ModuloFilter(route.filter[1], route.filter[2]), channel),))
+        return FilteredChannel(((build(route.filter), channel),))
     return channel
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scopecast.netio.filters import check_spec
 from scopecast.scopes.scope_admin import ScopeAdmin
 
-DELEGATION_VERSION = 2
+DELEGATION_VERSION = 3  # 3: filters of every netio.filters kind
 
 
 class MalformedDelegation(ValueError):
@@ -28,7 +29,7 @@ class MalformedDelegation(ValueError):
 class Obligation:
     """One channel, or one multicast coverage, delegated down: the topic, the member it
     originates at, the receiving path and endpoint (("u", host, port, member) or ("g", group,
-    port)), the members a sender's window waits for, an optional filter (("modulo", n, k)), how
+    port)), the members a sender's window waits for, an optional filter (a `netio.filters` spec), how
     many replicas the scope above asked for, the scope that laid it, and a (member, label
     length) wrap per scope it was delegated through, outermost first."""
 
@@ -50,11 +51,9 @@ class Obligation:
     @classmethod
     def from_wire(cls, body: list) -> Obligation:
         topic, origin, dst, endpoint, receivers, flt, replicas, scope, wraps = body
-        if flt and (flt[0] != "modulo" or len(flt) != 3):
-            raise ValueError(f"unknown filter {flt!r}")
         return cls(int(topic), str(origin), tuple(map(str, dst)), tuple(endpoint),
                    tuple(map(int, receivers)),
-                   (str(flt[0]), int(flt[1]), int(flt[2])) if flt else None, int(replicas),
+                   check_spec(flt), int(replicas),
                    str(scope), tuple((str(n), int(length)) for n, length in wraps))
 
     def describe(self) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scopecast.netio.filters import check_spec
 from scopecast.policies.api import MULTICAST
 
 
@@ -40,22 +41,25 @@ def multicast_path(length: int) -> list[str]:
 
 @dataclass(slots=True, frozen=True)
 class Offer:
-    """What a scope offers as the receiving end of channels into it for one topic: the path
-    below itself, the endpoint (("u", host, port, member) or ("g", group, port)) and the members
-    a sender's window waits for."""
+    """What a scope offers as the receiving end of channels into it for one topic, or of one
+    sub-channel of them where the scope splits its traffic: the path below itself, the endpoint
+    (("u", host, port, member) or ("g", group, port)), the members a sender's window waits for,
+    and the filter of the messages that go there (`netio.filters` spec; None: all of them)."""
 
     chain: tuple[str, ...]
     endpoint: tuple
     receivers: tuple[int, ...]
+    filter: tuple | None = None
 
     def into(self, name: str, length: int) -> list[str]:
         """The destination path, in a scope with labels of `length`, of a channel into `name`."""
         return pad([name, *self.chain], length)
 
     def to_wire(self) -> list:
-        return [list(self.chain), list(self.endpoint), list(self.receivers)]
+        return [list(self.chain), list(self.endpoint), list(self.receivers),
+                list(self.filter) if self.filter else None]
 
     @classmethod
     def from_wire(cls, body: list) -> Offer:
-        chain, endpoint, receivers = body
-        return cls(tuple(chain), tuple(endpoint), tuple(receivers))
+        chain, endpoint, receivers, flt = body
+        return cls(tuple(chain), tuple(endpoint), tuple(receivers), check_spec(flt))

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 from scopecast.actors.errors import InvalidConfig, MemberExpired
 from scopecast.netio.topic_names import name_filter
+from scopecast.scopes.credentials import Credential
 from scopecast.scopes.layout import Offer
 from scopecast.scopes.reports import ScopeReport
 from scopecast.scopes.topics import TopicInfo
@@ -68,10 +69,20 @@ class MemberProcess(Child):
     lagging_since: float = 0.0
     demoted: str = ""              # why this member was demoted to client (a slow consumer)
     wake: asyncio.Event | None = None
+    credential: Credential | None = None  # what it may publish and read (None: anything)
 
-    def offer(self, topic: int) -> Offer | None:
+    def may_read(self, topic: str) -> bool:
+        return self.credential is None or self.credential.may_read(topic)
+
+    @property
+    def publish_limit(self) -> tuple[str, ...] | None:
+        """The topics it may publish to, for its peers (None: any)."""
+        return None if self.credential is None else self.credential.publish
+
+    def offers_of(self, topic: int) -> tuple[Offer, ...]:
         """Where traffic of `topic` enters this member: the member process itself."""
-        return Offer((), ("u", self.host, self.port, self.id), (self.id,) if self.regular else ())
+        return (Offer((), ("u", self.host, self.port, self.id),
+                      (self.id,) if self.regular else ()),)
 
     def record(self, topics: bool = True) -> dict:
         """For status; `topics`: with the ids of the topics it subscribes to and publishes."""
@@ -82,7 +93,8 @@ class MemberProcess(Child):
                 "subscriptions": sorted(self.subscriptions),
                 "client_subscriptions": sorted(self.client_subscriptions), **ids,
                 "view": self.sent_version, "installed": self.acked, "counters": self.counters,
-                "demoted": self.demoted, **_channels(self.sent, topics)}
+                "demoted": self.demoted, **_channels(self.sent, topics),
+                **({"credential": self.credential.describe()} if self.credential else {})}
 
 
 @dataclass(slots=True)
@@ -94,14 +106,14 @@ class ChildScope(Child):
     # per domain key whose domain there has members, the chain down to the member that leads it
     # (where the agent standing for the child in this scope's domain belongs)
     recovering: dict[str, tuple] = field(default_factory=dict)
-    offers: dict[int, Offer] = field(default_factory=dict)
+    offers: dict[int, tuple[Offer, ...]] = field(default_factory=dict)
     incarnation: int = 0
     rev: int = 0                   # revision of the state it reported
 
-    def offer(self, topic: int) -> Offer | None:
-        """Where traffic of `topic` enters the child scope: the entry it offered (None until
-        it has)."""
-        return self.offers.get(topic)
+    def offers_of(self, topic: int) -> tuple[Offer, ...]:
+        """Where traffic of `topic` enters the child scope: the entry it offered, or an offer
+        per sub-channel where it splits the traffic (none until it has offered)."""
+        return self.offers.get(topic, ())
 
     def record(self, topics: bool = True) -> dict:
         ids = {"subscribes": sorted(self.subs), "publishes": sorted(self.pubs)} if topics else {}
@@ -139,11 +151,11 @@ class Membership:
             raise InvalidConfig(f"member name {name!r} is taken in scope {self.path!r}")
 
     def add_member(self, name: str, member_id: int, host: str, port: int, pid: int, node: str,
-                   role: str) -> MemberProcess:
+                   role: str, credential: Credential | None = None) -> MemberProcess:
         check_role(role)
         child = self.children[name] = MemberProcess(
             name, id=member_id, host=host, port=port, pid=pid, node=node, role=role,
-            regular=role == "member", wake=asyncio.Event())
+            regular=role == "member", wake=asyncio.Event(), credential=credential)
         self._by_id[member_id] = name
         self._on_change()
         return child
@@ -286,10 +298,11 @@ def resolve(member: MemberProcess, topics: dict[int, TopicInfo], keys: set[str] 
         for key in keys:
             member.subs.pop(int(key), None)
         infos = filter(None, map(topics.get, map(int, keys)))
+    may_read = member.may_read
     for info in infos:
-        if mine(info.name):
+        if mine(info.name) and may_read(info.name):
             member.subs[info.id] = "member"
-        elif client(info.name):
+        elif client(info.name) and may_read(info.name):
             member.subs[info.id] = "client"
     member.regular = bool(member.role == "member" and (member.subscriptions or member.pubs
                                                        or not member.client_subscriptions))

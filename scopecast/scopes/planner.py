@@ -13,11 +13,14 @@ to it from above and the layouts its policies chose (`container`), the planner c
 
 from __future__ import annotations
 
+import logging
 import zlib
 from dataclasses import replace
 
 from scopecast.agents.builtin import NO_RECOVERY
+from scopecast.netio.filters import all_of
 from scopecast.policies.api import MULTICAST
+from scopecast.scopes import policy_filters
 from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.delegation import NO_PART, Delegation, Obligation, Part
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
@@ -27,6 +30,8 @@ from scopecast.scopes.scope_admin import ScopeChoices, domain_member, upper_key
 from scopecast.scopes.topic_view import ScopeTopics, within
 from scopecast.scopes.topics import TopicInfo
 from scopecast.scopes.views import MemberView, ViewRoute
+
+log = logging.getLogger(__name__)
 
 NO_DELEGATION = Delegation({}, {}, NO_PART, {})
 
@@ -79,17 +84,22 @@ class Planner:
         forwarder where no policy runs for the topic here (a topic covered by a multicast group)."""
         layout = self.container.topics.get(exit_.topic)
         chosen = layout.exits.get(exit_.replicas) if layout is not None else None
-        return chosen or self.forwarders()[:1]
+        return chosen or self.forwarders(exit_.topic)[:1]
 
-    def forwarders(self) -> list[str]:
-        names = sorted(c.name for c in self.children.values() if c.regular)
-        return names or sorted(self.children)
+    def forwarders(self, topic: int) -> list[str]:
+        """The members that may pass `topic` on: regular ones (any, where none is), less member
+        processes whose credential does not let them read it (`scopes/credentials`)."""
+        names = sorted(c.name for c in self.children.values() if c.regular) \
+            or sorted(self.children)
+        info = self.topics.by_id.get(topic)
+        children = self.children
+        return [n for n in names if children[n].kind != "member"
+                or (info is not None and children[n].may_read(info.name))]
 
     def wanted(self, policy_key) -> dict[int, dict]:
         """Per topic, what its policy is asked for; `policy_key(info)` names the policy actor."""
         subs, pubs, exits = self.interest()
         covered = set(self.delegation.part.covered)
-        forwarders = self.forwarders()
         replicas: dict[int, set[int]] = {}
         for x in self.delegation.part.exits:
             replicas.setdefault(x.topic, set()).add(x.replicas)
@@ -104,9 +114,11 @@ class Planner:
             up = not self.top and self.path != info.root
             if up and (tid in subs or tid in exits):
                 layout = self.container.topics.get(tid)
-                if layout is not None and layout.entry in self.children:
-                    sources.add(layout.entry)
-                    members.add(layout.entry)
+                for entry, spec in layout.entries() if layout is not None else ():
+                    if entry in self.children and self.channel_filter(tid, spec)[0]:
+                        # (traffic from outside starts there)
+                        sources.add(entry)
+                        members.add(entry)
             if not members and not sources and tid not in subs:
                 continue
             wanted[tid] = {"policy": policy_key(info),
@@ -118,7 +130,7 @@ class Planner:
                            # subscribers, which take the traffic anyway (a member that only
                            # publishes, made the entry, would get every other source's traffic
                            # just to pass it on); among any members where none subscribes
-                           "candidates": sorted(takers) or forwarders,
+                           "candidates": sorted(takers) or self.forwarders(tid),
                            "replicas": replicas.get(tid, {1})}
         return wanted
 
@@ -173,29 +185,42 @@ class Planner:
                         cov, origin=name, wraps=((name, length),))
                 channels = [c for c in channels if c.dst != MULTICAST]
             for ch in channels:
-                ob = self.obligation(tid, ch, length)
-                if ob is not None and ch.src in self.children:
-                    exits_of.setdefault(ch.src, []).append(ob)
+                obs = self.obligations(tid, ch, length) if ch.src in self.children else ()
+                if obs:
+                    exits_of.setdefault(ch.src, []).extend(obs)
         for x in self.delegation.part.exits:
             chosen = self.exit_members(x)
             n = len(chosen)
             for k, name in enumerate(chosen):
-                exits_of.setdefault(name, []).append(replace(
-                    x, wraps=(*x.wraps, (name, length)), replicas=1,
-                    filter=("modulo", n, k) if n > 1 else x.filter))
+                flt = _both(x.filter, ("modulo", n, k)) if n > 1 else x.filter
+                if flt is not NOT_LAID:
+                    exits_of.setdefault(name, []).append(replace(
+                        x, wraps=(*x.wraps, (name, length)), replicas=1, filter=flt))
         return {name: Part(tuple(exits_of.get(name, ())), covered_of.get(name, {}))
                 for name in exits_of.keys() | covered_of.keys()}
 
-    def obligation(self, tid: int, ch: Channel, length: int) -> Obligation | None:
-        """The delegated form of one channel laid here: where it goes, and who waits for it."""
+    def obligations(self, tid: int, ch: Channel, length: int) -> list[Obligation]:
+        """The delegated form of one channel laid here: where it goes, and who waits for it;
+        one per sub-channel where the destination splits it (none where its entry is not known
+        yet: laid when its report comes, or where its filter passes nothing of the topic)."""
         dst = self.children.get(ch.dst)
-        offer = dst.offer(tid) if dst is not None else None
-        if offer is None:
-            return None  # its entry is not known yet; laid when its report comes
-        return Obligation(tid, ch.origin, tuple(offer.into(dst.name, length)),
-                          tuple(offer.endpoint), tuple(offer.receivers),
-                          tuple(ch.filter) if ch.filter else None, ch.replicas, self.path,
-                          ((ch.src, length),))
+        offers = dst.offers_of(tid) if dst is not None else ()
+        laid, flt = self.channel_filter(tid, ch.filter)
+        if not laid:
+            return []
+        return [Obligation(tid, ch.origin, tuple(offer.into(dst.name, length)),
+                           tuple(offer.endpoint), tuple(offer.receivers), both, ch.replicas,
+                           self.path, ((ch.src, length),))
+                for offer in offers if (both := _both(flt, offer.filter)) is not NOT_LAID]
+
+    def channel_filter(self, tid: int, spec: tuple | None) -> tuple[bool, tuple | None]:
+        """A policy's filter of a channel of topic `tid` laid here, decided for the topic and
+        with member names made ids (`policy_filters.resolve`)."""
+        if spec is None:
+            return True, None
+        info = self.topics.by_id.get(tid)
+        ids = {c.name: c.id for c in self.children.values() if c.kind == "member"}
+        return policy_filters.resolve(spec, tid, info.name if info else "", ids)
 
     def member_view(self, member: MemberProcess, part: Part, agents: dict[str, list]) -> MemberView:
         """A member process's tables from its part of the layout: the channels it sends along,
@@ -221,7 +246,7 @@ class Planner:
         reliable = self.reliable_topics(member)
         by_id = self.topics.by_id
         return MemberView(
-            members=tuple(sorted((c.id, c.name, c.host, c.port)
+            members=tuple(sorted((c.id, c.name, c.host, c.port, c.publish_limit)
                                  for c in self.children.values() if c.kind == "member")),
             routes=tuple(ViewRoute(*key, tuple(topics)) for key, topics in alike.items()),
             groups=tuple(sorted(groups)),
@@ -256,8 +281,9 @@ class Planner:
                             any(c.regular for c in self.children.values()),
                             {p: self.lead_chain(p) for p in self.domain_members()}, rebuilding)
 
-    def offers(self, subs: dict[int, str]) -> dict[int, Offer]:
-        """For each topic this scope receives from its parent: where that traffic enters."""
+    def offers(self, subs: dict[int, str]) -> dict[int, tuple[Offer, ...]]:
+        """For each topic this scope receives from its parent: where that traffic enters, one
+        offer per sub-channel where this scope's policy splits it (thesis 3.2.4, Fig. 3.10)."""
         length = self.length()
         wanted = set(subs) | {x.topic for x in self.delegation.part.exits}
         out = {}
@@ -266,15 +292,22 @@ class Planner:
                 continue
             if self.container.covered(tid):
                 group = self.group()
-                out[tid] = Offer(tuple(multicast_path(length)), ("g", *group),
-                                 tuple(self.joined(group)))
+                out[tid] = (Offer(tuple(multicast_path(length)), ("g", *group),
+                                  tuple(self.joined(group))),)
                 continue
             layout = self.container.topics.get(tid)
-            entry = self.children.get(layout.entry) if layout and layout.entry else None
-            below = entry.offer(tid) if entry is not None else None
-            if below is not None:
-                out[tid] = Offer(tuple(below.into(entry.name, length)), below.endpoint,
-                                 below.receivers)
+            parts = []
+            for name, spec in layout.entries() if layout is not None else ():
+                entry = self.children.get(name)
+                laid, flt = self.channel_filter(tid, spec)
+                if entry is None or not laid:
+                    continue
+                parts += [Offer(tuple(below.into(entry.name, length)), below.endpoint,
+                                below.receivers, both)
+                          for below in entry.offers_of(tid)
+                          if (both := _both(flt, below.filter)) is not NOT_LAID]
+            if parts:
+                out[tid] = tuple(parts)
         return out
 
     # ----------------------------------------------------------------------- recovery domains
@@ -362,3 +395,17 @@ class Planner:
             if owner == child and (a := address(key, name)) is not None:
                 out[below] = a
         return out
+
+
+NOT_LAID = ("not laid",)
+
+
+def _both(a: tuple | None, b: tuple | None) -> tuple | None:
+    """The filter of a sub-channel of a filtered channel; NOT_LAID where the two hold more
+    filters than a channel carries (`netio.filters.MAX_TERMS`: only scopes nested deeper than
+    that, each splitting, get there)."""
+    try:
+        return all_of(a, b)
+    except ValueError as exc:
+        log.error("a sub-channel not laid: %s", exc)
+        return NOT_LAID

@@ -24,6 +24,7 @@ from scopecast.policies.api import (
     PolicyContext,
 )
 from scopecast.policies.registry import check_manifest
+from scopecast.scopes import policy_filters
 
 BASES = {"policy": ForwardingPolicy, "recovery": RecoveryProtocol}
 SELF_CHECK_MEMBERS = ["a", "b", "c"]
@@ -68,6 +69,18 @@ def _check_policy(cls) -> None:
     exits = policy.exits(SELF_CHECK_MEMBERS, 2)
     if not isinstance(exits, list) or set(exits) - set(SELF_CHECK_MEMBERS):
         raise ValueError(f"{cls.__name__}.exits() chose non-members")
+    for op in ops:
+        if isinstance(op, Connect):
+            policy_filters.check(op.filter)
+    split = policy.split(SELF_CHECK_MEMBERS)
+    if split is not None:
+        if not isinstance(split, list) or not split:
+            raise ValueError(f"{cls.__name__}.split() returned {split!r:.100}, not a list of "
+                             "(member, filter) pairs")
+        for member, flt in split:
+            if member not in SELF_CHECK_MEMBERS:
+                raise ValueError(f"{cls.__name__}.split() chose a non-member")
+            policy_filters.check(flt)
 
 
 def _check_recovery(cls) -> None:

@@ -14,7 +14,7 @@ from scopecast.netio import wire
 from scopecast.scopes.layout import Offer
 from scopecast.scopes.topic_table import position
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: an offer per sub-channel, each with its filter
 ROLES = ("member", "client")
 
 
@@ -29,7 +29,7 @@ class SubtreeState:
     depth: int                          # the length of labels of channels laid in the child, + 1
     subs: dict[int, str]                # topic -> "member" | "client" (the strongest below)
     pubs: frozenset[int]                # topics published below
-    offers: dict[int, Offer]            # topic -> where its traffic enters the subtree
+    offers: dict[int, tuple[Offer, ...]]  # topic -> where its traffic enters the subtree
     joined: dict[str, list[int]]        # "group:port" -> members below that joined it
     regular: bool                       # some member below has forwarding duty
     recovering: dict[str, tuple[str, ...]]  # domain key -> chain down to its leader
@@ -38,7 +38,8 @@ class SubtreeState:
     def to_wire(self) -> dict:
         return {"depth": self.depth, "subs": {str(t): r for t, r in self.subs.items()},
                 "pubs": sorted(self.pubs),
-                "offers": {str(t): o.to_wire() for t, o in self.offers.items()},
+                "offers": {str(t): [o.to_wire() for o in offers]
+                           for t, offers in self.offers.items()},
                 "joined": {k: list(v) for k, v in self.joined.items()},
                 "regular": self.regular,
                 "recovering": {p: list(c) for p, c in self.recovering.items()},
@@ -50,7 +51,8 @@ class SubtreeState:
         if not set(subs.values()) <= set(ROLES):
             raise ValueError(f"unknown roles {sorted(set(subs.values()) - set(ROLES))}")
         return cls(int(body["depth"]), subs, frozenset(int(t) for t in body["pubs"]),
-                   {int(k): Offer.from_wire(v) for k, v in body["offers"].items()},
+                   {int(k): tuple(Offer.from_wire(o) for o in v)
+                    for k, v in body["offers"].items()},
                    {str(k): [int(i) for i in v] for k, v in body["joined"].items()},
                    bool(body["regular"]),
                    {str(p): tuple(map(str, chain)) for p, chain in body["recovering"].items()},

@@ -42,7 +42,13 @@ from collections import Counter
 import ray
 
 from scopecast.actors import declare, logs
-from scopecast.actors.errors import IncompatibleVersion, InvalidConfig, ScopeRetired, typed_cause
+from scopecast.actors.errors import (
+    IncompatibleVersion,
+    InvalidConfig,
+    PermissionDenied,
+    ScopeRetired,
+    typed_cause,
+)
 from scopecast.agents.builtin import NO_RECOVERY
 from scopecast.netio import wire
 from scopecast.netio.topic_names import (
@@ -52,7 +58,7 @@ from scopecast.netio.topic_names import (
     topic_matcher,
 )
 from scopecast.netio.transport import member_interface
-from scopecast.scopes import multicast_probe
+from scopecast.scopes import credentials, multicast_probe
 from scopecast.scopes.agent_placement import AgentPlacement
 from scopecast.scopes.container import PolicyContainer
 from scopecast.scopes.delegation import Delegation, MalformedDelegation
@@ -214,16 +220,24 @@ class ScopeManager:
 
     async def register_member(self, name: str, host: str, port: int, pid: int, node: str,
                               role: str = "member", member_id: int = 0,
-                              wire_version: int | None = None) -> int:
+                              wire_version: int | None = None,
+                              credential: str | None = None) -> int:
+        """A member joins; with a `credential` token (`scopes/credentials`) it may publish and
+        read only what that allows (PermissionDenied for a token this cluster did not issue)."""
         check_role(role)
         wire.check_version(wire_version, f"member {name}")  # (one of an older scopecast: None)
         if self.retirement.retired:
             raise ScopeRetired(f"scope {self.path!r} retired as member {name} joined")
         self.members.check_name(name, member_id)
+        cred = None
+        if credential is not None:
+            cred = credentials.verify((await self._cluster_hello())["key"], credential)
         mid = await self._root_call("allocate_member", name, host, int(port), int(pid), node,
-                                    self.path, member_id)
-        self.members.add_member(name, mid, host, int(port), int(pid), node, role)
-        log.info("scope %r: member %s (%d) joined at %s:%d", self.path, name, mid, host, port)
+                                    self.path, member_id,
+                                    None if cred is None else list(cred.publish))
+        self.members.add_member(name, mid, host, int(port), int(pid), node, role, cred)
+        log.info("scope %r: member %s (%d) joined at %s:%d%s", self.path, name, mid, host, port,
+                 f" with credential {cred.name!r}" if cred else "")
         return mid
 
     async def unregister_member(self, member_id: int) -> None:
@@ -241,6 +255,11 @@ class ScopeManager:
         member = self.members.member(member_id)
         for n in names:
             check_subscription(n)
+            if member.credential is not None and not member.credential.may_subscribe(n):
+                raise PermissionDenied(
+                    f"member {member.name}'s credential {member.credential.name!r} does not let "
+                    f"it subscribe to {n!r} (it may subscribe to "
+                    f"{list(member.credential.subscribe)})")
         matched: dict[str, TopicInfo] = {}
         for n in names:
             if is_pattern(n):
@@ -272,6 +291,12 @@ class ScopeManager:
         for info in infos:
             self._check_inside(info)
         member = self.members.member(member_id)
+        cred = member.credential
+        for info in infos:
+            if cred is not None and not cred.may_publish(info.name):
+                raise PermissionDenied(
+                    f"member {member.name}'s credential {cred.name!r} does not let it publish "
+                    f"to {info.name!r} (it may publish to {list(cred.publish)})")
         member.pubs.update(info.id for info in infos)
         member.regular = True
         self._kick()

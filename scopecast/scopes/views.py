@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-VIEW_VERSION = 1
+from scopecast.netio.filters import check_spec
+
+VIEW_VERSION = 2  # 2: filters of every netio.filters kind
 
 
 class MalformedView(ValueError):
@@ -22,7 +24,7 @@ class MalformedView(ValueError):
 @dataclass(frozen=True, slots=True)
 class ViewRoute:
     """One channel a member sends along: its label's paths and origin, where it goes (("u",
-    host, port, member) or ("g", group, port)), an optional filter (("modulo", n, k)), the scope
+    host, port, member) or ("g", group, port)), an optional filter (a `netio.filters` spec), the scope
     that laid it, and the topics it serves."""
 
     src: tuple[str, ...]
@@ -47,10 +49,8 @@ class ViewRoute:
             endpoint = ("g", str(endpoint[1]), int(endpoint[2]))
         else:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        if flt and (flt[0] != "modulo" or len(flt) != 3):
-            raise ValueError(f"unknown filter {flt!r}")
         return cls(tuple(map(str, src)), tuple(map(str, dst)), str(origin), endpoint,
-                   (str(flt[0]), int(flt[1]), int(flt[2])) if flt else None, str(scope),
+                   check_spec(flt), str(scope),
                    tuple(map(int, topics)))
 
     @property
@@ -62,7 +62,8 @@ class ViewRoute:
 class MemberView:
     """A member process's tables, as its scope computed them."""
 
-    members: tuple[tuple[int, str, str, int], ...]  # its siblings: (id, name, host, port)
+    # its siblings: (id, name, host, port, the topics it may publish to or None: any)
+    members: tuple[tuple[int, str, str, int, tuple[str, ...] | None], ...]
     routes: tuple[ViewRoute, ...]
     groups: tuple[tuple[str, int], ...]             # multicast groups it receives on
     receivers: dict[str, tuple[int, ...]]           # "host:port" -> members its window waits for
@@ -76,7 +77,8 @@ class MemberView:
         """The answer to `watch`: this view under `version`, with the piece of the topic table
         the member lacks (`topics`)."""
         return {"v": VIEW_VERSION, "version": version, "topics": topics,
-                "members": [list(m) for m in self.members],
+                "members": [[*m[:4], None if m[4] is None else list(m[4])]
+                            for m in self.members],
                 "routes": [r.to_wire() for r in self.routes],
                 "groups": [list(g) for g in self.groups],
                 "receivers": {k: list(v) for k, v in self.receivers.items()},
@@ -90,7 +92,9 @@ class MemberView:
         try:
             if body.get("v") != VIEW_VERSION:
                 raise ValueError(f"version {body.get('v')!r}, not {VIEW_VERSION}")
-            view = cls(tuple((int(i), str(n), str(h), int(p)) for i, n, h, p in body["members"]),
+            view = cls(tuple((int(i), str(n), str(h), int(p),
+                              None if lim is None else tuple(map(str, lim)))
+                             for i, n, h, p, lim in body["members"]),
                        tuple(ViewRoute.from_wire(r) for r in body["routes"]),
                        tuple((str(g), int(p)) for g, p in body["groups"]),
                        {str(k): tuple(map(int, v)) for k, v in body["receivers"].items()},
