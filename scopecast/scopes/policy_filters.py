@@ -15,6 +15,8 @@ none of them passes nothing).
 
 from __future__ import annotations
 
+import functools
+
 from scopecast.netio import filters
 from scopecast.netio.topic_names import check_subscription, name_filter
 
@@ -60,7 +62,7 @@ def resolve(spec: tuple | None, topic: int, name: str,
     if kind == "topics":
         ids = {x for x in spec[1:] if type(x) is int}
         names = [x for x in spec[1:] if isinstance(x, str)]
-        return (topic in ids or bool(names) and name_filter(names)(name)), None
+        return (topic in ids or bool(names) and _matcher(tuple(names))(name)), None
     if kind == "origin":
         ids = {x if type(x) is int else members.get(x) for x in spec[1:]} - {None}
         return bool(ids), ("origin", *sorted(ids)) if ids else None
@@ -72,3 +74,9 @@ def resolve(spec: tuple | None, topic: int, name: str,
             parts.append(part)
         return laid, filters.all_of(*parts) if laid else None
     return True, spec
+
+
+@functools.lru_cache(maxsize=1024)
+def _matcher(names: tuple[str, ...]):
+    """A topic set's test, compiled once (a scope decides it for every topic it lays)."""
+    return name_filter(names)
