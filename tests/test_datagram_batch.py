@@ -12,7 +12,7 @@ import pytest
 
 from scopecast.netio import control_messages, wire
 from scopecast.netio._datagram_batch import BatchScanner, BatchSealer
-from scopecast.netio.auth import GmacAuthenticator
+from scopecast.netio.auth import GmacAuthenticator, sealed
 
 KEY = os.urandom(32)
 TABLE = wire.encode_route_table([(("lan0", "h1"),)])
@@ -24,7 +24,7 @@ def datagram(dseq: int, seq: int, payloads: list[bytes], topic: int = 3, key: by
     """A signed single-run datagram, padded to SEGMENT as a GSO batch's are."""
     parts = wire.run_parts(topic, 9, 1, seq, 9, seq, 0, 0, payloads)
     body = wire.padded(wire.encode_data(ptype, 9, 1, dseq, table, 1, parts), SEGMENT - 28)
-    return body + GmacAuthenticator(key).sign(body)
+    return sealed(GmacAuthenticator(key), body)
 
 
 def stream(n: int, per: int = 2) -> list[bytes]:
@@ -47,7 +47,7 @@ def test_a_shorter_last_segment_is_read():
     short = datagram(3, 5, [b"x"])
     body = short[:-28].rstrip(b"\0")  # unpadded: a GSO batch's last datagram
     body = body[:wire.PAD_AT] + b"\0\0" + body[wire.PAD_AT + 2:]
-    last = body + GmacAuthenticator(KEY).sign(body)
+    last = sealed(GmacAuthenticator(KEY), body)
     got = BatchScanner(KEY).scan(b"".join(stream(2)) + last, SEGMENT, 0)
     assert got[1] == 3 and got[0] == 2 * SEGMENT + len(last) and got[16].endswith(b"x")
 
@@ -87,7 +87,7 @@ def test_other_datagrams_and_garbage_are_left_to_the_slow_path():
         wire.WireMessage(3, 9, 1, 1, 8, 1, 0, (("a", "b"),), b"q")])
     scanner = BatchScanner(KEY)
     for body in (control, mixed, two_runs):
-        assert scanner.scan(body + signer.sign(body), SEGMENT, 0) is None
+        assert scanner.scan(sealed(signer, body), SEGMENT, 0) is None
     for junk in (b"", b"SC", os.urandom(SEGMENT), bytes(SEGMENT), stream(1)[0][:60]):
         assert scanner.scan(junk, SEGMENT, 0) is None
     with pytest.raises(ValueError):
@@ -107,7 +107,7 @@ def test_a_sealed_batch_is_what_wire_and_auth_make():
     seen = []
     for i in range(0, len(data), segment):
         d = data[i:i + segment]
-        assert checker.check(d, len(d) - 28)
+        assert checker.open(d, len(d) - 28) is not None
         header, messages = wire.decode_data(memoryview(d)[:len(d) - 28])
         assert (header.sender, header.channel, header.flags) == (9, 1, wire.FLAG_ACK_NOW)
         assert header.stamp == 111 * (header.dseq - 4)  # each datagram its run's stamp
@@ -121,7 +121,7 @@ def test_a_sealed_batch_is_what_wire_and_auth_make():
     again, _ = sealer.seal(9, 1, 5, 0, TABLE, runs)
     assert again[-28:-16] != data[-28:-16]  # a fresh nonce per datagram
     one, no_segment = sealer.seal(9, 1, 8, 0, TABLE, runs[:1])
-    assert no_segment == 0 and checker.check(one, len(one) - 28)
+    assert no_segment == 0 and checker.open(one, len(one) - 28) is not None
     # payloads may be views (the DataFrame publisher queues them): the same datagram's content
     viewed, _ = sealer.seal(9, 1, 8, 0, TABLE, [(3, 9, 1, 1, 9, 1, 0, [
         memoryview(b"xa" * 100)[1::1][1:101], bytearray(b"b" * 7)], 1)])
@@ -153,7 +153,7 @@ def test_a_sealed_batch_of_fragments_is_what_wire_makes_and_reassembles():
     whole = None
     for i, (frag, piece) in enumerate(pieces):
         d = data[i * segment:(i + 1) * segment]
-        assert checker.check(d, len(d) - 28)
+        assert checker.open(d, len(d) - 28) is not None
         body = wire.unpadded(memoryview(d)[:len(d) - 28], wire.unpack_header(d))
         expect = wire.encode_data(wire.PacketType.DATA, 9, 1, 20 + i, TABLE, 1,
                                   wire.run_parts(3, 9, 1, 7, 9, 7, 0, 0, [piece]), frag, 0, 55)

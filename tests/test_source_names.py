@@ -8,6 +8,7 @@ import os
 import time
 
 from scopecast.netio import wire
+from scopecast.netio.auth import sealed
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, RuntimeConfig
 
@@ -45,7 +46,7 @@ def test_runs_of_a_source_not_known_yet_are_delivered_under_its_name_once_it_is_
         msgs = [wire.WireMessage(T, SOURCE, 1, seq, SOURCE, seq, 0, (("A", "A"),), b"m%d" % seq)
                 for seq in (1, 2, 3)]
         body = wire.encode_datagram(wire.PacketType.DATA, FORWARDER, 1, 1, msgs)
-        _take(rt, body + rt.receiver._auth.sign(body))
+        _take(rt, sealed(rt.receiver._auth, body))
         assert not sub.queue  # (held: nothing came)
         assert SOURCE in rt.call_wait(rt.held_senders)  # the control thread looks it up
         rt.call_wait(rt.install_members, [forwarder, MemberInfo(SOURCE, "publisher", "127.0.0.1", 10)])
@@ -56,7 +57,7 @@ def test_runs_of_a_source_not_known_yet_are_delivered_under_its_name_once_it_is_
         rt.call_wait(rt.install_members, [forwarder])
         late = wire.WireMessage(T, SOURCE, 1, 4, SOURCE, 4, 0, (("A", "A"),), b"m4")
         body = wire.encode_datagram(wire.PacketType.REPAIR, FORWARDER, 0, 0, [late])
-        _take(rt, body + rt.receiver._auth.sign(body))
+        _take(rt, sealed(rt.receiver._auth, body))
         assert [(m.source, m.seq) for m in _received(sub, 1)] == [("publisher", 4)]
     finally:
         rt.close()

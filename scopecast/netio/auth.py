@@ -101,19 +101,13 @@ class GcmSealer:
             return None
         return bytes(view[:CLEAR]) + plain + bytes(view[n:])  # (as long as `data`: see open)
 
-    # authentication alone (GMAC): the trailer of `data`, and whether one checks
-    def sign(self, data) -> bytes:
-        return self.seal(data)[1] if not self.encrypts else _refuse()
-
-    def check(self, data: bytes, n: int) -> bool:
-        return (self.open(data, n) is not None) if not self.encrypts else _refuse()
-
 
 GmacAuthenticator = GcmSealer  # (its default: encrypt=False)
 
 
-def _refuse():
-    raise TypeError("an encrypting sealer has no detached signature: use seal() and open()")
+def sealed(sealer: Sealer, data) -> bytes:
+    """`data` as one sealed datagram (what `seal`'s two buffers make on the wire)."""
+    return b"".join(bytes(part) for part in sealer.seal(data))
 
 
 class HmacAuthenticator:
