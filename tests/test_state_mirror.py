@@ -127,3 +127,17 @@ def test_the_log_is_folded_into_an_image_as_it_grows_and_large_writes_go_as_imag
     assert not [k for k in kv.d if k.startswith(LOG)]
     again = ScopeStore(tmp_path / "b.db", mirror=StateMirror(kv))
     assert again.get("x") == 24 and len(again.topics()) == 50
+
+
+def test_a_root_restarted_on_its_own_node_puts_no_image_and_its_log_goes_on(kv, tmp_path):
+    path = tmp_path / "state.db"
+    a = ScopeStore(path, mirror=StateMirror(kv))
+    a.put("x", 1)
+    a.close()
+    mirror = StateMirror(kv)
+    again = ScopeStore(path, mirror=mirror)  # the mirror is as the file is
+    assert again.restored is None and mirror.images == 0
+    again.put("x", 2)
+    assert mirror.records == 1 and mirror.images == 0
+    elsewhere = ScopeStore(tmp_path / "b.db", mirror=StateMirror(kv))
+    assert elsewhere.restored == again.generation and elsewhere.get("x") == 2

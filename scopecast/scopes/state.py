@@ -76,7 +76,10 @@ class ScopeStore:
         self.restored: int | None = None  # the generation taken from the mirror, if one was
         self.mirror_failures = 0
         found = self._load_mirror() if mirror is not None else None
-        if found is not None and _last_generation(found) > _generation_of(self.path):
+        on_file = _generation_of(self.path)
+        # the mirror as this file is (a root restarted on its own node): nothing to put again
+        current = found is not None and _last_generation(found) == on_file and on_file > 0
+        if found is not None and _last_generation(found) > on_file:
             self._replace_file(found.image)
         else:
             found = None
@@ -93,7 +96,9 @@ class ScopeStore:
             self.restored = self.generation
             log.warning("%s: state restored from the GCS mirror (generation %d): this root ran "
                         "on another node before", self.path, self.generation)
-        if mirror is not None:  # the mirror from here on is this file, whole
+        if current:
+            self._image_due = False  # (its records continue the mirror's log)
+        elif mirror is not None:  # the mirror from here on is this file, whole
             self._put_image()
 
     def _load_mirror(self) -> Mirrored | None:
