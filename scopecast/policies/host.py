@@ -72,8 +72,7 @@ class PolicyHost:
                 members = item["members"]
                 out["entry"] = inst.entry(members)
                 split = inst.split(members)
-                out["split"] = None if split is None else [
-                    (m, tuple(f) if isinstance(f, list) else f) for m, f in split]
+                out["split"] = None if split is None else list(split)  # (checked by the scope)
                 out["exits"] = [inst.exits(members, n) for n in item.get("replicas", ())]
             return out
         except Exception as exc:  # a faulty policy must not take the scope down with it

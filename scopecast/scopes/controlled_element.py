@@ -325,7 +325,8 @@ class ControlledElement:
             return
         found = call(self.root.lookup_members, sorted(unknown))
         with self._lock:
-            self._peers.update((m[0], MemberInfo(*m)) for m in found)
+            self._peers.update((m[0], MemberInfo(*m[:4], None if m[4] is None else tuple(m[4])))
+                               for m in found)
             members = self._siblings + list(self._peers.values())
             self.runtime.call_wait(self.runtime.install_members, members)
 
