@@ -30,6 +30,7 @@ from __future__ import annotations
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 
 MAX_ACK_NAKS = 64
+MAX_PEERS = 1 << 20  # a light count no group reaches
 SLACK = 1e-6  # a tick lands on a period's edge give or take a rounding error: that one is due
 _NUMBER = (int, float)
 
@@ -69,8 +70,14 @@ def _report(body: dict, own: bool) -> dict | None:
         naks = _naks(body.get("naks", []))
         cnt = dict.fromkeys(acks, 1) if own else _numbers(body.get("cnt", {}))
         busy = any(r[1] for r in recs.values()) if own else bool(body.get("act"))
+        # light members (thesis 3.2.14) hold nothing back: counted, their acks left out
+        light = int(body.get("light") is True) if own else body.get("light", 0)
+        if light.__class__ is not int or not 0 <= light <= MAX_PEERS:
+            raise ValueError("a light count out of range")
+        if own and light:
+            acks, cnt = {}, {}
         return {"acks": acks, "cnt": cnt, "recs": recs, "seen": _numbers(body.get("seen", {})),
-                "naks": naks, "act": busy or bool(naks)}
+                "naks": naks, "act": busy or bool(naks), "light": light}
     except (AttributeError, TypeError, ValueError):
         return None
 
@@ -211,8 +218,9 @@ class AckTree(RecoveryProtocol):
     def _subtree(self) -> dict:
         """This agent's subtree: its bottom and each child's latest report. A bottom's own NAKs
         go up unserved (its agent pushing them would have the requester repair itself)."""
-        acks, cnt, recs, seen, naks = {}, {}, {}, {}, []
+        acks, cnt, recs, seen, naks, light = {}, {}, {}, {}, [], 0
         for rep in [*self.kids.values(), self.bottom]:  # the bottom's records are the freshest
+            light += rep["light"]
             for stream, a in rep["acks"].items():
                 acks[stream] = min(acks.get(stream, a), a)
                 cnt[stream] = cnt.get(stream, 0) + rep["cnt"].get(stream, 0)
@@ -221,7 +229,7 @@ class AckTree(RecoveryProtocol):
                 seen[stream] = max(seen.get(stream, s), s)
             naks += [n for n in rep["naks"] if n not in naks]
         return {"acks": acks, "cnt": cnt, "recs": recs, "seen": seen, "naks": naks[:MAX_ACK_NAKS],
-                "act": self._busy()}
+                "act": self._busy(), "light": light}
 
     def _ack(self, now: float) -> list[tuple[int, object]]:
         self.reported = self._subtree()
@@ -233,11 +241,13 @@ class AckTree(RecoveryProtocol):
         """The root: the group's aggregate goes up, or at the top becomes stability; then DOWN
         goes to the children (`always` each period, else only if something changed)."""
         agg = self._subtree()
-        n = len(self.view.peers)
-        # held by the group: what every member reported, and nothing while some have no agent
+        n = len(self.view.peers) - agg["light"]
+        # held by the group: what every regular member reported, nothing while some have no agent
         acks = {} if self.view.missing else {s: (a if agg["cnt"].get(s, 0) >= n else 0)
                                              for s, a in agg["acks"].items()}
         up = {"acks": acks, "recs": agg["recs"], "seen": agg["seen"], "naks": []}
+        if n <= 0:
+            up["light"] = True  # every member light: so is the group, to the level above
         down, hi = self.down, self.hi
         if not self.view.has_upper:
             # the top decides: stable is what every regular member holds; it never goes back

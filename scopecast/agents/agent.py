@@ -78,6 +78,10 @@ class RecoveryAgent:
         self._peers: list[tuple[str, int]] = []
         self._upper: tuple[str, int] | None = None
         self._view: PeerView | None = None
+        if spec.get("light"):
+            # a member joining a running domain (thesis 3.2.14): light until it reports, so that
+            # one stopped before its first report holds nobody back (the summary is its words)
+            _guarded(self, self.protocol.on_summary, {"light": True}, time.monotonic())
         self.drops: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
         self._last_bottom = 0.0

@@ -20,7 +20,14 @@ tells the protocol what happened; the protocol answers with what to send.
 Summary (all keys optional)::
 
     {"acks": {stream: max_contiguous}, "seen": {stream: highest delivered}, "naks": [[stream,
-     topic, session, lo, hi, lo_sseq, hi_sseq, member_id, host, port]], "recs": {stream: record}}
+     topic, session, lo, hi, lo_sseq, hi_sseq, member_id, host, port]], "recs": {stream: record},
+     "light": true}
+
+`light` (thesis 3.2.14): the bottom is a member that joined and has not caught up yet (or, from a
+group's leader, a group whose members all are). Stability should leave its acks out: it is
+promoted, and says so by leaving `light` out, once what is stable reached what it holds. An agent
+made for a member joining a running domain gets ``{"light": true}`` as its first summary, so that a
+member stopped before it ever reported holds nobody back.
 
 A *stream* is a sender's sequence space (the wire format's stream id, here the sending member's id);
 `max_contiguous` is the stream position up to which the bottom holds everything it is owed. A

@@ -62,7 +62,10 @@ def partitions(n: int, regions: tuple[int, ...], size: int) -> list[list[int]]:
 
 
 def _aggregate(token: dict, size: int) -> dict:
-    """MaxContiguous per stream over a ring of `size`: 0 where some member did not report it."""
+    """MaxContiguous per stream over the regular members of a ring of `size` (light ones, thesis
+    3.2.14, are not counted): 0 where some regular member did not report it."""
+    light = token.get("light", 0)
+    size -= light if light.__class__ is int else 0
     return {s: (a if token["cnt"].get(s, 0) >= size else 0) for s, a in token["acks"].items()}
 
 
@@ -228,7 +231,10 @@ class TokenRing(RecoveryProtocol):
         """Add what this agent stands for to the token: its bottom (partition ring) or its
         partition's aggregate (regional ring); take NAKs its bottom can serve."""
         source = self.bottom if ring.kind == "p" else (self.part or {})
-        _add_acks(token, source.get("acks", {}))
+        if source.get("light"):  # a light member (or a partition of them) holds nothing back
+            token["light"] = token.get("light", 0) + 1
+        else:
+            _add_acks(token, source.get("acks", {}))
         token["recs"].update(source.get("recs", {}))
         seen = token.setdefault("seen", {})
         for stream, s in source.get("seen", {}).items():
@@ -275,6 +281,8 @@ class TokenRing(RecoveryProtocol):
         acks = {} if self.view.missing else _aggregate(token, len(ring.members))
         agg = {"acks": acks, "recs": token["recs"],
                "naks": token["naks"], "seen": token.get("seen", {})}
+        if token.get("light", 0) >= len(ring.members):
+            agg["light"] = True  # every member light: so is the group, to the ring or level above
         if ring.kind == "p" and "g" in self.rings:
             self.part = agg  # the regional token takes it
             return

@@ -99,6 +99,7 @@ class ChannelAcks:
                 self._stats["acks_withheld"] += 1
                 return
         members = self._tables.members
+        light = int(self._recovery.promotion.light)
         for (sender, channel), pos in self._pos.items():
             if pos[0] == pos[1]:
                 # repeated: a lost ack must not leave a sender's full window stalled (often for
@@ -115,4 +116,4 @@ class ChannelAcks:
             # how long the acknowledged datagram waited for this ack (acks go every ack_period):
             # the sender's round-trip sample leaves it out (see delay_window)
             held = max(0, round((now - pos[4]) * 1e6))
-            self._send_control(Ack(channel, pos[0], held), (member.host, member.port))
+            self._send_control(Ack(channel, pos[0], held, light), (member.host, member.port))

@@ -81,11 +81,13 @@ class PeerToken(NamedTuple):
 
 class Ack(NamedTuple):
     """Datagrams of a sender's `channel` taken up to `dseq`; `held_us`: how long that datagram
-    waited for this acknowledgement (the sender's round-trip sample leaves it out)."""
+    waited for this acknowledgement (the sender's round-trip sample leaves it out); `light`: 1
+    while the receiver is light (`promotion`: the sender's window does not wait for it)."""
 
     channel: int
     dseq: int
     held_us: int
+    light: int = 0
 
 
 class WhereAsk(NamedTuple):
@@ -213,6 +215,7 @@ class MemberSummary(NamedTuple):
     seen: dict[int, int]            # stream -> highest delivered
     naks: list[Nak]                 # of this agent's protocol's topics
     recs: dict[int, SenderRecordWire] | None  # its own record, as a sender
+    light: bool = False             # not caught up yet: stability leaves its acks out
 
     def to_wire(self, member: int, address: tuple[str, int]) -> dict:
         """The summary a protocol gets; its NAKs name `member` at `address` as the asker."""
@@ -220,6 +223,8 @@ class MemberSummary(NamedTuple):
                 "naks": [n.row(member, address) for n in self.naks]}
         if self.recs is not None:
             body["recs"] = self.recs
+        if self.light:
+            body["light"] = True
         return body
 
 

@@ -80,6 +80,8 @@ class Delivery:
         self._cap = 2 * max_backlog_bytes  # see deliver
         self.touched: list[Subscription] = []  # subscribers with messages in their inbox
         self.to_wake: list[Subscription] = []
+        self.hold = False  # a light member: inboxes wait for its promotion (`promotion`)
+        self._held_ends: list[tuple[int, int, int, int]] = []  # end markers that wait with them
 
     def offer(self, subs: tuple[Subscription, ...], msgs: list[Message], nbytes: int) -> None:
         """Put messages in the inboxes of `subs`; `deliver` hands the inboxes over."""
@@ -91,7 +93,7 @@ class Delivery:
 
     def deliver(self) -> None:
         """Hand every filled inbox to its application as one batch."""
-        if not self.touched:
+        if not self.touched or self.hold:
             return
         touched, self.touched = self.touched, []
         cap = self._cap
@@ -113,12 +115,39 @@ class Delivery:
     def on_end_of_stream(self, source: int, topic: int, session: int, last_seq: int) -> None:
         """`source`'s stream of `topic` ended after `last_seq`: what came before goes to the
         applications first, so one that finds its queue empty and the marker there has it all."""
+        if self.hold:
+            self._held_ends.append((source, topic, session, last_seq))
+            return
         self.deliver()
         tables = self._tables
         name = self._name if source == self.member_id else tables.names.get(source) or str(source)
         for sub in tables.subs.get(topic, ()):
             sub.end((tables.topic_names.get(topic, str(topic)), name, session), last_seq)
             self._wake_later(sub)
+
+    def release(self) -> None:
+        """The member was promoted: what its inboxes and end markers held goes out."""
+        self.hold = False
+        self.deliver()
+        ends, self._held_ends = self._held_ends, []
+        for end in ends:
+            self.on_end_of_stream(*end)
+
+    def forget(self, topic_id: int, source_id: int, session: int) -> int:
+        """A light member starts a stream later: the messages of it that wait in the inboxes
+        (before the new start) are not delivered; how many."""
+        tables = self._tables
+        topic = tables.topic_names.get(topic_id) or str(topic_id)
+        source = tables.names.get(source_id) or str(source_id)
+        gone = 0
+        for sub in self.touched:
+            kept = [m for m in sub.inbox
+                    if m.topic != topic or m.source != source or m.session != session]
+            gone += len(sub.inbox) - len(kept)
+            sub.inbox = kept
+            sub.inbox_bytes = sum(len(m.payload) for m in kept)
+        self.touched = [sub for sub in self.touched if sub.inbox]
+        return gone
 
     def _wake_later(self, sub: Subscription) -> None:
         if sub.waiting and not sub.wake:

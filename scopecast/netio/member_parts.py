@@ -33,6 +33,7 @@ MAX_NAMES = 4096   # names of members remembered, current and gone
 if TYPE_CHECKING:
     from scopecast.netio.key_table import KeyTable
     from scopecast.netio.peer_cache import PeerCache
+    from scopecast.netio.promotion import Promotion
     from scopecast.netio.stream_position import StreamPositions
     from scopecast.netio.tail_evidence import TailEvidence
 
@@ -161,7 +162,8 @@ class Sending(Protocol):
     def forward_run(self, topic: int, source: int, session: int, first: int, stream: int,
                     first_sseq: int, ctype: int, record: tuple, payloads: list,
                     stamp: int = 0) -> None: ...
-    def on_ack(self, sender: int, channel: int, dseq: int, held: float) -> None: ...
+    def on_ack(self, sender: int, channel: int, dseq: int, held: float,
+               light: int = 0) -> None: ...
 
 
 class Recovering(Protocol):
@@ -179,6 +181,7 @@ class Recovering(Protocol):
     progressed: bool
     loss_seen_at: float
     data_seen_at: float
+    promotion: Promotion
 
     def note_filled(self, key: tuple, given_up: bool) -> None: ...
     def on_instructions(self, body: dict, key: str) -> None: ...

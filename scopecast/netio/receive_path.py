@@ -571,7 +571,7 @@ class ReceivePath:
         msg = control_messages.decode(header.ptype, body)  # (DecodeError: counted by the caller)
         kind = msg.__class__
         if kind is Ack:
-            self.sender.on_ack(header.sender, msg.channel, msg.dseq, msg.held_us / 1e6)
+            self.sender.on_ack(header.sender, msg.channel, msg.dseq, msg.held_us / 1e6, msg.light)
         elif kind is NakAsk:
             self._repairs.on_nak(header.sender, msg)
         elif kind is InstructionsEnvelope:

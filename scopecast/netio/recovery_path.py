@@ -1,21 +1,19 @@
 """The member's side of recovery (thesis 3.2.12's bottom interface; QSM's member state).
 
 A part of `MemberRuntime` (see `member_parts`; it runs on the I/O thread only). The member keeps
-its own state — its unstable messages (`own_stream`), what it received and what it misses — and
-every token period pushes a summary to its recovery agent: per sender stream the MaxContiguous
-position it holds everything it is owed up to, its NAKs, and (as a sender) its record. The
-agent's reply carries stability decided at the top (cleanup), the senders' records (which reveal
-tail losses), and repairs to push to peers.
+its own state (its unstable messages, what it received and misses) and every token period pushes
+a summary to its recovery agent: per sender stream the MaxContiguous position it holds everything
+it is owed up to, its NAKs, and (as a sender) its record. The agent's reply carries stability
+decided at the top, the senders' records (which reveal tail losses), and repairs to push.
 
-- **Several domains**: a member has one agent per recovery domain among its topics (a protocol,
-  or a chain of them: `scopes.scope_admin`). Every agent gets the same acknowledgements
-  (MaxContiguous is per stream, whatever the topics) but only the NAKs of its domain's topics; a
-  message is stable, and a peer's cached copy let go, when every agent that knows it says so.
+- **Several domains**: one agent per recovery domain among its topics (`scopes.scope_admin`).
+  Every agent gets the same acknowledgements (MaxContiguous is per stream) but only the NAKs of
+  its domain's topics; a message is stable when every agent that knows it says so.
 - **Receiver**: a run after a gap waits in the reorder buffer (with no timeout on reliable topics)
   while the member NAKs the range: to its agent (a neighbour that caches it pushes the repair) and,
   straight to the sender, which still holds everything not yet stable.
 - **Caching members** (the agent says which) keep what they receive until stable, to serve NAKs.
-- Where a member starts a stream it meets is the `joins` part's (thesis 3.2.14).
+- Where a member starts a stream it meets is the `joins` part's, when it counts `promotion`'s.
 
 Repairs travel as REPAIR datagrams under a routing record no channel matches: a repair goes only
 where it was asked for. A forwarding member that was repaired forwards the runs it got along the
@@ -36,7 +34,8 @@ from scopecast.netio.key_table import KeyTable
 from scopecast.netio.member_parts import MemberBasics, MemberTables, Receiving, Sending
 from scopecast.netio.own_stream import OwnStream
 from scopecast.netio.peer_cache import PeerCache
-from scopecast.netio.recovery_records import AgentReply, SenderRecord, named_topics
+from scopecast.netio.promotion import LIGHT_PERIOD, Promotion
+from scopecast.netio.recovery_records import AgentReply, SenderRecord, named_topics, stability_digest
 from scopecast.netio.reorder_buffer import ReorderBuffer
 from scopecast.netio.repair_server import ANY_TOPIC, MemberRepairs
 from scopecast.netio.stream_position import KeyDigest, StreamPositions
@@ -117,6 +116,7 @@ class RecoveryPath:
                 receiver: Receiving, sender: Sending) -> None:
         self.delivery, self._reorder, self._repairs = delivery, reorder, repairs
         self.receiver, self.sender = receiver, sender
+        self.promotion = Promotion(self.stats, delivery)
 
     def tick_if_due(self, now: float) -> None:
         """The periodic push, every period; at once on a new hole, on a NAK due again, and on
@@ -148,7 +148,7 @@ class RecoveryPath:
     def status(self) -> dict:
         return {"agents": {p: "%s:%d" % a for p, a in self._agents.items()},
                 "reliable_topics": len(self.reliable), "stable_sseq": self._own.stable_sseq,
-                "cacher": self.cacher, "token_period": self._period, "light": self._joins.light(),
+                "cacher": self.cacher, "token_period": self._period, "light": self.promotion.light,
                 "senders_known": sorted(self._records), "gaps": len(self._nak_at),
                 "cached_runs": self.peer_cache.count(), "peer_runs_kept": self.peer_cache.kept,
                 "cached_messages": self.peer_cache.held}
@@ -171,17 +171,8 @@ class RecoveryPath:
         """What holds this member's own messages back, for a flush that timed out: how far
         they are stable and each agent's latest word on them (from an application thread:
         copies, each taken at once)."""
-        now = time.monotonic()
-        replies = dict(self._replies)
-        words = []
-        for key, (host, port) in dict(self._agents).items():
-            r = replies.get(key)
-            stable = None if r is None else r.down.get(self.member_id)
-            said = "never answered" if r is None else f"answered {now - r.at:.1f}s ago, " + (
-                "not naming this stream yet" if stable is None else f"stable up to {stable}")
-            words.append(f"{key} agent at {host}:{port} {said}")
-        return f"stable up to stream seq {self._own.stable_sseq} of {self.sender.handed} sent; " \
-            + ("; ".join(words) or "no recovery agent yet")
+        return stability_digest(self.member_id, self._own.stable_sseq, self.sender.handed,
+                                dict(self._agents), dict(self._replies))
 
     def look_up(self, member_id: int) -> None:
         """A member this one must talk to but does not know (in another scope): the control
@@ -446,6 +437,11 @@ class RecoveryPath:
         acks, naks = self._owed(now)
         self.delivery.deliver()  # runs released by records that came
         self._joins.caught_up()
+        self.promotion.check(
+            now, {s: a for s, a in acks.items() if a < OWED_NOTHING and s != self.member_id},
+            self._peer_stable, self._joins.light(),
+            [getattr(self._replies.get(k), "at", -INF) for k in self._agents])
+        light = self.promotion.light
         # each hole by itself: one found since the last tick is NAKed now, even on a stream
         # whose other holes were NAKed a moment ago; each again once a period passed
         missing = {(n.topic, n.source, n.session, n.lo) for n in naks}
@@ -456,7 +452,7 @@ class RecoveryPath:
         protocols = self._protocols
         for key, agent in self._agents.items():
             mine = [n for n in naks if protocols.get(n.topic) == key][:MAX_NAKS]
-            summary = MemberSummary(acks, self.max_seen, mine, record)
+            summary = MemberSummary(acks, self.max_seen, mine, record, light)
             self.receiver.send_control(Summary(summary.to_wire(self.member_id, self.address)),
                                        agent)
             self.stats["summaries_sent"] += 1
@@ -483,11 +479,9 @@ class RecoveryPath:
         self._expire_records(now)
 
     def _settling(self, now: float) -> bool:
-        """Idle, a moment after its stream moved, holding what is not stable yet. A member's
-        first report after an idle spell is answered before the agents turn active (the token
-        that carries the news has not gone round yet), so its period stays idle: a second later
-        it would report what let the data become stable (a receiver's ack of a sender whose
-        record it has only just learned), and a flush of one message would take that long."""
+        """Idle, a moment after its stream moved, holding what is not stable yet: its first
+        report after an idle spell is answered before the agents turn active, so its period
+        stays idle, and a flush of one message would wait a second for its next report."""
         if self._period <= IDLE_FROM or now - self._moved_at > SETTLE_FOR:
             return False
         if self._own.unstable():  # own messages not stable yet
@@ -556,6 +550,8 @@ class RecoveryPath:
             for source, v in r.hi.items():
                 self._hi[source] = max(self._hi.get(source, v), v)
         self._period = min(r.period for r in replies)
+        if self.promotion.light:
+            self._period = min(self._period, LIGHT_PERIOD)
         self.idle = self._period > IDLE_FROM
         self.tick_at = min(self._last_summary + self._period, self.retry_at, self.settle_at)
         self.stats["token_period_ms"] = round(self._period * 1000)
@@ -573,11 +569,10 @@ class RecoveryPath:
 
     def _pass_stable(self, stables: dict[int, int]) -> None:
         """Go on past holes in each peer's stream at or below its stable position (`stables`):
-        the sender and the caches let those messages go, so no repair will come. A member
-        stability waited for never has one; a member the scope dropped (silent too long) and
-        took back under a new id, or demoted to client, may, and would otherwise wait for them
-        for good (holding its domain's stability, and its sender's flush, with it). Counted as
-        `unrecoverable`."""
+        no repair will come. A member stability waited for never has one; a member the scope
+        dropped (silent too long) and took back under a new id, or demoted to client, may, and
+        would otherwise wait for them for good (holding its domain's stability, and its sender's
+        flush). Counted as `unrecoverable` (a light member's, who starts later: `light_skipped`)."""
         for source, stable in stables.items():
             c = self.positions.contiguous.get(source)
             if c is not None and c < stable:
@@ -593,7 +588,11 @@ class RecoveryPath:
     def _skip_to(self, key: tuple, seq: int) -> None:
         """`key`'s messages before `seq` will not come: count them, expect `seq` next, and take
         the held runs that are next now."""
-        self.stats["unrecoverable"] += seq - self.receiver.next_seq[key]
+        skipped = seq - self.receiver.next_seq[key]
+        if self.promotion.light:  # nothing delivered yet: the stream starts at `seq`
+            self.stats["light_skipped"] += skipped + self.delivery.forget(*key)
+        else:
+            self.stats["unrecoverable"] += skipped
         self.receiver.next_seq[key] = seq
         if key in self.gap_at:
             self.note_filled(key, given_up=True)

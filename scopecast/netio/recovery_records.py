@@ -5,6 +5,7 @@ instructions say that outlives them."""
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass
 
 from scopecast.netio import wire
@@ -62,3 +63,19 @@ class AgentReply:
     period: float
     cacher: bool
     at: float               # when it came (time.monotonic())
+
+
+def stability_digest(member: int, stable: int, handed: int, agents: dict[str, tuple[str, int]],
+                     replies: dict[str, AgentReply]) -> str:
+    """What holds a member's own messages back, for a flush that timed out: how far they are
+    stable (`stable` of `handed` sent) and each agent's latest word on them."""
+    now = time.monotonic()
+    words = []
+    for key, (host, port) in agents.items():
+        r = replies.get(key)
+        said = "never answered" if r is None else f"answered {now - r.at:.1f}s ago, " + (
+            "not naming this stream yet" if (st := r.down.get(member)) is None
+            else f"stable up to {st}")
+        words.append(f"{key} agent at {host}:{port} {said}")
+    return f"stable up to stream seq {stable} of {handed} sent; " \
+        + ("; ".join(words) or "no recovery agent yet")

@@ -370,8 +370,7 @@ class MemberRuntime:
         self._tables_changed()
 
     def _tables_changed(self) -> None:
-        """Topics, routes, subscriptions or reliable topics changed: the per-topic lookups of the
-        receive and send paths are made again on first use."""
+        """Topics, routes, subscriptions or reliable topics changed: per-topic lookups anew."""
         self.receiver.tables_changed()
         self.sender.tables_changed()
 

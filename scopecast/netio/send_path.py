@@ -105,6 +105,8 @@ class SendPath:
 
     def expire_receivers(self, now: float) -> None:
         for feed in self._feeds.values():
+            if feed.unheard and feed.settle(now):
+                self.stats["receivers_unheard"] += 1
             for member in feed.expire(now, self.config.ack_timeout):
                 self.stats["receiver_timeouts"] += 1
                 log.warning("receiver %s of %s:%d silent for %.1fs; no longer waiting for it",
@@ -116,15 +118,16 @@ class SendPath:
 
     def status(self) -> dict:
         return {f"{h}:{p}": {"in_flight": f.in_flight(), "window": f.window.size,
-                             "queued": f.queued_chunks(), "receivers": sorted(f.acks)}
+                             "queued": f.queued_chunks(), "receivers": sorted(f.acks),
+                "light": sorted(f.light)}
                 for (h, p), f in self._feeds.items()}
 
-    def on_ack(self, sender: int, channel: int, dseq: int, held: float) -> None:
+    def on_ack(self, sender: int, channel: int, dseq: int, held: float, light: int = 0) -> None:
         feed = self._feeds_by_channel.get(channel)
         if feed is None or dseq > feed.dseq:
             self.receiver.drop("bad_ack")
             return
-        if not feed.acknowledge(sender, dseq, time.monotonic(), held):
+        if not feed.acknowledge(sender, dseq, time.monotonic(), held, light):
             self.stats["acks_ignored"] += 1  # from a client, or a member no longer listed
 
     def take_publishes(self) -> None:

@@ -51,8 +51,9 @@ from scopecast.actors.errors import IncompatibleVersion
 from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
-VERSION = 6  # 6: control datagrams numbered and stamped (replay_guard); 5: the header's stamp;
-            # 4: control bodies are `control_messages` records
+VERSION = 7  # 7: acknowledgements say whether the receiver is light (promotion); 6: control
+            # datagrams numbered and stamped (replay_guard); 5: the header's stamp; 4: control
+            # bodies are `control_messages` records
 
 HEADER = struct.Struct("!2sBBBBHIHHQI")
 STAMP_AT = 24  # the header's stamp field

@@ -191,12 +191,16 @@ class ControlledElement:
     def subscribe(self, names: list[str], role: str = "member"):
         """Subscribe this member to `names` (topics or patterns) as a member or a client; returns
         the ids of the topics covered now."""
+        rt = self.runtime  # light before a channel can bring anything (netio/promotion)
+        rt.call_wait(rt.recovery.promotion.join, time.monotonic())
         with self._in_use():
             ids = call(self.manager.subscribe, self.member_id, names, role,
                        timeout=_names_timeout(names))
             for name in names:
                 self._subscribed[(name, role)] = self._subscribed.get((name, role), 0) + 1
         self._fetch()
+        rt.call_wait(lambda: rt.recovery.promotion.subscribed(
+            not rt.recovery.reliable.isdisjoint(ids)))
         return ids
 
     def advertise(self, names: list[str]) -> list:

@@ -118,6 +118,7 @@ class RecoveryDomain:
             self.options = options
         regions = dict(members)
         members = [name for name, _ in members]
+        joining = bool(self.agents)  # (a domain's first members are regular: thesis 3.2.14)
         new = [name for name in members if name not in self.agents]
         placed = await asyncio.gather(*(place(name) for name in new), return_exceptions=True)
         for name, rec in zip(new, placed, strict=True):
@@ -126,6 +127,8 @@ class RecoveryDomain:
                             self.protocol, name, rec)
                 continue
             self.agents[name] = rec
+            if joining and rec.spec["level"] == 1:
+                rec.spec["light"] = True  # a member process joining: light until it reports
             log.info("scope %r: %s agent for %s placed along %s", self.path, self.protocol,
                      name, " > ".join(rec.chain))
         for name in [n for n in self.agents if n not in members]:
@@ -172,6 +175,7 @@ class RecoveryDomain:
     def _answered(self, name: str, rec: AgentRecord, res: list) -> bool:
         """Take a host's answer for agent `name`; True when it is new (restarted, or first)."""
         address, incarnation = (res[0], int(res[1])), int(res[2])
+        rec.spec.pop("light", None)  # (made: one made again later stands for a regular member)
         if len(res) > 5 and res[5] and not self.fault:
             self.fault = f"agent of {name}: {res[5]}"[:400]
         self._host_answered(rec.host._actor_id, int(res[3]))
