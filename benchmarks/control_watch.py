@@ -30,6 +30,8 @@ class ControlWatch:
         self._last: dict[tuple, tuple[float, int, int]] = {}
         self._rounds: list[float] = []
         self._held: list[float] = []  # per reading: peers' messages held, mean over members
+        self._held_by: dict[str, list[int]] = {}  # member -> peers' messages held, per reading
+        self._cachers: set[str] = set()           # members that said they cache
         self._errors = 0
 
     def __enter__(self) -> ControlWatch:
@@ -49,10 +51,15 @@ class ControlWatch:
 
     def _read(self, status: dict) -> None:
         now = time.monotonic()
-        held = [m["counters"]["recovery"].get("cached_messages", 0) for m in members(status)
+        subs = [m for m in members(status)
                 if (m.get("counters") or {}).get("recovery") and m.get("subscriptions")]
+        held = [m["counters"]["recovery"].get("cached_messages", 0) for m in subs]
         if held:
             self._held.append(sum(held) / len(held))
+        for m, h in zip(subs, held, strict=True):
+            self._held_by.setdefault(m["name"], []).append(h)
+            if m["counters"]["recovery"].get("cacher"):
+                self._cachers.add(m["name"])
         for m in members(status):
             stats = (m.get("counters") or {}).get("stats") or {}
             self._note(("member", m["scope"], m["name"]), now, stats.get("control_out", 0),
@@ -77,6 +84,11 @@ class ControlWatch:
                if self._rounds else None,
                "cached_messages_per_member": round(statistics.mean(self._held), 1)
                if self._held else None}
+        # (whether the cachers each hold what a member holds when all cache, or longer)
+        cachers = [statistics.mean(h) for n, h in self._held_by.items() if n in self._cachers]
+        if cachers:
+            out["cachers"] = len(cachers)
+            out["cached_messages_per_cacher"] = round(statistics.mean(cachers), 1)
         for kind in ("member", "agent"):
             keys = [k for k in self._first if k[0] == kind]
             dg = nb = 0.0

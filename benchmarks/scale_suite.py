@@ -68,7 +68,7 @@ def table(member_rows: list[dict], topic_rows: list[dict]) -> str:
     if not ours:
         return ""
     lines = ["| members | topics | caching | msgs/s (min/sub) | subscriber RSS MB "
-             "| peers' msgs held per member | token round ms "
+             "| peers' msgs held per member (per cacher, cachers) | token round ms "
              "| member control datagrams/s (KB/s) | agent datagrams/s (KB/s) |",
              "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in ours:
@@ -78,6 +78,7 @@ def table(member_rows: list[dict], topic_rows: list[dict]) -> str:
             f"| {r['subscribers'] + 1} | {r['topics']:,} | {r.get('caching', 'all')} "
             f"| {num(r['rate'], ',.0f')} "
             f"| {num(rss, '.0f')} | {num(c.get('cached_messages_per_member'), ',.0f')} "
+            f"({num(c.get('cached_messages_per_cacher'), ',.0f')}, {c.get('cachers', '-')}) "
             f"| {num(c.get('token_round_ms_p50'), '.1f')} "
             f"| {num(c.get('member_datagrams_per_s'), ',.0f')} "
             f"({num(_kb(c.get('member_bytes_per_s')), ',.1f')}) "

@@ -86,13 +86,8 @@ class Timing:
     record_ttl: float = _knob(10.0, "a sender's record not refreshed this long is forgotten")
     end_wait: float = _knob(5.0, "close() waits this long beyond the data for its end marker to "
                             "be stable")
-    first_ack_wait: float = _knob(0.5, "a receiver a sender was told of holds its window this long "
-                                  "at most until it first acknowledges (a light joiner stopped "
-                                  "at once never does)")
     light_period: float = _knob(0.01, "a light member (a joiner not caught up yet) reports to its "
                                 "agents this often: its promotion waits on its reports")
-    light_reply_wait: float = _knob(1.0, "a light member's promotion waits this long at most for "
-                                    "an agent (being placed again) to answer")
     # ------------------------------------------------------------------------- the agents
     agent_tick: float = _knob(0.005, "an agent host runs its agents' timers this often")
     agent_idle_wait: float = _knob(0.1, "an agent host without agents waits this long")

@@ -11,10 +11,10 @@ from scopecast.agents.token_ring import TokenRing
 from scopecast.netio.control_messages import Ack, MemberSummary, decode, encode
 from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.delivery import Delivery, Subscription
-from scopecast.netio.feed import FIRST_ACK_WAIT, Feed
+from scopecast.netio.feed import Feed
 from scopecast.netio.member_parts import MemberTables
 from scopecast.netio.message import Message
-from scopecast.netio.promotion import REPLY_WAIT, Promotion
+from scopecast.netio.promotion import Promotion
 from tests.protocol_harness import REC, group, run, summary
 
 KIB = 1 << 10
@@ -34,46 +34,47 @@ def _feed() -> Feed:
     return feed
 
 
-def test_a_light_receiver_holds_no_window_until_it_says_it_is_regular():
+def test_a_receiver_announced_mid_stream_holds_no_window_until_it_says_it_is_regular():
     feed = _feed()
     _sent(feed, 4, 0.0)
-    feed.set_receivers({1, 2}, 0.1)
-    feed.acknowledge(1, 4, 0.2)
-    assert feed.in_flight() == 0
+    feed.set_receivers({1, 2}, 0.1, streaming=True)  # 2 joins mid-stream: light until it says
+    assert sorted(feed.acks) == [1] and sorted(feed.light) == [2]
     _sent(feed, 4, 0.3)
     feed.acknowledge(1, 8, 0.35)
-    assert feed.in_flight() == 4 * KIB  # the new receiver holds it from its listing ...
-    assert feed.acknowledge(2, 4, 0.4, light=1)  # ... until it says it is light
-    assert feed.in_flight() == 0 and sorted(feed.light) == [2] and sorted(feed.acks) == [1]
+    assert feed.in_flight() == 0
+    assert feed.acknowledge(2, 4, 0.4, light=1)  # light: however far behind, nobody waits
     _sent(feed, 2, 0.6)
-    feed.acknowledge(2, 9, 0.7, light=1)  # light: however far behind, nobody waits for it
-    assert feed.in_flight() == 2 * KIB
+    feed.acknowledge(2, 9, 0.7, light=1)
+    assert feed.in_flight() == 2 * KIB  # (receiver 1's)
     feed.acknowledge(1, 10, 0.8)
     assert feed.in_flight() == 0
-    feed.acknowledge(2, 9, 0.9)  # promoted: it holds the window again, from now on
+    feed.acknowledge(2, 9, 0.9)  # promoted: it holds the window from now on
     assert sorted(feed.acks) == [1, 2] and not feed.light
     _sent(feed, 2, 0.95)
     feed.acknowledge(1, 12, 0.96)
     assert feed.in_flight() == 2 * KIB
     # a light receiver that goes away is forgotten like any other
-    feed.acknowledge(2, 10, 1.0, light=1)
-    feed.set_receivers({1}, 1.1)
-    assert not feed.light and not feed.acknowledge(2, 10, 1.2, light=1)
+    feed.acknowledge(2, 12, 1.0, light=1)
+    feed.set_receivers({1}, 1.1, streaming=True)
+    assert not feed.light and not feed.acknowledge(2, 12, 1.2, light=1)
 
 
-def test_a_receiver_never_heard_from_stops_holding_the_window_after_the_first_ack_wait():
-    """A joiner stopped before its first acknowledgement never says it is light."""
+def test_a_joiner_stopped_before_its_first_acknowledgement_holds_nothing_and_never_times_out():
     feed = _feed()
-    feed.set_receivers({1, 2}, 1.0)
+    _sent(feed, 1, 0.5)
+    feed.acknowledge(1, 1, 0.6)
+    feed.set_receivers({1, 2}, 1.0, streaming=True)
     _sent(feed, 3, 1.0)
-    feed.acknowledge(1, 3, 1.1)
-    assert feed.in_flight() == 3 * KIB
-    assert feed.settle(1.0 + FIRST_ACK_WAIT / 2) == []
-    assert feed.settle(1.0 + FIRST_ACK_WAIT * 1.1) == [2]
+    feed.acknowledge(1, 4, 1.1)
     assert feed.in_flight() == 0 and sorted(feed.light) == [2]
     assert feed.expire(100.0, 5.0) == []  # not waited for: never timed out
-    feed.acknowledge(2, 3, 101.0)  # it answers, regular: holds it again
-    assert sorted(feed.acks) == [1, 2] and not feed.unheard
+    # one announced before its sender sent anything holds it at once, as a stream's first
+    # receivers do
+    fresh = Feed(("127.0.0.1", 9), 1, DelayWindow(64 * KIB, 0.005))
+    fresh.set_receivers({1, 2}, 0.0)
+    _sent(fresh, 2, 0.0)
+    fresh.acknowledge(1, 2, 0.1)
+    assert sorted(fresh.acks) == [1, 2] and fresh.in_flight() == 2 * KIB
 
 
 def test_acknowledgements_carry_the_light_flag_on_the_wire():
@@ -147,56 +148,34 @@ def test_a_light_member_that_starts_a_stream_later_forgets_what_waited_before_th
     assert [(m.session, m.seq) for m in sub.queue[0][0]] == [(2, 1), (2, 2), (1, 40), (1, 41)]
 
 
-class _Clock:
-    """Drives a Promotion through the reports of a member as recovery_path makes them."""
-
-    def __init__(self) -> None:
-        self.delivery, self.sub, _ = _delivery()
-        self.stats: Counter = Counter()
-        self.p = Promotion(self.stats, self.delivery)
-        self.stable: dict[int, int] = {}
-        self.replied = -1.0
-
-    def report(self, now: float, acks: dict, catching_up: bool = False) -> bool:
-        self.p.check(now, acks, self.stable.get, catching_up, [self.replied])
-        return self.p.light
+def _promotion() -> tuple[Promotion, Delivery, Subscription, Counter]:
+    delivery, sub, _ = _delivery()
+    stats: Counter = Counter()
+    return Promotion(stats, delivery), delivery, sub, stats
 
 
-def test_a_joiner_is_light_until_it_holds_what_is_stable_and_stability_reached_where_it_was():
-    c = _Clock()
-    c.p.join(0.0)
-    c.p.subscribed(True)  # it takes a reliable topic
-    assert c.report(0.0, {}) and c.delivery.hold and c.stats["joined_light"] == 1
-    c.stable[9] = 100
-    assert c.report(0.1, {9: 120})  # no agent has answered since it joined
-    c.replied = 0.1
-    assert c.report(0.2, {9: 120}, catching_up=True)  # its start is not known yet
-    assert c.report(0.3, {9: 90})   # behind what is stable
-    assert c.report(0.4, {9: 130})  # caught up: waits for stability to reach 130
-    c.stable[9] = 125
-    assert c.report(0.5, {9: 140})
-    c.stable[9] = 130
-    assert not c.report(0.6, {9: 150})
-    assert c.stats["promotions"] == 1 and not c.delivery.hold
-    c.stable[9] = 0  # regular for good: it never turns light again
-    assert not c.report(0.7, {9: 0})
-
-
-def test_an_agent_that_never_answers_is_not_waited_for_past_the_reply_wait():
-    c = _Clock()
-    c.p.join(0.0)
-    assert c.report(0.1, {9: 5}) and c.report(REPLY_WAIT / 2, {9: 5})
-    assert c.report(REPLY_WAIT + 0.1, {9: 5})   # (the first report after: what it held)
-    assert not c.report(REPLY_WAIT + 0.2, {9: 5})  # nothing stable known: nothing to wait for
+def test_a_joiner_is_light_until_its_subscription_is_in_place_and_it_caught_up_with_its_streams():
+    p, delivery, sub, stats = _promotion()
+    p.join(0.0)
+    assert p.light and delivery.hold and stats["joined_light"] == 1
+    _offer(delivery, sub, [5, 6])
+    delivery.deliver()
+    p.check(catching_up=False)
+    assert p.light and not sub.queue  # its subscription is not in place yet
+    p.subscribed(True)  # it takes a reliable topic
+    p.check(catching_up=True)  # a stream's start is not known or not reached yet
+    assert p.light
+    p.check(catching_up=False)
+    assert not p.light and stats["promotions"] == 1 and not delivery.hold
+    assert [m.seq for m in sub.queue[0][0]] == [5, 6]  # what waited for it, in order
+    p.join(1.0)  # regular for good: a later subscription does not make it light again
+    assert not p.light
 
 
 def test_a_subscriber_is_light_until_its_subscription_shows_it_takes_no_reliable_topic():
-    delivery, _, _ = _delivery()
-    p = Promotion(Counter(), delivery)
+    p, delivery, _, _ = _promotion()
     assert not p.light  # a publisher only: never light
     p.join(0.0)
     assert p.light and delivery.hold
     p.subscribed(False)
     assert not p.light and not delivery.hold
-    p.join(1.0)  # (once only)
-    assert not p.light

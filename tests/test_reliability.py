@@ -32,6 +32,10 @@ def _consumers(topic: str, n: int = 4, threads: int = 1) -> list:
     actors = [ray.remote(num_cpus=0)(TopicConsumer).options(max_concurrency=threads).remote(topic)
               for _ in range(n)]
     ray.get([a.ready.remote() for a in actors])
+    deadline = time.monotonic() + 60  # regular (netio/promotion): what follows waits for them
+    while any(c["recovery"]["light"] for c in ray.get([a.counters.remote() for a in actors])):
+        assert time.monotonic() < deadline, "a subscriber was never promoted"
+        time.sleep(0.05)
     return actors
 
 

@@ -78,9 +78,10 @@ class RecoveryAgent:
         self._peers: list[tuple[str, int]] = []
         self._upper: tuple[str, int] | None = None
         self._view: PeerView | None = None
-        if spec.get("light"):
-            # a member joining a running domain (thesis 3.2.14): light until it reports, so that
-            # one stopped before its first report holds nobody back (the summary is its words)
+        # a member joining a running domain (thesis 3.2.14) is light until it reports, so that
+        # one stopped before its first report holds nobody back (the summary is its words)
+        self.bottom_light = bool(spec.get("light"))
+        if self.bottom_light:
             _guarded(self, self.protocol.on_summary, {"light": True}, time.monotonic())
         self.drops: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
@@ -107,6 +108,7 @@ class RecoveryAgent:
                 "leader": bool(v and v.index == 0), "upper": "%s:%d" % self._upper if self._upper
                 else None, "period": getattr(self.protocol, "period", None),
                 "bottom_age": round(time.monotonic() - self._last_bottom, 3),
+                "bottom_light": self.bottom_light,
                 "protocol_stats": dict(getattr(self.protocol, "stats", {})),
                 "state": _protocol_state(self.protocol),
                 "drops": dict(self.drops), "stats": dict(self.stats)}
@@ -151,6 +153,7 @@ class RecoveryAgent:
         try:
             if msg.__class__ is Summary:
                 self._last_bottom = now
+                self.bottom_light = msg.body.get("light") is True
                 self.stats["summaries"] += 1
                 self._send(InstructionsEnvelope(self.protocol.on_summary(msg.body, now),
                                                 self.key), addr)

@@ -8,11 +8,10 @@ datagram is assembled only when it can be sent, and a message costs one list app
 Receivers acknowledge the highest datagram number they took from this destination's channel; the
 bytes in flight are those sent after the slowest live receiver's acknowledgement, and the window
 they may fill adapts to the queueing delay they cause (`delay_window`). A receiver the control
-plane announced holds the window from the moment it is announced, for up to `FIRST_ACK_WAIT`
-until it first acknowledges; one silent for `ack_timeout` while data is outstanding stops holding
-it (recovery repairs what it loses). A *light* receiver (a joiner not caught up yet: see
-`promotion`), which says so in its acknowledgements, or one never heard from within
-`FIRST_ACK_WAIT`, does not hold it, until an acknowledgement says it is regular.
+plane announced before its sender sent anything holds the window from the moment it is announced;
+one announced later (a joiner) only from its first acknowledgement that says it is regular: a
+*light* receiver (a joiner not caught up yet: see `promotion`) holds none. One silent for
+`ack_timeout` while data is outstanding stops holding it (recovery repairs what it loses).
 
 A receiver that lost every datagram sent after its last acknowledgement would repeat that
 acknowledgement for ever, and a full window would never open: so a full window whose slowest
@@ -38,7 +37,6 @@ MIXED_EXTRA = wire.MIXED_ENTRY.size - MESSAGE_COST  # what a message in a mixed 
 END = wire.ContentType.END
 PROBE_AFTER = TIMING.window_probe_after
 TAIL_PROBE_AFTER = TIMING.tail_probe_after
-FIRST_ACK_WAIT = TIMING.first_ack_wait
 
 
 class Run:
@@ -141,8 +139,8 @@ class Feed:
     """Messages queued for one destination, and that destination's flow window."""
 
     __slots__ = ("address", "channel", "chunks", "open", "dseq", "sent_bytes", "history",
-                 "base_bytes", "acks", "light", "unheard", "frag", "window", "moved_at",
-                 "probed_dseq", "stamp")
+                 "base_bytes", "acks", "light", "frag", "window", "moved_at", "probed_dseq",
+                 "stamp")
 
     def __init__(self, address: tuple[str, int], channel: int, window: DelayWindow,
                  stamp: list[int] | None = None) -> None:
@@ -158,8 +156,7 @@ class Feed:
         self.history: deque[tuple] = deque()  # (dseq, sent_bytes after it, when it was sent)
         self.base_bytes = 0                              # sent_bytes at the slowest receiver's ack
         self.acks: dict[int, list] = {}                  # member -> [dseq, last heard]
-        self.light: dict[int, list] = {}   # receivers that do not hold the window, the same way
-        self.unheard: dict[int, float] = {}  # receivers in `acks` not heard yet -> since when
+        self.light: dict[int, list] = {}  # receivers that hold no window, the same way
         self.frag: Fragments | None = None      # a message being sent as fragments
         self.window = window
         self.moved_at = 0.0                              # the slowest receiver last moved (or probe)
@@ -280,17 +277,16 @@ class Feed:
     def in_flight(self) -> int:
         return self.sent_bytes - self.base_bytes
 
-    def set_receivers(self, members: set[int], now: float) -> None:
+    def set_receivers(self, members: set[int], now: float, streaming: bool = False) -> None:
         """The receivers the control plane says to wait for: a new one holds the window from now
         on (see the module docstring); one no longer listed (gone, or a client nobody waits for)
         stops holding it."""
-        for table in (self.acks, self.light, self.unheard):
+        for table in (self.acks, self.light):
             for m in [m for m in table if m not in members]:
                 del table[m]
         for m in members:
             if m not in self.acks and m not in self.light:
-                self.acks[m] = [self.dseq, now]
-                self.unheard[m] = now
+                (self.light if streaming else self.acks)[m] = [self.dseq, now]
                 self.moved_at = now
         self._advance()
 
@@ -298,8 +294,6 @@ class Feed:
                     light: int = 0) -> bool:
         """Record a receiver's acknowledgement (`held`: how long after datagram `dseq` came the
         receiver sent it; `light`: it is light); False if it is not a receiver of this feed."""
-        if self.unheard:
-            self.unheard.pop(member, None)
         if light or member in self.light:
             entry = self.light.get(member) or self.acks.pop(member, None)
             if entry is None:
@@ -362,19 +356,6 @@ class Feed:
         if not self.acks:
             self.base_bytes = self.sent_bytes
         return last
-
-    def settle(self, now: float) -> list[int]:
-        """Receivers not heard from within FIRST_ACK_WAIT of being listed stop holding the
-        window until they acknowledge (light joiners that stopped before saying so)."""
-        late = [m for m, since in self.unheard.items() if now - since > FIRST_ACK_WAIT]
-        for m in late:
-            del self.unheard[m]
-            entry = self.acks.pop(m, None)
-            if entry is not None:
-                self.light[m] = entry
-        if late:
-            self._advance()
-        return late
 
     def expire(self, now: float, timeout: float) -> list[int]:
         """Stop waiting for receivers silent for `timeout` while data is outstanding."""

@@ -18,6 +18,7 @@ and hash equal, and a member's routes alike but for the topic still merge.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,9 +85,12 @@ class AllFilter:
         return True
 
 
-def check_spec(spec, depth: int = 0) -> tuple | None:
+def check_spec(spec, depth: int = 0, names: Callable[[str, str], None] | None = None,
+               most: int = MAX_TERMS) -> tuple | None:
     """`spec` (as it came: tuples or lists, from a policy or off the wire) in canonical form;
-    None for None. ValueError where it is no filter spec or out of bounds."""
+    None for None. ValueError where it is no filter spec or out of bounds. `names`: a topics or
+    origin spec may name (kind, name) as well, which `names` checks (raising ValueError), as a
+    policy's do (`scopes.policy_filters`); `most` specs under one "all"."""
     if spec is None:
         return None
     if not isinstance(spec, (list, tuple)) or not spec:
@@ -104,20 +108,29 @@ def check_spec(spec, depth: int = 0) -> tuple | None:
             raise ValueError(f"modulo filter keys on 'seq' or 'stream', not {spec[3]!r:.40}")
         return ("modulo", n, k, "stream")
     if kind in ("topics", "origin"):
-        ids = spec[1:]
-        if not 1 <= len(ids) <= MAX_IDS or not all(type(x) is int and x >= 0 for x in ids):
+        items = spec[1:]
+        if not 1 <= len(items) <= MAX_IDS or not all(
+                type(x) is int and x >= 0 or names is not None and isinstance(x, str)
+                for x in items):
             raise ValueError(f"{kind} filter spec: ({kind!r}, id, ...) with 1 to {MAX_IDS} "
-                             f"ids, not {spec!r:.80}")
-        return (kind, *sorted(set(ids)))
+                             f"ids{' or names' if names else ''}, not {spec!r:.80}")
+        for x in items:
+            if x.__class__ is str:
+                names(kind, x)
+        return (kind, *sorted(set(items), key=_ids_first))
     if kind == "all":
-        if not 1 <= len(spec) - 1 <= MAX_TERMS or depth >= MAX_DEPTH:
-            raise ValueError(f"an 'all' filter spec holds 1 to {MAX_TERMS} specs, "
+        if not 1 <= len(spec) - 1 <= most or depth >= MAX_DEPTH:
+            raise ValueError(f"an 'all' filter spec holds 1 to {most} specs, "
                              f"{MAX_DEPTH} deep at most")
-        return all_of(*(check_spec(s, depth + 1) for s in spec[1:]))
+        return all_of(*(check_spec(s, depth + 1, names, most) for s in spec[1:]), most=most)
     raise ValueError(f"unknown filter kind {kind!r:.40}")
 
 
-def all_of(*specs) -> tuple | None:
+def _ids_first(item: int | str) -> tuple[bool, int | str]:
+    return (item.__class__ is str, item)
+
+
+def all_of(*specs, most: int = MAX_TERMS) -> tuple | None:
     """The spec passing what every one of `specs` (canonical, or None: no filter) passes."""
     terms: list[tuple] = []
     for s in specs:
@@ -128,8 +141,8 @@ def all_of(*specs) -> tuple | None:
                 terms.append(t)
     if not terms:
         return None
-    if len(terms) > MAX_TERMS:
-        raise ValueError(f"more than {MAX_TERMS} filters in one")
+    if len(terms) > most:
+        raise ValueError(f"more than {most} filters in one")
     return terms[0] if len(terms) == 1 else ("all", *sorted(terms, key=repr))
 
 

@@ -437,10 +437,7 @@ class RecoveryPath:
         acks, naks = self._owed(now)
         self.delivery.deliver()  # runs released by records that came
         self._joins.caught_up()
-        self.promotion.check(
-            now, {s: a for s, a in acks.items() if a < OWED_NOTHING and s != self.member_id},
-            self._peer_stable, self._joins.light(),
-            [getattr(self._replies.get(k), "at", -INF) for k in self._agents])
+        self.promotion.check(self._joins.light())
         light = self.promotion.light
         # each hole by itself: one found since the last tick is NAKed now, even on a stream
         # whose other holes were NAKed a moment ago; each again once a period passed

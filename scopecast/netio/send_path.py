@@ -98,15 +98,16 @@ class SendPath:
         self._plans.clear()
         self._route_tables.clear()
         now = time.monotonic()
+        # a receiver added once this member has sent anything joins mid-stream (light, see feed)
+        streaming = any(f.dseq for f in self._feeds.values())
         for address in receivers:
             self._feed(address)
         for address, feed in self._feeds.items():
-            feed.set_receivers(set(receivers.get(address, ())) - {self.member_id}, now)
+            feed.set_receivers(set(receivers.get(address, ())) - {self.member_id}, now,
+                               streaming)
 
     def expire_receivers(self, now: float) -> None:
         for feed in self._feeds.values():
-            if feed.unheard and feed.settle(now):
-                self.stats["receivers_unheard"] += 1
             for member in feed.expire(now, self.config.ack_timeout):
                 self.stats["receiver_timeouts"] += 1
                 log.warning("receiver %s of %s:%d silent for %.1fs; no longer waiting for it",

@@ -6,7 +6,8 @@ A policy's spec is `netio.filters`' with names allowed where ids go:
     ("topics", "flights/*", "weather", 7)   topic names and patterns (or ids)
     ("origin", "h1-pub", 12)                member processes of the scope by name (or member ids)
 
-`check` bounds and canonicalises one as the container takes it; `resolve` decides it for one
+`check` bounds and canonicalises one as the container takes it (`netio.filters.check_spec`,
+names allowed); `resolve` decides it for one
 topic's channel when the scope lays it: every message of a topic's channel has that topic, so a
 topics filter only says whether the channel is laid at all (nothing is evaluated per message);
 names of origins become the ids of the scope's member processes by those names (a name that is
@@ -24,32 +25,16 @@ MAX_NAME = 200
 MAX_TERMS = 8  # specs under one "all" of a policy's
 
 
-def check(spec, depth: int = 0) -> tuple | None:
+def check(spec) -> tuple | None:
     """A policy's filter spec in canonical form (None for None); ValueError if it is none."""
-    if spec is None:
-        return None
-    if not isinstance(spec, (list, tuple)) or not spec:
-        raise ValueError(f"a filter spec is a tuple, not {spec!r:.80}")
-    kind = spec[0]
-    if kind in ("topics", "origin"):
-        items = spec[1:]
-        if not 1 <= len(items) <= filters.MAX_IDS:
-            raise ValueError(f"{kind} filter spec names 1 to {filters.MAX_IDS} {kind}")
-        for x in items:
-            if type(x) is int:
-                if x < 0:
-                    raise ValueError(f"negative id in {spec!r:.80}")
-            elif not isinstance(x, str) or not 0 < len(x) <= MAX_NAME:
-                raise ValueError(f"{kind} filter spec items are names or ids, not {x!r:.80}")
-            elif kind == "topics":
-                check_subscription(x)  # (InvalidConfig is a ValueError)
-        return (kind, *sorted(set(items), key=repr))
-    if kind == "all":
-        if not 1 <= len(spec) - 1 <= MAX_TERMS or depth >= filters.MAX_DEPTH:
-            raise ValueError(f"an 'all' filter spec holds 1 to {MAX_TERMS} specs, "
-                             f"{filters.MAX_DEPTH} deep at most")
-        return ("all", *(check(s, depth + 1) for s in spec[1:]))
-    return filters.check_spec(spec)
+    return filters.check_spec(spec, names=_check_name, most=MAX_TERMS)
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not 0 < len(name) <= MAX_NAME:
+        raise ValueError(f"{kind} filter spec names are 1 to {MAX_NAME} characters")
+    if kind == "topics":
+        check_subscription(name)  # (InvalidConfig is a ValueError)
 
 
 def resolve(spec: tuple | None, topic: int, name: str,

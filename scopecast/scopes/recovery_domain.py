@@ -127,7 +127,7 @@ class RecoveryDomain:
                             self.protocol, name, rec)
                 continue
             self.agents[name] = rec
-            if joining and rec.spec["level"] == 1:
+            if joining and rec.spec.get("level") == 1:
                 rec.spec["light"] = True  # a member process joining: light until it reports
             log.info("scope %r: %s agent for %s placed along %s", self.path, self.protocol,
                      name, " > ".join(rec.chain))
