@@ -25,7 +25,7 @@ Summary (all keys optional)::
 
 `light` (thesis 3.2.14): the bottom is a member that joined and has not caught up yet (or, from a
 group's leader, a group whose members all are). Stability should leave its acks out: it is
-promoted, and says so by leaving `light` out, once what is stable reached what it holds. An agent
+promoted, and says so by leaving `light` out, once it has caught up (`netio.promotion`). An agent
 made for a member joining a running domain gets ``{"light": true}`` as its first summary, so that a
 member stopped before it ever reported holds nobody back.
 

@@ -279,8 +279,8 @@ class Feed:
 
     def set_receivers(self, members: set[int], now: float, streaming: bool = False) -> None:
         """The receivers the control plane says to wait for: a new one holds the window from now
-        on (see the module docstring); one no longer listed (gone, or a client nobody waits for)
-        stops holding it."""
+        on, or, `streaming` (its sender has sent already: a joiner), once it acknowledges as
+        regular; one no longer listed (gone, or a client nobody waits for) stops holding it."""
         for table in (self.acks, self.light):
             for m in [m for m in table if m not in members]:
                 del table[m]
@@ -295,7 +295,7 @@ class Feed:
         """Record a receiver's acknowledgement (`held`: how long after datagram `dseq` came the
         receiver sent it; `light`: it is light); False if it is not a receiver of this feed."""
         if light or member in self.light:
-            entry = self.light.get(member) or self.acks.pop(member, None)
+            entry = self.light.pop(member, None) or self.acks.pop(member, None)
             if entry is None:
                 return False
             if light:  # (it holds nothing: no round-trip sample)
@@ -304,7 +304,7 @@ class Feed:
                 entry[1] = now
                 self._advance()
                 return True
-            self.acks[member] = self.light.pop(member)  # regular now: it holds the window
+            self.acks[member] = entry  # regular now: it holds the window
         entry = self.acks.get(member)
         if entry is None:
             return False

@@ -110,12 +110,12 @@ def check_spec(spec, depth: int = 0, names: Callable[[str, str], None] | None = 
     if kind in ("topics", "origin"):
         items = spec[1:]
         if not 1 <= len(items) <= MAX_IDS or not all(
-                type(x) is int and x >= 0 or names is not None and isinstance(x, str)
+                type(x) is int and x >= 0 or names is not None and type(x) is str
                 for x in items):
             raise ValueError(f"{kind} filter spec: ({kind!r}, id, ...) with 1 to {MAX_IDS} "
                              f"ids{' or names' if names else ''}, not {spec!r:.80}")
         for x in items:
-            if x.__class__ is str:
+            if type(x) is str:
                 names(kind, x)
         return (kind, *sorted(set(items), key=_ids_first))
     if kind == "all":

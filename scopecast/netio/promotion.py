@@ -66,11 +66,8 @@ class Promotion:
             self._promote()
 
     def _promote(self) -> None:
+        """Regular from now on (what waited for it is delivered)."""
+        self.light = False
         self._stats["promotions"] += 1
         log.info("caught up after %.3fs: regular now", time.monotonic() - self._since)
-        self.promote()
-
-    def promote(self) -> None:
-        """Regular from now on (what waited for it is delivered)."""
-        self._joined, self.light = True, False
         self._delivery.release()

@@ -120,7 +120,7 @@ class SendPath:
     def status(self) -> dict:
         return {f"{h}:{p}": {"in_flight": f.in_flight(), "window": f.window.size,
                              "queued": f.queued_chunks(), "receivers": sorted(f.acks),
-                "light": sorted(f.light)}
+                             "light": sorted(f.light)}
                 for (h, p), f in self._feeds.items()}
 
     def on_ack(self, sender: int, channel: int, dseq: int, held: float, light: int = 0) -> None:
