@@ -86,6 +86,9 @@ class Timing:
     record_ttl: float = _knob(10.0, "a sender's record not refreshed this long is forgotten")
     end_wait: float = _knob(5.0, "close() waits this long beyond the data for its end marker to "
                             "be stable")
+    end_linger: float = _knob(60.0, "... and a closed publisher whose marker is not stable by "
+                              "then stays in its topics' recovery domains, for its repair, up "
+                              "to this long more")
     light_period: float = _knob(0.01, "a light member (a joiner not caught up yet) reports to its "
                                 "agents this often: its promotion waits on its reports")
     # ------------------------------------------------------------------------- the agents

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import msgpack
@@ -119,6 +120,34 @@ def test_every_subscriber_sees_the_end_of_stream_marker_under_loss(cluster, topi
             assert time.monotonic() < deadline, ends
             time.sleep(0.2)
     _check_all(results, n, expected)
+    ray.get([a.close.remote() for a in actors])
+
+
+@needs_iptables
+def test_an_end_marker_lost_until_close_returns_is_still_repaired(cluster, topic_name):
+    """Every datagram is dropped from before the close until after it returned (END_WAIT): the
+    marker, its probes, the tokens. The member stays in the recovery domain while its marker is
+    not stable, so the marker comes once the network does (were it gone, nobody could repair it)."""
+    cluster.create_topic(topic_name, policy="chain")
+    actors = _consumers(topic_name)
+    n = 200
+    pending = [a.consume.remote(n, 60.0) for a in actors]
+    pub = cluster.publisher(topic_name)
+    for i in range(1, n + 1):
+        pub.publish(b"m%08d" % i)
+    pub.flush(timeout=60)
+    assert [r["count"] for r in ray.get(pending, timeout=90)] == [n] * len(actors)
+    with udp_loss(1.0):
+        closing = threading.Thread(target=pub.close)
+        closing.start()
+        closing.join(timeout=60)
+        assert not closing.is_alive() and pub.closed
+        assert not any(ray.get([a.ends.remote() for a in actors]))
+    deadline = time.monotonic() + 60
+    while (ends := ray.get([a.ends.remote() for a in actors])) != [ends[0]] * len(actors) \
+            or list(ends[0].values()) != [n]:
+        assert time.monotonic() < deadline, ends
+        time.sleep(0.2)
     ray.get([a.close.remote() for a in actors])
 
 

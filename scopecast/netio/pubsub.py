@@ -56,6 +56,7 @@ def _arrow_ipc(batch) -> bytes:
 
 
 END_WAIT = TIMING.end_wait
+END_LINGER = TIMING.end_linger
 
 
 class Publisher:
@@ -166,7 +167,8 @@ class Publisher:
 
         The marker is the stream's last message: it is waited for like the rest (stable, or sent
         with recovery="none") for up to END_WAIT seconds more, and repaired meanwhile; one still
-        not stable then does not fail the close, whose data is. It is queued before the flush
+        not stable then does not fail the close, whose data is (the member goes on repairing it,
+        in the topic's recovery domains, until it is stable or END_LINGER). It is queued before the flush
         (unless the window is full), so that data and marker become stable together rather than
         one token round after the other. To close many publishers, `close_publishers` waits
         once for all of them."""
@@ -212,13 +214,35 @@ def close_publishers(pubs: list[Publisher], timeout: float = 10.0) -> None:
             if p not in ends:
                 ends[p] = p._runtime.end_stream(p._topic_id, p._session, p._seq)
         deadline = time.monotonic() + min(timeout, END_WAIT)
-        for p in pubs:
-            p._wait(ends[p], deadline - time.monotonic())
-        by_element: dict[object, list[str]] = {}
-        for p in pubs:
-            by_element.setdefault(p._element, []).append(p.topic)
-        for element, topics in by_element.items():
-            element.release(publisher_of=topics)
+        late = [p for p in pubs if not p._wait(ends[p], deadline - time.monotonic())]
+        _release([p for p in pubs if p not in late])
+        if late:
+            # a marker not stable yet is repaired from this member's record, which its topics'
+            # recovery domains carry only while it publishes there: it leaves them once the
+            # markers are stable (or END_LINGER on), or one lost everywhere is lost for good
+            threading.Thread(target=_release_when_stable, args=(late, ends), daemon=True,
+                             name="scopecast-end-linger").start()
+
+
+def _release(pubs: list[Publisher]) -> None:
+    """The closed publishers leave their topics (one call per member process)."""
+    by_element: dict[object, list[str]] = {}
+    for p in pubs:
+        by_element.setdefault(p._element, []).append(p.topic)
+    for element, topics in by_element.items():
+        element.release(publisher_of=topics)
+
+
+def _release_when_stable(pubs: list[Publisher], ends: dict[Publisher, int]) -> None:
+    deadline = time.monotonic() + END_LINGER
+    for p in pubs:
+        if not p._wait(ends[p], deadline - time.monotonic()):
+            log.warning("%r: end marker not stable %.0fs after close; leaving the topic anyway",
+                        p.topic, END_WAIT + END_LINGER)
+    try:
+        _release(pubs)
+    except Exception as exc:  # (the cluster connection closed meanwhile: it left with it)
+        log.info("closed publishers left with their process: %s", exc)
 
 
 class Subscriber:
