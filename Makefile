@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST_TIMEOUT ?= 300
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench chaos install clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard scopecast/netio/*.c scopecast/netio/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/scopecast bench $(if $(HOSTS),-- --hosts $(HOSTS))
+
+chaos: $(STAMP)
+	$(PY) -m benchmarks.chaos $(if $(CHAOS_SECONDS),--seconds $(CHAOS_SECONDS))
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -384,6 +384,30 @@ def test_a_killed_host_is_declared_dead_by_ray(hosts):
         time.sleep(1.0)
 
 
+@pytest.mark.timeout(420)
+def test_a_short_chaos_soak_loses_nothing_flushed_and_survives_every_fault_kind(hosts):
+    """Issue 45 item 5's short version of `make chaos` (benchmarks/chaos.py): 60 s of 5% loss in
+    every host, junk datagrams at every member socket, topic churn, joins and leaves, and one
+    kill of each kind (a member, an agent host, a host scope manager, the root scope manager, the
+    whole last host, which comes back): every check of the long run holds."""
+    from benchmarks import chaos
+
+    h1, h2, h3 = hosts.hosts
+    hosts.restart_host(h3)  # (the test before killed it)
+    deadline = time.monotonic() + 120
+    while {address for address, up, _lan in _nodes(hosts, h1) if up} != {
+            h1.address, h2.address, h3.address}:
+        assert time.monotonic() < deadline, "the restarted host did not join"
+        time.sleep(1.0)
+    report = chaos.run(60.0, seed=1, progress=lambda line: None, hosts=hosts)
+    assert report["checks"] == dict.fromkeys(report["checks"], "ok"), chaos.summary(report)
+    assert set(report["checks"]) >= {"gap-free prefix", "survivors agree", "nothing flushed lost",
+                                     "no flush hung", "every fault injected and survived"}
+    assert report["junk_sent"] > 0 and report["counters"].get("bad_mac", 0) > 0
+    assert report["datagrams_dropped_by_loss"] > 0 and report["churned"] > 0
+    assert report["joins"] > 0 and report["leaves"] > 0
+
+
 def _running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie that nobody reaped is not)."""
     try:
