@@ -167,11 +167,11 @@ class Publisher:
 
         The marker is the stream's last message: it is waited for like the rest (stable, or sent
         with recovery="none") for up to END_WAIT seconds more, and repaired meanwhile; one still
-        not stable then does not fail the close, whose data is (the member goes on repairing it,
-        in the topic's recovery domains, until it is stable or END_LINGER). It is queued before the flush
-        (unless the window is full), so that data and marker become stable together rather than
-        one token round after the other. To close many publishers, `close_publishers` waits
-        once for all of them."""
+        not stable then does not fail the close, whose data is (the member stays in the topic's
+        recovery domains, repairing it, until it is stable or END_LINGER has passed). It is
+        queued before the flush (unless the window is full), so that data and marker become
+        stable together rather than one token round after the other. To close many publishers,
+        `close_publishers` waits once for all of them."""
         close_publishers([self], timeout)
 
     def _wait(self, sseq: int, timeout: float) -> bool:
