@@ -97,28 +97,31 @@ def verdict(r: dict) -> dict[str, str]:
     broken = [f"{n}: {rep['error']}" for n, rep in r["subscribers"].items() if "error" in rep]
     live = {n: rep["keys"] for n, rep in r["subscribers"].items() if "error" not in rep}
     light = {n for n, rep in r["subscribers"].items() if rep.get("light")}
-    holes = [f"{n} {k}: {v}" for n, keys in live.items() for k, v in keys.items() if v[2] or v[3]]
-    late = [f"{n} {k}: first {v[0]}" for n, keys in live.items() if n in r["originals"]
-            for k, v in keys.items() if k.startswith(STABLE) and v[0] != 1]
+    holes = [f"{n} {k}: {v}" for n, keys in live.items() for k, v in keys.items()
+             if v["gaps"] or v["bad"]]
+    late = [f"{n} {k}: first {v['first']}" for n, keys in live.items() if n in r["originals"]
+            for k, v in keys.items() if k.startswith(STABLE) and v["first"] != 1]
     checks["gap-free prefix"] = _ok(broken + holes + late)
     published = r["published"]
-    disagree = [f"{n} {k}: last {v[1]} of {published[k.split('|')[0]]}"
+    disagree = [f"{n} {k}: last {v['last']} of {published[k.split('|')[0]]}"
                 for n, keys in live.items() for k, v in keys.items()
-                if k.startswith(STABLE) and v[1] != published[k.split("|")[0]]]
+                if k.startswith(STABLE) and v["last"] != published[k.split("|")[0]]]
     # (a joiner of the run's last seconds may have subscribed after the last message)
     recent = {n for n, at in r["joined"].items() if at > r["seconds"] - JOINED_LATE}
     missing = [f"{n}: no {t}" + (" (still light)" if n in light else "")
                for n, keys in live.items() if n not in recent
                for t in published if not any(k.startswith(t + "|") for k in keys)]
     checks["survivors agree"] = _ok(disagree + missing)
-    flushed = {}
-    for topic, n, _, ok, _ in r["flushes"]:
-        if ok:
-            flushed[topic] = max(flushed.get(topic, 0), n)
-    lost = [f"{n} {k}: last {v[1]} < flushed {flushed[t]}" for n, keys in live.items()
-            for k, v in keys.items() if (t := k.split("|")[0]) in flushed and v[1] < flushed[t]]
+    flushed: dict[str, int] = {}
+    for f in r["flushes"]:
+        if f["ok"]:
+            flushed[f["topic"]] = max(flushed.get(f["topic"], 0), f["counter"])
+    lost = [f"{n} {k}: last {v['last']} < flushed {flushed[t]}" for n, keys in live.items()
+            for k, v in keys.items()
+            if (t := k.split("|")[0]) in flushed and v["last"] < flushed[t]]
     checks["nothing flushed lost"] = _ok(lost + ([] if flushed else ["no flush succeeded"]))
-    failed = [f"{f[0]} at {f[4]} s after {f[2]} s" for f in r["flushes"] if not f[3]]
+    failed = [f"{f['topic']} at {f['at']} s after {f['seconds']} s" for f in r["flushes"]
+              if not f["ok"]]
     checks["no flush hung"] = _ok([f"thread {t} still running" for t in r["hung"]] + failed
                                   + r["errors"].get("publish_errors", []))
     kinds = {f["kind"] for f in r["faults"] if not f["target"].startswith("failed")}
@@ -155,8 +158,8 @@ def summary(r: dict) -> str:
         lines.append(f"  {kind:<11} injected {n}, survived {ok}"
                      + (f" (recovered in {max(took):.1f} s at most)" if took else ""))
     flushes = r["flushes"]
-    lines.append(f"  flushes {len(flushes)} ({sum(1 for f in flushes if f[3])} ok, longest "
-                 f"{max((f[2] for f in flushes), default=0):.1f} s); topics churned "
+    lines.append(f"  flushes {len(flushes)} ({sum(1 for f in flushes if f['ok'])} ok, longest "
+                 f"{max((f['seconds'] for f in flushes), default=0):.1f} s); topics churned "
                  f"{r['churned']}; joins {r['joins']}, leaves {r['leaves']}, members killed "
                  f"{len(r['killed'])}; junk datagrams sent {r['junk_sent']}, dropped by members "
                  f"{sum(r['counters'].values())}")

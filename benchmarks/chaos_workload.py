@@ -65,7 +65,8 @@ class Recorder:
 
     def report(self) -> dict:
         (counters,) = self._cluster.counters().values()
-        return {"keys": {k: list(v) for k, v in list(self._keys.items())},
+        return {"keys": {k: dict(zip(("first", "last", "gaps", "bad"), v, strict=True))
+                         for k, v in list(self._keys.items())},
                 "light": counters["recovery"]["light"], "drops": counters["drops"]}
 
     def close(self) -> dict:
@@ -86,10 +87,19 @@ class Fault:
 
 
 @dataclass
+class Flush:
+    topic: str
+    counter: int               # every message up to this one was published before the flush
+    seconds: float             # how long it took
+    ok: bool                   # False: FlushTimeout
+    at: float                  # when it returned (seconds into the run)
+
+
+@dataclass
 class Run:
     started: float = field(default_factory=time.monotonic)
     faults: list[Fault] = field(default_factory=list)
-    flushes: list[list] = field(default_factory=list)   # [topic, counter, seconds, ok]
+    flushes: list[Flush] = field(default_factory=list)
     churned: int = 0
     joins: int = 0
     leaves: int = 0
@@ -164,8 +174,8 @@ class Workload:
         except FlushTimeout:
             ok = False
         with self.run.lock:
-            self.run.flushes.append([topic, n, round(time.monotonic() - t0, 3), ok,
-                                     self.run.now()])
+            self.run.flushes.append(Flush(topic, n, round(time.monotonic() - t0, 3), ok,
+                                          self.run.now()))
 
     def churn(self) -> None:
         """A topic made, published (and flushed), closed and deleted, every few seconds."""
@@ -252,7 +262,7 @@ class Workload:
         """When every stable publisher has flushed successfully since the fault."""
         while not self.stop.wait(0.5):
             with self.run.lock:
-                done = {f[0] for f in self.run.flushes if f[3] and f[4] - f[2] > fault.at}
+                done = {f.topic for f in self.run.flushes if f.ok and f.at - f.seconds > fault.at}
             if done >= set(self.topics):
                 fault.recovered = round(self.run.now() - fault.at, 2)
                 _say(f"{self.run.now():.1f} s: every publisher flushed again, "
@@ -368,7 +378,7 @@ class Workload:
                 "originals": sorted(self.originals), "joined": self.joined,
                 "killed": sorted(self.killed),
                 "left": self.left, "hung": hung, "faults": [asdict(f) for f in run.faults],
-                "flushes": run.flushes, "churned": run.churned, "joins": run.joins,
+                "flushes": [asdict(f) for f in run.flushes], "churned": run.churned, "joins": run.joins,
                 "leaves": run.leaves, "junk_sent": run.junk_sent, "rss": run.rss,
                 "errors": {k: v for k, v in run.__dict__.items() if k.endswith("_errors")},
                 "counters": _drops(self.cluster, reports)}
@@ -381,7 +391,7 @@ def _say(line: str) -> None:
 def _has_all(report: dict, counters: dict[str, int]) -> bool:
     if "error" in report:
         return True  # (nothing more will come)
-    last = {k.split("|")[0]: v[1] for k, v in report["keys"].items()}
+    last = {k.split("|")[0]: v["last"] for k, v in report["keys"].items()}
     return all(last.get(t, 0) >= n for t, n in counters.items())
 
 
