@@ -128,6 +128,13 @@ def test_a_member_stalled_mid_stream_rejoins_and_the_publisher_flushes(cluster, 
     steady, stalled = (ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name, scope=scope)
                        for _ in range(2))
     ray.get([steady.ready.remote(), stalled.ready.remote()])
+    # both regular (netio/promotion) before the stream: a member stalled while still light is
+    # test_light_members' case (stability does not wait for it; it may start past what it missed)
+    deadline = time.monotonic() + 60
+    while any(c["recovery"]["light"] for c in ray.get([steady.counters.remote(),
+                                                       stalled.counters.remote()])):
+        assert time.monotonic() < deadline, "a subscriber was never promoted"
+        time.sleep(0.05)
     old = ray.get(stalled.counters.remote())["member"]
     pid = next(m["pid"] for m in members(cluster.status()) if m["id"] == old)
     pending, tail = (c.consume.remote(None, 400.0, until=b"end") for c in (steady, stalled))
