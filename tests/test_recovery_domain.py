@@ -233,3 +233,33 @@ def test_a_view_goes_out_once_per_version_and_a_restarted_scope_goes_on_past_its
     for _ in range(2):
         _update(restarted, tree)
     assert host.version == restarted.version > first + 1
+
+
+def test_a_member_process_joining_a_running_domain_is_light_and_one_coming_back_is_not():
+    """Thesis 3.2.14: an agent made for a member process joining a domain that has agents already
+    starts light (it holds nobody back until it reports); the domain's first members do not, nor
+    does a process that comes back (dropped while stalled, then rejoined: it is regular, and
+    stability must wait for what it still lacks)."""
+    tree, domain = _Tree(), RecoveryDomain("", "token_ring", top=True)
+    host = tree.hosts["host-a"]
+    made: dict[str, bool] = {}  # agent -> light, as its host was asked to make it
+    ensure = host.ensure_all.remote
+
+    async def ensure_all(specs: list[dict]):
+        made.update({s["name"]: bool(s.get("light")) for s in specs})
+        return await ensure(specs)
+
+    host.ensure_all = _Call(ensure_all)
+
+    async def place(name: str) -> AgentRecord:
+        return AgentRecord(host, {"name": name, "level": 1}, ["/"])
+
+    def update(names: list[str]) -> dict[str, bool]:
+        made.clear()
+        asyncio.run(domain.update([(n, 0) for n in names], place, tree.belongs))
+        return dict(made)
+
+    assert update(["vm:1", "vm:2"]) == {"vm:1": False, "vm:2": False}
+    assert update(["vm:1", "vm:2", "vm:3"])["vm:3"] is True
+    update(["vm:1", "vm:3"])  # vm:2 dropped (stalled past the member timeout) ...
+    assert update(["vm:1", "vm:2", "vm:3"])["vm:2"] is False  # ... and back: made again

@@ -41,6 +41,7 @@ FAULTY_RESTARTS = 3
 # What a call to an agent host raises once Ray has given it up (its node is dead, or it died
 # for good); a host that is merely slow or restarting times out instead.
 GONE = (ActorDiedError, ActorUnschedulableError)
+MAX_HAD = 65536  # member processes a domain remembers having had
 
 
 @dataclass(slots=True)
@@ -92,6 +93,10 @@ class RecoveryDomain:
         self.options: dict | None = None  # the administrator's options its agents were made with
         self.fault = ""  # the first fault its agents reported (a plug-in's: the scope replaces it)
         self._restarts: list[float] = []  # when its agents' hosts restarted lately
+        # member processes this domain has had (bounded, oldest forgotten first): one that comes
+        # back (dropped while stalled, then rejoined) is no joiner, and its process is regular
+        # (netio/promotion: light once per process, from its first subscription)
+        self._had: dict[str, None] = {}
         self._host_pids: dict = {}  # host's actor id -> the process it answered from last
         self._pings: dict = {}  # host's actor id -> (its unanswered ensure_all, agent names)
 
@@ -127,8 +132,12 @@ class RecoveryDomain:
                             self.protocol, name, rec)
                 continue
             self.agents[name] = rec
-            if joining and rec.spec.get("level") == 1:
-                rec.spec["light"] = True  # a member process joining: light until it reports
+            if rec.spec.get("level") == 1:
+                if joining and name not in self._had:
+                    rec.spec["light"] = True  # a member process joining: light until it reports
+                self._had[name] = None
+                if len(self._had) > MAX_HAD:
+                    del self._had[next(iter(self._had))]
             log.info("scope %r: %s agent for %s placed along %s", self.path, self.protocol,
                      name, " > ".join(rec.chain))
         for name in [n for n in self.agents if n not in members]:
