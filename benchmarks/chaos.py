@@ -29,6 +29,7 @@ from benchmarks.procs import REPO_ROOT
 PREFIX = "scchao"
 NET = 81           # addresses 10.81.1.<i>: apart from the tests' and the bench's clusters
 LOSS = 0.05
+EXIT_WAIT = 300.0  # s: the workload's report is out; its exit (closing its cluster) takes this at most
 RSS_GROWTH = 0.05  # at most, over the last 5 minutes of a run of 10 or more
 OUT = REPO_ROOT / "benchmarks" / "results" / "latest-chaos.json"
 
@@ -79,16 +80,13 @@ def _workload(hosts, seconds: float, seed: int, progress) -> dict:
                 progress(f"[chaos] running for {seconds:.0f} s")
             elif line.startswith("["):
                 progress(line.rstrip())
-        proc.wait(timeout=FLUSH_WAIT)
+        proc.wait(timeout=EXIT_WAIT)
     finally:
         if proc.poll() is None:
             proc.kill()
     if report is None:
         raise RuntimeError("the chaos workload reported nothing:\n" + "".join(err[-60:]))
     return report
-
-
-FLUSH_WAIT = 300.0
 
 
 def verdict(r: dict) -> dict[str, str]:

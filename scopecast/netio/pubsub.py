@@ -214,8 +214,10 @@ def close_publishers(pubs: list[Publisher], timeout: float = 10.0) -> None:
             if p not in ends:
                 ends[p] = p._runtime.end_stream(p._topic_id, p._session, p._seq)
         deadline = time.monotonic() + min(timeout, END_WAIT)
-        late = [p for p in pubs if not p._wait(ends[p], deadline - time.monotonic())]
-        _release([p for p in pubs if p not in late])
+        stable, late = [], []
+        for p in pubs:
+            (stable if p._wait(ends[p], deadline - time.monotonic()) else late).append(p)
+        _release(stable)
         if late:
             # a marker not stable yet is repaired from this member's record, which its topics'
             # recovery domains carry only while it publishes there: it leaves them once the

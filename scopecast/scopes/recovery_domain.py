@@ -135,6 +135,7 @@ class RecoveryDomain:
             if rec.spec.get("level") == 1:
                 if joining and name not in self._had:
                     rec.spec["light"] = True  # a member process joining: light until it reports
+                self._had.pop(name, None)  # (the latest had last: forgotten last)
                 self._had[name] = None
                 if len(self._had) > MAX_HAD:
                     del self._had[next(iter(self._had))]
