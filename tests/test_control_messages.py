@@ -9,6 +9,7 @@ from scopecast.netio import control_messages as cm
 from scopecast.netio import native, wire
 from scopecast.netio.control_messages import (
     Ack,
+    GroupAck,
     Instructions,
     InstructionsEnvelope,
     JoinPoint,
@@ -26,6 +27,7 @@ EXAMPLES = [
     InstructionsEnvelope({"down": {}, "period": 0.05}, "token_ring"),
     PeerToken(3, 1, {"k": "tok", "v": 3}),
     Ack(2, 77, 1500),
+    GroupAck(12, 0x8123, 77, 1500, 0, 1),
     WhereAsk(5, 1),
     JoinPoint(5, 1, 10, 4),
     NakAsk(5, 1, 10, 12, 100, 102),

@@ -45,7 +45,7 @@
 #define TRAILER 28
 #define NONCE 12
 #define TAG 16
-#define VERSION 7
+#define VERSION 8
 #define ABI 3  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments;
                  3: BatchScanner(key, encrypt), BatchSealer(key, encrypt) */
 #define PTYPE_DATA 1

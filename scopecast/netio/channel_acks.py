@@ -4,7 +4,11 @@ Which datagrams of each sender's channel came, acknowledged every `ack_period`, 
 a datagram asks (`wire.FLAG_ACK_NOW`: its sender's window is half full); withheld while an
 application lags behind by more than `max_backlog_bytes`, so a slow consumer slows its senders
 (see `feed` and `delay_window`). Datagram numbers that never came are the evidence of loss that
-recovery acts on (`tail_evidence`)."""
+recovery acts on (`tail_evidence`).
+
+A multicast channel's acknowledgements go up the channel's tree of receivers rather than each to
+the sender (`ack_gathering`): this member reports for its subtree to its parent, and takes its
+children's reports."""
 
 from __future__ import annotations
 
@@ -12,12 +16,14 @@ import time
 from collections.abc import Callable
 
 from scopecast.netio import wire
-from scopecast.netio.control_messages import Ack
+from scopecast.netio.ack_gathering import GROUP_CHANNELS, Subtree, group_receivers, place, tree_order
+from scopecast.netio.control_messages import Ack, GroupAck
 from scopecast.netio.member_parts import MemberBasics, MemberTables, Recovering
 from scopecast.timing import TIMING
 
 ACK_REPEAT, ACK_REPEAT_IDLE = 0.02, 0.5  # seconds between repeats of an unchanged ack
 ACK_NOW_GAP = TIMING.ack_now_gap
+HELD_MOST_US = 60_000_000  # a child's report's wait beyond this is not believed
 
 
 class ChannelAcks:
@@ -36,12 +42,66 @@ class ChannelAcks:
         self._last_ack = 0.0
         self._ack_now = False  # a datagram asked for an acknowledgement without delay
         self.due_at = 0.0      # when acknowledgements are due next (the I/O loop looks)
+        self.member_id = basics.member_id
+        self._groups: dict[int, tuple[int, ...]] = {}  # group channel -> the group's receivers
+        self._trees: dict[tuple[int, int], Subtree] = {}  # (sender, group channel) -> my place
+        self._tree_moved = False  # a child's report may move one of mine (due in a period)
 
     def members_changed(self) -> None:
         """Forget the channels of members gone."""
         members = self._tables.members
         for key in [k for k in self._pos if k[0] not in members]:
             del self._pos[key]
+            self._trees.pop(key, None)
+
+    def groups_changed(self, receivers: dict[tuple[str, int], tuple[int, ...]]) -> None:
+        """The receivers of each multicast group this member receives on: its places in those
+        groups' channels' trees anew."""
+        groups = group_receivers(receivers)
+        if groups == self._groups:
+            return
+        self._groups = groups
+        now = time.monotonic()
+        for key in [k for k in self._pos if k[1] >= GROUP_CHANNELS]:
+            self._lay(key, True, now)
+
+    def _lay(self, key: tuple[int, int], streaming: bool, now: float) -> None:
+        sender, channel = key
+        receivers = self._groups.get(channel)
+        placed = place(sender, self.member_id, tree_order(sender, receivers)) \
+            if receivers else None
+        if placed is None:  # (no place: acknowledged to the sender directly)
+            self._trees.pop(key, None)
+            return
+        parent, children = placed
+        tree = self._trees.get(key)
+        if tree is None:
+            tree = self._trees[key] = Subtree(parent)
+        tree.lay(parent, children, streaming, now)
+
+    def on_group_ack(self, child: int, msg: GroupAck) -> None:
+        """A child's report in a channel's tree."""
+        tree = self._trees.get((msg.source, msg.channel))
+        held = min(msg.held_us, HELD_MOST_US) / 1e6  # (passed on up: bounded)
+        moved = None if tree is None else tree.on_child(
+            child, msg.dseq, held, msg.light, time.monotonic())
+        if moved is None:
+            self._stats["acks_ignored"] += 1  # not a child here (views differ for a moment)
+        elif moved:
+            if msg.urgent:
+                self._ack_now = True
+                self.due_at = min(self.due_at, self._last_ack + ACK_NOW_GAP)
+            else:
+                self._tree_moved = True
+                self.due_at = min(self.due_at, self._last_ack + self._config.ack_period)
+
+    def expire_children(self, now: float) -> None:
+        """Stop waiting for children silent for `ack_timeout` while behind."""
+        timeout = self._config.ack_timeout
+        for key, tree in self._trees.items():
+            gone = tree.expire(self._pos[key][0], now, timeout)
+            if gone:
+                self._stats["ack_children_timeouts"] += len(gone)
 
     def note(self, sender: int, channel: int, first: int, last: int, count: int,
              flags: int) -> None:
@@ -53,7 +113,10 @@ class ChannelAcks:
         key = (sender, channel)
         pos = self._pos.get(key)
         if pos is None:
-            self._pos[key] = [last, 0, 0.0, 0.0, time.monotonic()]
+            now = time.monotonic()
+            self._pos[key] = [last, 0, 0.0, 0.0, now]
+            if channel >= GROUP_CHANNELS:
+                self._lay(key, False, now)
         elif last > pos[0]:
             now = time.monotonic()
             # datagrams of this channel that never came (a probe, a datagram of no runs,
@@ -85,13 +148,14 @@ class ChannelAcks:
         None when nothing is waiting."""
         if self._ack_now:
             return ACK_NOW_GAP
-        if tails_open or any(pos[0] != pos[1] for pos in self._pos.values()):
+        if tails_open or self._tree_moved or any(pos[0] != pos[1] for pos in self._pos.values()):
             return self._config.ack_period
         return None
 
     def _send(self, now: float) -> None:
+        urgent = int(self._ack_now)
         self._last_ack = now
-        self._ack_now = False
+        self._ack_now = self._tree_moved = False
         self.due_at = now + self._config.ack_period
         limit = self._config.max_backlog_bytes
         for sub in self._tables.subscriptions:  # (not per topic: a pattern's one is under
@@ -100,7 +164,11 @@ class ChannelAcks:
                 return
         members = self._tables.members
         light = int(self._recovery.promotion.light)
+        trees = self._trees
         for (sender, channel), pos in self._pos.items():
+            if trees and (tree := trees.get((sender, channel))) is not None:
+                self._report(tree, sender, channel, pos, light, urgent, now)
+                continue
             if pos[0] == pos[1]:
                 # repeated: a lost ack must not leave a sender's full window stalled (often for
                 # a second after the last new data, then rarely)
@@ -117,3 +185,26 @@ class ChannelAcks:
             # the sender's round-trip sample leaves it out (see delay_window)
             held = max(0, round((now - pos[4]) * 1e6))
             self._send_control(Ack(channel, pos[0], held, light), (member.host, member.port))
+
+    def _report(self, tree: Subtree, sender: int, channel: int, pos: list, light: int,
+                urgent: int, now: float) -> None:
+        """This member's report for its subtree of a channel's tree, to its parent (the root's to
+        the sender, as an `Ack`): sent when it changed, repeated as `_send` repeats an ack."""
+        dseq, held, subtree_light = tree.report(pos[0], bool(light), pos[4], now)
+        if dseq == tree.reported and subtree_light == tree.reported_light:
+            if now - pos[2] < (ACK_REPEAT if now - pos[3] < 1.0 else ACK_REPEAT_IDLE):
+                return
+        else:
+            pos[3] = now
+        parent = self._tables.members.get(tree.parent)
+        if parent is None:  # (a view behind: its next one places this member again)
+            return
+        tree.reported, tree.reported_light = dseq, subtree_light
+        pos[1] = pos[0]
+        pos[2] = now
+        held_us = max(0, round(held * 1e6))
+        if tree.parent == sender:
+            message = Ack(channel, dseq, held_us, subtree_light)
+        else:
+            message = GroupAck(sender, channel, dseq, held_us, subtree_light, urgent)
+        self._send_control(message, (parent.host, parent.port))

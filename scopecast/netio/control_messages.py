@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from scopecast.netio import wire
 
-__all__ = ["Kind", "Summary", "InstructionsEnvelope", "PeerToken", "Ack", "WhereAsk",
+__all__ = ["Kind", "Summary", "InstructionsEnvelope", "PeerToken", "Ack", "GroupAck", "WhereAsk",
            "JoinPoint", "NakAsk", "Nak", "MemberSummary", "Instructions", "PushAsk",
            "SenderRecordWire", "PACKET_TYPE", "encode", "decode"]
 
@@ -32,6 +32,7 @@ class Kind(IntEnum):
     WHERE = 5         # a receiver to a sender: where did my stream of a topic start?
     JOIN_POINT = 6    # ... the sender's answer
     NAK = 7           # a receiver to a sender: messages to repair
+    GROUP_ACK = 8     # a receiver to its parent in a multicast channel's tree (`ack_gathering`)
 
 
 def _ints(values, limit: int = wire.SEQ_LIMIT) -> bool:
@@ -88,6 +89,20 @@ class Ack(NamedTuple):
     dseq: int
     held_us: int
     light: int = 0
+
+
+class GroupAck(NamedTuple):
+    """An `Ack` of `source`'s multicast `channel` on its way up the channel's tree
+    (`ack_gathering`): the lowest datagram number the sending receiver's subtree took; `light`:
+    1 when none of it is regular; `urgent`: 1 when the sender asked for it at once (the parent
+    passes it on without waiting for its ack period)."""
+
+    source: int
+    channel: int
+    dseq: int
+    held_us: int
+    light: int
+    urgent: int
 
 
 class WhereAsk(NamedTuple):
@@ -151,13 +166,16 @@ def _numbers(cls, limit: int, reason: str, topic: bool = False):
 
 _READERS = {Kind.SUMMARY: Summary.read, Kind.INSTRUCTIONS: InstructionsEnvelope.read,
             Kind.TOKEN: PeerToken.read, Kind.ACK: _numbers(Ack, 1 << 64, "bad_control"),
+            Kind.GROUP_ACK: _numbers(GroupAck, 1 << 64, "bad_control"),
             Kind.WHERE: _numbers(WhereAsk, wire.SEQ_LIMIT, "bad_control", topic=True),
             Kind.JOIN_POINT: _numbers(JoinPoint, wire.SEQ_LIMIT, "bad_control", topic=True),
             Kind.NAK: _numbers(NakAsk, 1 << 64, "bad_nak")}
 _KINDS = {Summary: Kind.SUMMARY, InstructionsEnvelope: Kind.INSTRUCTIONS, PeerToken: Kind.TOKEN,
-          Ack: Kind.ACK, WhereAsk: Kind.WHERE, JoinPoint: Kind.JOIN_POINT, NakAsk: Kind.NAK}
+          Ack: Kind.ACK, GroupAck: Kind.GROUP_ACK, WhereAsk: Kind.WHERE,
+          JoinPoint: Kind.JOIN_POINT, NakAsk: Kind.NAK}
 PACKET_TYPE = {Kind.SUMMARY: wire.PacketType.TOKEN, Kind.INSTRUCTIONS: wire.PacketType.TOKEN,
                Kind.TOKEN: wire.PacketType.TOKEN, Kind.ACK: wire.PacketType.CONTROL,
+               Kind.GROUP_ACK: wire.PacketType.CONTROL,
                Kind.WHERE: wire.PacketType.CONTROL, Kind.JOIN_POINT: wire.PacketType.CONTROL,
                Kind.NAK: wire.PacketType.NAK}
 _BAD = {wire.PacketType.TOKEN: "bad_token", wire.PacketType.NAK: "bad_nak"}

@@ -15,7 +15,7 @@ from itertools import repeat
 
 from scopecast.netio import control_messages, wire
 from scopecast.netio.channel_acks import ChannelAcks
-from scopecast.netio.control_messages import Ack, InstructionsEnvelope, JoinPoint, NakAsk, WhereAsk
+from scopecast.netio.control_messages import Ack, GroupAck, InstructionsEnvelope, JoinPoint, NakAsk, WhereAsk
 from scopecast.netio.delivery import Delivery
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.joins import Joins
@@ -31,9 +31,8 @@ from scopecast.netio.udp_batch import GRO_SPACE, segment_size
 from scopecast.netio.wire import WireRun
 
 log = logging.getLogger("scopecast.netio.runtime")
-HEADER = wire.HEADER
+HEADER, MIXED = wire.HEADER, wire.MIXED
 STAMP, STAMP_AT = wire.STAMP, wire.STAMP_AT
-MIXED = wire.MIXED
 DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
 
 
@@ -64,9 +63,7 @@ class ReceivePath:
         self._replays = ReplayGuard()
         self._reassembler = Reassembler(config.max_message_bytes, config.reassembly_budget_bytes,
                                         config.reassembly_timeout)
-        # (topic, source, session) -> the routing record its runs came with, for forwarding the
-        # runs a repair brings (see _accept)
-        self._stream_paths: dict[tuple, tuple] = {}
+        self._stream_paths: dict[tuple, tuple] = {}  # stream -> its runs' record (see _accept)
         self._plain: dict[int, tuple] | None = None  # see _plain_topics
         self.next_seq = KeyTable()  # (topic, source, session) -> next seq to deliver
         self._held: deque[tuple[float, int, bytes]] = deque()  # datagrams of members not known
@@ -569,9 +566,12 @@ class ReceivePath:
     def _on_control(self, header: wire.Header, body: memoryview) -> None:
         header, body = wire.decode_control(body)
         msg = control_messages.decode(header.ptype, body)  # (DecodeError: counted by the caller)
+        self.stats["control_in"] += 1
         kind = msg.__class__
         if kind is Ack:
             self.sender.on_ack(header.sender, msg.channel, msg.dseq, msg.held_us / 1e6, msg.light)
+        elif kind is GroupAck:
+            self._acks.on_group_ack(header.sender, msg)
         elif kind is NakAsk:
             self._repairs.on_nak(header.sender, msg)
         elif kind is InstructionsEnvelope:

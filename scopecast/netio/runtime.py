@@ -58,10 +58,7 @@ from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detec
 from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
-
-PUBLISH_LINGER = TIMING.publish_linger
-PARK = TIMING.park
-HANDOVER_WAIT = TIMING.handover_wait
+PUBLISH_LINGER, PARK, HANDOVER_WAIT = TIMING.publish_linger, TIMING.park, TIMING.handover_wait
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
 BEAT_EVERY = TIMING.beat_every
 
@@ -172,7 +169,8 @@ class MemberRuntime:
     def member_id(self, member_id: int) -> None:
         """The id its scope registered this member under (after its socket, its address, exists)."""
         self._member_id = member_id
-        for part in (self.receiver, self.sender, self.recovery, self.delivery, self.repairs):
+        for part in (self.receiver, self.sender, self.recovery, self.delivery, self.repairs,
+                     self.acks):
             part.member_id = member_id
 
     # ---------------------------------------------------------------- application side (any thread)
@@ -390,13 +388,15 @@ class MemberRuntime:
         self.sender.install_routes(receivers)
         self.joins.note_receivers(set().union(*receivers.values()) - {self.member_id})
 
-    def install_groups(self, wanted: set[tuple[str, int]]) -> None:
-        """Join exactly the multicast groups in `wanted`."""
+    def install_groups(self, wanted: set[tuple[str, int]],
+                       receivers: dict[tuple[str, int], tuple[int, ...]] | None = None) -> None:
+        """Join exactly the multicast groups in `wanted` (`receivers`: each one's receivers)."""
         for group, port in list(self._groups):
             if (group, port) not in wanted:
                 self.leave_group(group, port)
         for group, port in sorted(wanted):
             self.join_group(group, port)
+        self.acks.groups_changed(receivers or {})
 
     def join_group(self, group: str, port: int) -> None:
         if (group, port) in self._groups:
@@ -594,6 +594,7 @@ class MemberRuntime:
         self._last_housekeeping = now
         self.receiver.housekeeping(now)
         self.sender.expire_receivers(now)
+        self.acks.expire_children(now)
 
 
 __all__ = ["DEFAULT_MAX_MESSAGE", "MemberInfo", "MemberRuntime", "Route", "RuntimeConfig", "percentiles"]

@@ -29,6 +29,9 @@ class RuntimeConfig:
     ack_period: float = 0.01           # receivers acknowledge this often (and at once when a
                                        # sender's window is half full: wire.FLAG_ACK_NOW)
     ack_timeout: float = 5.0             # a receiver silent this long stops holding the window
+    gather_acks: bool = True             # receivers of this member's multicast channels
+                                         # acknowledge up a tree (netio/ack_gathering); False:
+                                         # each to this member directly
     unknown_sender_grace: float = 2.0    # how long datagrams of a not-yet-known member are held
     held_bytes: int = 8 << 20            # ... and how many bytes of them (not a count: on a
                                          # 1500-byte MTU a count holds a fraction of a second)

@@ -16,6 +16,7 @@ import time
 from collections import deque
 
 from scopecast.netio import wire
+from scopecast.netio.ack_gathering import GROUP_CHANNELS, group_channel, is_multicast, root
 from scopecast.netio.channel import FilteredChannel, endpoints, resolve
 from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.delivery import Delivery
@@ -103,8 +104,12 @@ class SendPath:
         for address in receivers:
             self._feed(address)
         for address, feed in self._feeds.items():
-            feed.set_receivers(set(receivers.get(address, ())) - {self.member_id}, now,
-                               streaming)
+            waited = set(receivers.get(address, ())) - {self.member_id}
+            if feed.channel >= GROUP_CHANNELS:  # its receivers' tree acknowledges through its
+                top = root(self.member_id, waited)  # root (`ack_gathering`), which holds the
+                feed.set_receivers(set() if top is None else {top}, now)  # window from now
+            else:
+                feed.set_receivers(waited, now, streaming)
 
     def expire_receivers(self, now: float) -> None:
         for feed in self._feeds.values():
@@ -306,8 +311,12 @@ class SendPath:
     def _feed(self, address: tuple[str, int]) -> Feed:
         feed = self._feeds.get(address)
         if feed is None:
+            channel = len(self._feeds) + 1  # (below GROUP_CHANNELS)
+            if self.config.gather_acks and is_multicast(address[0]) \
+                    and (group := group_channel(*address)) not in self._feeds_by_channel:
+                channel = group
             feed = self._feeds[address] = Feed(
-                address, len(self._feeds) + 1,
+                address, channel,
                 DelayWindow(self.config.window_bytes, self.config.window_delay), self._stamp)
             self._feeds_by_channel[feed.channel] = feed
         return feed

@@ -305,7 +305,7 @@ class ControlledElement:
         for tid, session in sessions.items():  # topics this process publishes move on later
             if rt.publish_sessions.get(tid, session) < session:
                 self._session_moves[tid] = session
-        rt.install_groups(set(view.groups))
+        rt.install_groups(set(view.groups), {_address(k): v for k, v in view.joined.items()})
         routes: dict[int, tuple[Route, ...]] = {}
         for r in view.routes:  # one entry per channel, with the topics it serves
             channel = _channel(r)

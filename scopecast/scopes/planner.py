@@ -230,11 +230,13 @@ class Planner:
         obligations = list(part.exits)
         forwards = {ob.topic for ob in part.exits}
         groups = set()
+        joined: dict[str, tuple[int, ...]] = {}  # (the trees its acknowledgements go up)
         for tid, cov in part.covered.items():
             if tid in member.pubs:
                 obligations.append(cov)
             if tid in member.subs or tid in forwards:
                 groups.add((cov.endpoint[1], cov.endpoint[2]))
+                joined["%s:%d" % cov.endpoint[1:3]] = cov.receivers
         receivers: dict[str, set[int]] = {}
         # one channel serves many topics: routes alike but for the topic travel as one entry
         # with their topics (a publisher of thousands of topics gets a few, not thousands)
@@ -251,6 +253,7 @@ class Planner:
                                  for c in self.children.values() if c.kind == "member")),
             routes=tuple(ViewRoute(*key, tuple(topics)) for key, topics in alike.items()),
             groups=tuple(sorted(groups)),
+            joined=joined,
             receivers={k: tuple(sorted(v)) for k, v in receivers.items()},
             agents={p: (a[0], int(a[1])) for p, a in agents.items()},
             protocols=reliable,

@@ -10,11 +10,11 @@ pickles it) with the version `v`; one of another version, or malformed, raises `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scopecast.netio.filters import check_spec
 
-VIEW_VERSION = 2  # 2: filters of every netio.filters kind
+VIEW_VERSION = 3  # 3: each group's receivers (`joined`); 2: filters of every netio.filters kind
 
 
 class MalformedView(ValueError):
@@ -72,6 +72,8 @@ class MemberView:
     cached: tuple[int, ...]                         # topics whose history it caches
     early: dict[str, dict]                          # topic entries ahead of the table
     demoted: str = ""                               # why it was demoted to client, if it was
+    # "group:port" -> the members receiving on it (the trees of acknowledgements: ack_gathering)
+    joined: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def to_wire(self, version: int, topics) -> dict:
         """The answer to `watch`: this view under `version`, with the piece of the topic table
@@ -81,6 +83,7 @@ class MemberView:
                             for m in self.members],
                 "routes": [r.to_wire() for r in self.routes],
                 "groups": [list(g) for g in self.groups],
+                "joined": {k: list(v) for k, v in self.joined.items()},
                 "receivers": {k: list(v) for k, v in self.receivers.items()},
                 "agents": {p: list(a) for p, a in self.agents.items()},
                 "protocols": {str(t): p for t, p in self.protocols.items()},
@@ -101,7 +104,8 @@ class MemberView:
                        {str(p): (str(a[0]), int(a[1])) for p, a in body["agents"].items()},
                        {int(t): str(p) for t, p in body["protocols"].items()},
                        tuple(map(int, body["cached"])), dict(body["early"]),
-                       str(body.get("demoted") or ""))
+                       str(body.get("demoted") or ""),
+                       {str(k): tuple(map(int, v)) for k, v in body["joined"].items()})
             return int(body["version"]), view, body["topics"]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise MalformedView(str(exc)) from None
