@@ -12,7 +12,13 @@ def _group(n: int, has_upper: bool = False, **options) -> list[TokenRing]:
 
 
 def test_partitions_follow_regions_and_never_cross_one():
-    assert partitions(8, (0, 0, 0, 1, 1, 1, 1, 2), 3) == [[0, 1, 2], [3, 4, 5], [6], [7]]
+    assert partitions(8, (0, 0, 0, 1, 1, 1, 1, 2), 3) == [[0, 1, 2], [3, 4, 5, 6], [7]]
+    # about `size` each, as even as they go: no tail of one peer caching for nobody
+    assert [len(p) for p in partitions(16, (), 5)] == [5, 5, 6]
+    assert [len(p) for p in partitions(13, (), 5)] == [4, 4, 5]
+    assert [len(p) for p in partitions(7, (), 5)] == [7]
+    assert [len(p) for p in partitions(8, (), 5)] == [4, 4]
+    assert sum(partitions(40, (), 5), []) == list(range(40))
     assert partitions(4, (), 5) == [[0, 1, 2, 3]]
     assert partitions(3, (0, 1), 5) == [[0, 1, 2]]  # not one per peer: taken as one region
     agents = _group(5, regions=(0, 0, 1, 1, 1))
@@ -57,7 +63,7 @@ def test_a_nak_is_pushed_by_a_caching_neighbour_that_holds_the_range():
 
 
 def test_the_group_leader_hands_the_aggregate_up_and_takes_stability_from_above():
-    agents = _group(6, has_upper=True)
+    agents = _group(10, has_upper=True)
     for a in agents:
         a.on_summary(summary({9: 700}, recs={9: REC}), 0.0)
     run(agents)

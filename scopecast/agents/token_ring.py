@@ -49,15 +49,24 @@ def _add_acks(token: dict, acks: dict) -> None:
 
 
 def partitions(n: int, regions: tuple[int, ...], size: int) -> list[list[int]]:
-    """Peer indices 0..n-1 cut into runs of at most `size`, a new one wherever the region
-    changes (no regions, or not one per peer: one region)."""
+    """Peer indices 0..n-1 cut into partitions of about `size`, never across a region (no
+    regions, or not one per peer: one region): each region's run into the number of partitions
+    nearest its length / `size` (at least one), as even as they go. Not runs of at most `size`
+    with the remainder left over: a tail of one peer would be its own cacher, caching for
+    nobody (16 peers in partitions of 5: 6, 5 and 5, three cachers, not four)."""
     if len(regions) != n:
         regions = (0,) * n
     out: list[list[int]] = []
-    for i in range(n):
-        if not out or len(out[-1]) >= size or regions[i] != regions[i - 1]:
-            out.append([])
-        out[-1].append(i)
+    start = 0
+    for i in range(1, n + 1):
+        if i < n and regions[i] == regions[start]:
+            continue
+        length = i - start
+        k = max(1, int(length / size + 0.5))
+        for j in range(k):
+            lo = start + j * length // k
+            out.append(list(range(lo, start + (j + 1) * length // k)))
+        start = i
     return out
 
 
