@@ -100,11 +100,8 @@ def run(cluster, receivers: list[int], seconds: float = SECONDS, repeats: int = 
         return {}
     import scopecast
     from scopecast.netio.runtime import RuntimeConfig
-    for topic in TOPICS.values():
-        try:
-            cluster.create_topic(topic, policy="lan_multicast")
-        except Exception:  # (there from an earlier run on a persistent cluster)
-            pass
+    for topic in TOPICS.values():  # (idempotent: there from an earlier run is as good)
+        cluster.create_topic(topic, policy="lan_multicast")
     names = {"gathered": "feedback-gathered", "direct": "feedback-direct"}
     publishers = {"gathered": scopecast.connect(name=names["gathered"]),
                   "direct": scopecast.connect(name=names["direct"],

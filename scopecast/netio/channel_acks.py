@@ -170,9 +170,7 @@ class ChannelAcks:
                 self._report(tree, sender, channel, pos, light, urgent, now)
                 continue
             if pos[0] == pos[1]:
-                # repeated: a lost ack must not leave a sender's full window stalled (often for
-                # a second after the last new data, then rarely)
-                if now - pos[2] < (ACK_REPEAT if now - pos[3] < 1.0 else ACK_REPEAT_IDLE):
+                if not _repeat_due(pos, now):
                     continue
             else:
                 pos[3] = now
@@ -192,7 +190,7 @@ class ChannelAcks:
         the sender, as an `Ack`): sent when it changed, repeated as `_send` repeats an ack."""
         dseq, held, subtree_light = tree.report(pos[0], bool(light), pos[4], now)
         if dseq == tree.reported and subtree_light == tree.reported_light:
-            if now - pos[2] < (ACK_REPEAT if now - pos[3] < 1.0 else ACK_REPEAT_IDLE):
+            if not _repeat_due(pos, now):
                 return
         else:
             pos[3] = now
@@ -208,3 +206,9 @@ class ChannelAcks:
         else:
             message = GroupAck(sender, channel, dseq, held_us, subtree_light, urgent)
         self._send_control(message, (parent.host, parent.port))
+
+
+def _repeat_due(pos: list, now: float) -> bool:
+    """An unchanged acknowledgement (or report) is due again: a lost one must not leave a
+    sender's full window stalled (often for a second after the last new data, then rarely)."""
+    return now - pos[2] >= (ACK_REPEAT if now - pos[3] < 1.0 else ACK_REPEAT_IDLE)
