@@ -31,6 +31,7 @@ from scopecast.ray_cluster.dataframes import (
     to_dataset,
     to_msgpack_rows,
     topic_part,
+    warm_publishers,
     wire_schema,
 )
 
@@ -375,6 +376,31 @@ def test_topic_column_routes_rows_to_topics_created_like_the_base(cluster, spark
     assert cluster.topic(base).schema["run"] == cluster.topic(f"{base}/JFK").schema["run"]
     assert out.schema == df.schema
     assert _same_rows(out, df)
+
+
+@pytest.mark.ray
+def test_given_topic_values_route_without_a_spark_job_of_their_own(cluster, spark, topic_name):
+    """topic_values (known to the caller) spare the Spark job that finds the values: a streamed
+    run is then one Spark job; publishers warmed ahead serve it (no process started after the
+    call); a row whose value is not among them ends the run aborted, DataFrameRejected."""
+    cluster.create_topic(topic_name)
+    df = spark.createDataFrame([(k, "abc"[k % 3]) for k in range(60)], "id long, region string")
+    with pytest.raises(scopecast.InvalidConfig, match="give the column too"):
+        publish_dataframe(df, topic_name, topic_values=["a"], progress=False)
+    warm_publishers(2)
+    tracker = spark.sparkContext.statusTracker()
+    jobs = set(tracker.getJobIdsForGroup(None))
+    with TopicCollector(f"{topic_name}/*") as collector:
+        report = publish_dataframe(df, topic_name, topic_column="region", topic_values="cab",
+                                   transfer="stream", progress=False)
+        collector.wait(TIMEOUT)
+        ids = collector.to_arrow(TIMEOUT).column("id").to_pylist()
+    assert len(set(tracker.getJobIdsForGroup(None)) - jobs) == 1  # only the stream's
+    assert report.publishers_started == 0
+    assert report.topics == {f"{topic_name}/{v}": 20 for v in "abc"} and sorted(ids) == list(range(60))
+    with pytest.raises(scopecast.DataFrameRejected, match="'c', which is not among"):
+        publish_dataframe(df, topic_name, topic_column="region", topic_values=["a", "b"],
+                          transfer="stream", progress=False)
 
 
 @pytest.mark.ray

@@ -51,6 +51,7 @@ def _text(output: bytes | str | None) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
+@pytest.mark.quiet_machine
 def test_the_wheel_runs_the_demo_outside_the_source_tree(installed, tmp_path):
     where = subprocess.run([installed / "python", "-c", "import scopecast.ray_cluster.demo as d; "
                             "print(d.__file__); print(d.POLICY_FILE.exists())"],

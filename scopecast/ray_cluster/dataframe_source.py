@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +123,8 @@ def routed_topics(topic: str, values: list) -> dict[Any, str]:
 
 
 def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = None,
-                      key_column: str | None = None, parallelism: int = 2, mode: str = "rows",
+                      key_column: str | None = None, topic_values: Iterable | None = None,
+                      parallelism: int = 2, mode: str = "rows",
                       progress: bool | Callable[[int], None] | None = None,
                       cluster: Cluster | None = None, config: RuntimeConfig | None = None,
                       flush_timeout: float = 120.0, convert_timeout: float | None = None,
@@ -144,6 +145,9 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
       boolean column. Missing topics are created up front with the base topic's policy, recovery,
       root, history and options; the base topic gets the end messages too but no rows. Finding
       the values is a Spark job of its own (cache() a DataFrame that is costly to compute).
+    - `topic_values`: the topic_column's values, when the caller knows them (as with Spark's
+      `pivot(column, values)`): no Spark job finds them, and the run's topics are these values'
+      (a row with another value ends the run aborted: DataFrameRejected).
     - `key_column`: all rows of one key go through one publisher (Spark's hash of the key modulo
       `parallelism`), so subscribers get a key's rows in the DataFrame's order. Each publisher then
       reads every block and keeps its keys: the whole DataFrame is read `parallelism` times.
@@ -217,6 +221,9 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
             and not CHAR_TYPES.match(str(columns[topic_column])):
         raise DataFrameRejected(f"topic_column {topic_column!r} is a {type_name(columns[topic_column])}"
                                 "; use a string, integer or boolean column")
+    given = None if topic_values is None else list(dict.fromkeys(topic_values))
+    if given is not None and topic_column is None:
+        raise InvalidConfig("topic_values are the values of a topic_column: give the column too")
     run = uuid.uuid4().hex[:16]
     schema = {"spark": df.schema.json(), "mode": mode, "publishers": parallelism,
               "topic_column": topic_column, "key_column": key_column, "run": run}
@@ -231,9 +238,12 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     report = None
     try:
         routes: dict[Any, str] = {}
-        if topic_column is not None:
+        if given is not None:
+            values = given
+        elif topic_column is not None:
             values = _spark_job("finding the topic_column values", lambda: [
                 r[0] for r in df.select(topic_column).distinct().limit(MAX_ROUTED_TOPICS + 1).collect()])
+        if topic_column is not None:
             if len(values) > MAX_ROUTED_TOPICS:
                 raise DataFrameRejected(f"topic_column {topic_column!r} has more than "
                                         f"{MAX_ROUTED_TOPICS} distinct values; route on a coarser column")

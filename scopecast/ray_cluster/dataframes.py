@@ -1,6 +1,7 @@
 """Spark DataFrames to topics and back: `publish_dataframe` streams a DataFrame's rows to topics
-through publisher actors; `TopicCollector` / `collect_topic` / `to_dataset` turn what subscribers
-received back into a Spark DataFrame or a Ray Dataset with the schema recorded on the topic.
+through publisher actors (`warm_publishers` starts them ahead of a run); `TopicCollector` /
+`collect_topic` / `to_dataset` turn what subscribers received back into a Spark DataFrame or a
+Ray Dataset with the schema recorded on the topic.
 
 The public names of `dataframe_source` (publishing), `dataframe_sink` (collecting) and
 `dataframe_codec` (which schemas can travel, and the wire form of rows and end messages).
@@ -21,7 +22,8 @@ from scopecast.ray_cluster.dataframe_source import (
     routed_topics,
     topic_part,
 )
+from scopecast.ray_cluster.run_publisher import warm_publishers
 
 __all__ = ["MAX_NESTING", "PublishReport", "TopicCollector", "arrow_schema", "check_schema",
            "collect_topic", "from_msgpack_rows", "publish_dataframe", "routed_topics", "to_dataset",
-           "to_msgpack_rows", "topic_part", "wire_schema"]
+           "to_msgpack_rows", "topic_part", "warm_publishers", "wire_schema"]

@@ -58,13 +58,23 @@ def start_publishers(run: str, n: int, config: RuntimeConfig | None,
     """The run's publisher actors, spread over the nodes (warm ones of an earlier run first, see
     `publisher_pool`), and how many were started: each joins the cluster as a member of its own
     and opens a publisher of the base `topic` (while Spark still converts, for publish_dataframe)."""
-    remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(RunPublisher)
-    actors, started = publisher_pool.take(
-        config, n, lambda: remote.options(scheduling_strategy="SPREAD").remote(config))
+    actors, started = publisher_pool.take(config, n, lambda: _start(config))
     for index, actor in enumerate(actors):
         actor.join.remote(run, index, topic)
     return actors, started
 
+
+def warm_publishers(n: int, config: RuntimeConfig | None = None) -> None:
+    """Start `n` publisher processes now, idle, for this driver's next runs with `config`: a
+    run that finds them takes them instead of starting its own, so starting a worker process
+    and importing scopecast, pyarrow and msgpack in it happens while the caller does something
+    else (while Spark starts, say) rather than after the publish call."""
+    publisher_pool.give_back(config, [_start(config) for _ in range(n)])
+
+
+def _start(config: RuntimeConfig | None):
+    remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(RunPublisher)
+    return remote.options(scheduling_strategy="SPREAD").remote(config)
 
 
 class RunPublisher:
@@ -82,6 +92,7 @@ class RunPublisher:
         self._join_error: BaseException | None = None
         self._rows = 0
         self._feed = None  # the run's FeedIntake (transfer="stream")
+        self._stop: str | None = None  # why the run stops early (a stop may come before join)
         self._publishing = threading.Lock()  # one writer's blocks at a time (see publish_blocks)
 
     def ping(self) -> bool:
@@ -91,8 +102,6 @@ class RunPublisher:
         """Join the cluster as this run's publisher `index` and open a publisher of `topic` (it
         exists; nothing is published yet): called before `run`, which waits for it."""
         self._index = index
-        self._stop: str | None = None
-        self._feed = None
         self._rows = 0
         self._bytes = 0
         self._pubs = {}
@@ -112,9 +121,9 @@ class RunPublisher:
         self._messages = dict.fromkeys(plan.topics, 0)
         self._topic_rows = dict.fromkeys(plan.topics, 0)
         self._wire = wire_schema(arrow_schema(plan.spark_schema)) if plan.mode == "rows" else None
-        for name in plan.topics:
-            if name not in self._pubs:
-                self._pubs[name] = self._cluster.publisher(name)
+        new = [name for name in plan.topics if name not in self._pubs]
+        if new:  # (together: the scopes lay the channels once for all of them)
+            self._pubs.update(zip(new, self._cluster.publishers(new), strict=True))
 
     def progress(self) -> int:
         return self._rows
@@ -142,9 +151,8 @@ class RunPublisher:
         stream to this publisher; the address to send them to. `run_feed` publishes them."""
         from scopecast.ray_cluster.spark_feed import FeedIntake
 
-        # after this run's `join`, which starts afresh: a threaded actor may run this call first
-        # (both wait for the actor to start), and join would then forget the feed
-        self._wait_joined()
+        # (not after `join`: Spark's executors start sending, and the intake keeps what comes,
+        # while this process joins the cluster; `finish` forgets a run's feed)
         self._feed = FeedIntake(ray.util.get_node_ip_address(), secret, share)
         return self._feed.endpoint
 
@@ -222,6 +230,7 @@ class RunPublisher:
             finally:
                 self._cluster.shutdown()
             counts = self._counts()
+            self._feed = self._stop = None  # (the next run's may come before its join)
             if failure is not None:
                 if isinstance(failure, ScopecastError):
                     failure.counts = counts  # travels with the error to the driver
@@ -310,7 +319,11 @@ class RunPublisher:
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
         ends = np.r_[starts[1:], len(ordered)]
         for s, e in zip(starts, ends, strict=True):
-            yield self._plan.routes[values[ordered[s]]], order[s:e]
+            value = values[ordered[s]]
+            if value not in self._plan.routes:  # (topic_values given, and this one not in them)
+                raise DataFrameRejected(f"a row's {self._plan.topic_column} is {value!r}, which "
+                                        "is not among the run's topic_values")
+            yield self._plan.routes[value], order[s:e]
 
     def _publish_arrow(self, name: str, batch) -> None:
         """Publish `batch` as record batches that each fit the message size."""

@@ -138,6 +138,11 @@ class AgentPlacement:
             host, chain = await child.handle.place_agent.remote({**spec, "below": child_key})
             return [host, [self.name, *chain]]
         leader = self.members.children.get(first)
+        if leader is not None and leader.kind != "member":
+            # the domain's leader as last laid is a child scope the planner no longer finds
+            # standing for `below` (it re-laid meanwhile): the parent delegates again later
+            raise LookupError(f"scope {self.path!r}: domain {below!r} is led by child scope "
+                              f"{first!r}, which no longer stands for it")
         node = leader.node if leader is not None else node_id()
         return [await self.agent_host(node, spec["protocol"]),
                 [self.name, *([leader.name] if leader is not None else [])]]
