@@ -13,8 +13,10 @@ import os
 import random
 import signal
 import socket
+import sys
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 
 import ray
@@ -333,9 +335,9 @@ class Workload:
         self.run.rss[when] = out
 
     def go(self) -> dict:
-        threads = [threading.Thread(target=self.publish, args=(t,), daemon=True)
+        threads = [threading.Thread(target=self.publish, args=(t,), daemon=True, name=f"publish {t}")
                    for t in self.topics]
-        threads += [threading.Thread(target=f, daemon=True)
+        threads += [threading.Thread(target=f, daemon=True, name=f.__name__)
                     for f in (self.churn, self.joins_and_leaves, self.junk, self.faults)]
         for t in threads:
             t.start()
@@ -346,11 +348,15 @@ class Workload:
         self.rss("end")
         self.stop.set()
         _say(f"{self.run.now():.1f} s: stopping")
-        hung = []
+        deadline = time.monotonic() + FLUSH_TIMEOUT + 30  # (for them all, not each)
         for t in threads:
-            t.join(FLUSH_TIMEOUT + 30)
-            if t.is_alive():
-                hung.append(t.name)
+            t.join(max(0.0, deadline - time.monotonic()))
+        hung = [t.name for t in threads if t.is_alive()]
+        frames = sys._current_frames()
+        for t in threads:
+            if t.is_alive():  # what it was doing says which step hung
+                where = "".join(traceback.format_stack(frames[t.ident])[-4:])
+                _say(f"{t.name} still running after the stop:\n{where}")
         return self.collect(hung)
 
     def collect(self, hung: list[str]) -> dict:
