@@ -142,10 +142,20 @@ class Workload:
         return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
     def _recorder(self, name: str, ip: str):
+        """A Recorder on the host `ip`, started (None: the run stopped first). A host killed
+        meanwhile leaves it unschedulable: its wait gives way to the stop, or ends in 120 s."""
         actor = ray.remote(num_cpus=0)(Recorder).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.nodes[ip], soft=False)
         ).remote([*self.topics, CHURN + "*"])
-        ray.get(actor.pid.remote(), timeout=120)
+        started = actor.pid.remote()
+        deadline = time.monotonic() + 120
+        while not ray.wait([started], timeout=1.0)[0]:
+            if self.stop.is_set() or time.monotonic() > deadline:
+                ray.kill(actor)
+                if self.stop.is_set():
+                    return None
+                raise TimeoutError(f"{name} did not start on {ip} within 120 s")
+        ray.get(started)
         self.where[name] = ip
         return actor
 
@@ -206,6 +216,8 @@ class Workload:
                 name = f"join{i}"
                 i += 1
                 joiner = self._recorder(name, self.rng.choice(list(self.nodes)))
+                if joiner is None:
+                    break
                 if self.stop.is_set():  # (the run ended meanwhile: nothing to join)
                     ray.get(joiner.close.remote(), timeout=60)
                     break

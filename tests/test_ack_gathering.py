@@ -8,6 +8,8 @@ import os
 import random
 import socket
 import threading
+from collections import Counter
+from types import SimpleNamespace
 
 from member_pair import received, wait_for
 
@@ -23,7 +25,10 @@ from scopecast.netio.ack_gathering import (
     tree_order,
 )
 from scopecast.netio.channel import MulticastGroup
+from scopecast.netio.channel_acks import ChannelAcks
+from scopecast.netio.control_messages import Ack, GroupAck
 from scopecast.netio.delivery import Subscription
+from scopecast.netio.member_parts import MemberTables
 from scopecast.netio.routing import RoutingLabel
 from scopecast.netio.runtime import MemberInfo, MemberRuntime, Route, RuntimeConfig
 
@@ -151,6 +156,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_a_childs_report_before_the_parents_first_datagram_is_kept():
+    """A parent whose I/O thread is behind its child's hears the child's report before any
+    datagram of the channel: its place comes from the view, and the report counts once data
+    comes (it was ignored, and the parent reported its own position alone)."""
+    sender, ids = 1, tuple(range(2, 12))  # 10 receivers: the root's children have children
+    order = tree_order(sender, ids)
+    child = order[FANIN + 1]
+    parent = place(sender, child, order)[0]
+    stats: Counter = Counter()
+    sent: list = []
+    tables = MemberTables(members={m: MemberInfo(m, f"M{m}", "127.0.0.1", 9000 + m)
+                                   for m in (sender, *ids)})
+    recovery = SimpleNamespace(promotion=SimpleNamespace(light=False), loss_seen_at=0.0,
+                               data_seen_at=0.0)
+    acks = ChannelAcks(SimpleNamespace(config=RuntimeConfig(), stats=stats, member_id=parent),
+                       tables, lambda message, address: sent.append(message), recovery)
+    acks.groups_changed({("239.1.2.3", 5000): ids})
+    channel = group_channel("239.1.2.3", 5000)
+    acks.on_group_ack(child, GroupAck(sender, channel, 3, 0, 0, 1))
+    acks.note(sender, channel, 1, 5, 5, 0)  # this member's own first datagrams: 1..5
+    acks._send(10.0)
+    assert stats["acks_ignored"] == 0 and stats["group_acks_in"] == 1
+    (report,) = sent
+    assert isinstance(report, GroupAck | Ack) and report.dseq == 3  # the child's, not 5
+
+
 def test_the_sender_hears_the_root_and_its_window_waits_for_a_receiver_two_levels_down():
     key = os.urandom(32)
     config = RuntimeConfig(ack_timeout=600.0)  # (nobody stops holding the window)
@@ -206,12 +237,14 @@ def test_the_sender_hears_the_root_and_its_window_waits_for_a_receiver_two_level
         wait_for(everyone_but(-1, 200), "the deep receiver takes it all")
         wait_for(lambda: feed()["in_flight"] == 0, "every datagram acknowledged up the tree")
         assert got[deep] == list(range(1, 201))
-        # every report reached the sender through the root: it heard no other receiver
+        # every report reached the sender through the root: it heard no other receiver, and
+        # only parents heard reports (other control datagrams, NAKs of the held receiver to a
+        # peer that caches, say, may reach anyone)
         assert pub.stats["acks_ignored"] == 0
         assert all(rt.stats["acks_ignored"] == 0 for rt in subs)
         parents = {place(pub.member_id, m, order)[0] for m in ids} - {pub.member_id}
         for rt in subs:
-            assert (rt.stats["control_in"] > 0) == (rt.member_id in parents)
+            assert (rt.stats["group_acks_in"] > 0) == (rt.member_id in parents), rt.stats
     finally:
         for rt in made:
             rt.close()

@@ -81,7 +81,14 @@ class ChannelAcks:
 
     def on_group_ack(self, child: int, msg: GroupAck) -> None:
         """A child's report in a channel's tree."""
-        tree = self._trees.get((msg.source, msg.channel))
+        self._stats["group_acks_in"] += 1
+        key = (msg.source, msg.channel)
+        tree = self._trees.get(key)
+        if tree is None and msg.channel in self._groups and msg.source in self._tables.members:
+            # a child's report can come before this member's first datagram of the channel (its
+            # I/O thread behind the child's): its place is known from the view alone
+            self._lay(key, False, time.monotonic())
+            tree = self._trees.get(key)
         held = min(msg.held_us, HELD_MOST_US) / 1e6  # (passed on up: bounded)
         moved = None if tree is None else tree.on_child(
             child, msg.dseq, held, msg.light, time.monotonic())
@@ -99,7 +106,9 @@ class ChannelAcks:
         """Stop waiting for children silent for `ack_timeout` while behind."""
         timeout = self._config.ack_timeout
         for key, tree in self._trees.items():
-            gone = tree.expire(self._pos[key][0], now, timeout)
+            if (pos := self._pos.get(key)) is None:  # (laid on a child's report: no data yet)
+                continue
+            gone = tree.expire(pos[0], now, timeout)
             if gone:
                 self._stats["ack_children_timeouts"] += len(gone)
 
