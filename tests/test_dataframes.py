@@ -387,11 +387,13 @@ def test_given_topic_values_route_without_a_spark_job_of_their_own(cluster, spar
     df = spark.createDataFrame([(k, "abc"[k % 3]) for k in range(60)], "id long, region string")
     with pytest.raises(scopecast.InvalidConfig, match="give the column too"):
         publish_dataframe(df, topic_name, topic_values=["a"], progress=False)
+    with pytest.raises(scopecast.InvalidConfig, match="not a string"):
+        publish_dataframe(df, topic_name, topic_column="region", topic_values="abc", progress=False)
     warm_publishers(2)
     tracker = spark.sparkContext.statusTracker()
     jobs = set(tracker.getJobIdsForGroup(None))
     with TopicCollector(f"{topic_name}/*") as collector:
-        report = publish_dataframe(df, topic_name, topic_column="region", topic_values="cab",
+        report = publish_dataframe(df, topic_name, topic_column="region", topic_values=["c", "a", "b"],
                                    transfer="stream", progress=False)
         collector.wait(TIMEOUT)
         ids = collector.to_arrow(TIMEOUT).column("id").to_pylist()

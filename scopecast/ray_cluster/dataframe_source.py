@@ -221,6 +221,8 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
             and not CHAR_TYPES.match(str(columns[topic_column])):
         raise DataFrameRejected(f"topic_column {topic_column!r} is a {type_name(columns[topic_column])}"
                                 "; use a string, integer or boolean column")
+    if isinstance(topic_values, str | bytes):  # (its characters are not the values meant)
+        raise InvalidConfig("topic_values is a list of the topic_column's values, not a string")
     given = None if topic_values is None else list(dict.fromkeys(topic_values))
     if given is not None and topic_column is None:
         raise InvalidConfig("topic_values are the values of a topic_column: give the column too")
@@ -238,12 +240,11 @@ def publish_dataframe(df: DataFrame, topic: str, *, topic_column: str | None = N
     report = None
     try:
         routes: dict[Any, str] = {}
-        if given is not None:
-            values = given
-        elif topic_column is not None:
-            values = _spark_job("finding the topic_column values", lambda: [
-                r[0] for r in df.select(topic_column).distinct().limit(MAX_ROUTED_TOPICS + 1).collect()])
         if topic_column is not None:
+            values = given
+            if values is None:
+                values = _spark_job("finding the topic_column values", lambda: [
+                    r[0] for r in df.select(topic_column).distinct().limit(MAX_ROUTED_TOPICS + 1).collect()])
             if len(values) > MAX_ROUTED_TOPICS:
                 raise DataFrameRejected(f"topic_column {topic_column!r} has more than "
                                         f"{MAX_ROUTED_TOPICS} distinct values; route on a coarser column")

@@ -6,6 +6,7 @@ form of rows and the end messages: `dataframe_codec`.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -73,8 +74,13 @@ def warm_publishers(n: int, config: RuntimeConfig | None = None) -> None:
 
 
 def _start(config: RuntimeConfig | None):
-    remote = ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(RunPublisher)
-    return remote.options(scheduling_strategy="SPREAD").remote(config)
+    return _actor_class().options(scheduling_strategy="SPREAD").remote(config)
+
+
+@functools.cache
+def _actor_class():
+    """RunPublisher as a Ray actor class, made once (not once per actor)."""
+    return ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(RunPublisher)
 
 
 class RunPublisher:
@@ -320,10 +326,12 @@ class RunPublisher:
         ends = np.r_[starts[1:], len(ordered)]
         for s, e in zip(starts, ends, strict=True):
             value = values[ordered[s]]
-            if value not in self._plan.routes:  # (topic_values given, and this one not in them)
+            topic = self._plan.routes.get(value)
+            if topic is None:  # (not among topic_values, or a value Spark did not find before)
                 raise DataFrameRejected(f"a row's {self._plan.topic_column} is {value!r}, which "
-                                        "is not among the run's topic_values")
-            yield self._plan.routes[value], order[s:e]
+                                        "is not among the run's values (topic_values, or those "
+                                        "found before the run)")
+            yield topic, order[s:e]
 
     def _publish_arrow(self, name: str, batch) -> None:
         """Publish `batch` as record batches that each fit the message size."""
