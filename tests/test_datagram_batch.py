@@ -139,7 +139,7 @@ def test_the_sealer_refuses_what_is_not_a_batch_of_plain_runs():
 
 
 def test_a_sealed_batch_of_fragments_is_what_wire_makes_and_reassembles():
-    """A message larger than a datagram goes as fragments built in C (send_path._send_fragments):
+    """A message larger than a datagram goes as fragments built in C (sealed_batches):
     each a FRAGMENT datagram as wire.encode_data makes it, and together the whole message."""
     from scopecast.netio.reassembly import Reassembler
 
@@ -218,3 +218,31 @@ def test_an_encrypting_cluster_s_batches_hide_payloads_and_read_back_as_python_s
     one = bytes(body) + trailer
     assert b"from python" not in one
     assert BatchScanner(KEY, True).scan(one, len(one), 0)[16] == b"from python"
+
+
+def test_lone_messages_are_sealed_one_datagram_each_as_seal_makes_them():
+    """seal_lone: the own-stream cache's items from `start`, each a one-message run of its own
+    datagram; what seal makes of the same runs, and the payload bytes besides."""
+    items = [(100 + i, 3 + i % 2, 1, 50 + i, 0, bytes([65 + i]) * (700 + i)) for i in range(6)]
+    sealer, checker = BatchSealer(KEY), GmacAuthenticator(KEY)
+    data, segment, payload = sealer.seal_lone(9, 1, 20, wire.FLAG_ACK_NOW, TABLE, 9, 9, 77,
+                                              items, 2, 3)
+    assert payload == 702 + 703 + 704
+    runs = [(t, 9, s, seq, 9, sseq, c, [p], 77) for sseq, t, s, seq, c, p in items[2:5]]
+    same, same_segment = sealer.seal(9, 1, 20, wire.FLAG_ACK_NOW, TABLE, runs)
+    last = wire.HEADER.size + len(TABLE) + wire.RUN.size + 4 + 704 + 28
+    assert (len(data), segment) == (len(same), same_segment) == (3 * last, last)  # (the largest, last)
+    seen = []
+    for i in range(0, len(data), segment):
+        d = data[i:i + segment]
+        assert checker.open(d, len(d) - 28) is not None
+        assert d[:-28] == same[i:i + segment][:-28]  # (the nonce and tag differ)
+        header, messages = wire.decode_data(memoryview(d)[:len(d) - 28])
+        assert header.stamp == 77 and len(messages) == 1
+        seen += [(header.dseq, m.topic_id, m.seq, m.stream_seq, m.payload) for m in messages]
+    assert seen == [(20 + i, 3 + (2 + i) % 2, 52 + i, 102 + i, bytes([67 + i]) * (702 + i))
+                    for i in range(3)]
+    for bad in ((items, 4, 3), (items, -1, 1), (items, 0, 0), ([(1, 2)], 0, 1),
+                ([(1, 2, 3, 4, 5, 17)], 0, 1), ([(1, 2, 3, 4, 5, bytes(70_000))], 0, 1)):
+        with pytest.raises((ValueError, TypeError)):
+            sealer.seal_lone(9, 1, 1, 0, TABLE, 9, 9, 1, *bad)

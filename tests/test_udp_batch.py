@@ -66,6 +66,8 @@ def test_mtu_sized_datagrams_carry_runs_and_fragments_ordered_and_complete(batch
         # plain runs built and read in C, and the fragments of messages over a datagram built
         assert sent["datagrams_sealed"] > 0 and took["datagrams_scanned"] > 0
         assert a.stats["fragments_sealed"] > 0
+        # messages that fill a datagram alone, queued without a chunk each (feed.LoneBatch)
+        assert a.stats["datagrams_sealed_lone"] > 0
     else:
         assert sent["datagrams_per_send"] == took["datagrams_per_receive"] == 1
         assert sent["datagrams_sealed"] == took["datagrams_scanned"] == 0

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from scopecast.netio import wire
 from scopecast.netio.delay_window import DelayWindow
-from scopecast.netio.feed import Feed
+from scopecast.netio.feed import Feed, Run, lone_sizes
 from scopecast.netio.reassembly import Reassembler
 from scopecast.netio.wire import (
     FLAG_FRAGMENT,
@@ -441,3 +441,58 @@ def test_empty_run_is_rejected():
     with pytest.raises(DecodeError) as e:
         wire.decode_data(bytes(data[:-wire.LENGTH.size]))
     assert e.value.reason == "bad_run"
+
+
+def test_own_messages_that_fill_a_datagram_alone_queue_as_lone_batches_in_order():
+    """Feed.put_lone takes a message that fills a datagram alone (no two of its size fit) into
+    the LoneBatch the queue ends with, or a new one after what is queued; smaller ones, end
+    markers and another stamp are not put in; the way without GSO takes each as a chunk of the
+    same datagram, in order with the chunks around it."""
+    route = (("A", "A"),)
+    table = wire.encode_route_table([route])
+    capacity = 1472 - 28 - HEADER.size
+    least, most = lone_sizes(capacity - len(table))
+    feed = Feed(("127.0.0.1", 1), 1, DelayWindow(4 << 20, 0.005))
+    sseq = 0
+
+    def item(size: int, ctype: int = 0) -> tuple:
+        nonlocal sseq
+        sseq += 1
+        return (sseq, 3, 1, sseq, ctype, bytes([sseq % 256]) * (size - wire.LENGTH.size))
+
+    def put(size: int, ctype: int = 0):
+        i = item(size, ctype)
+        got = feed.put_lone(route, table, capacity, i, size, 7)
+        if got is None:
+            feed.put(route, table, capacity, True, i[1], 7, i[2], i[3], 7, i[0], i[4], i[5])
+        return got
+
+    first = put(most)
+    assert first is not None and put(least + 1) is first and first.first_own == 1
+    assert put(least) is None and put(most + 1) is None  # shares a datagram; fragmented
+    assert put(most, ctype=wire.ContentType.END) is None
+    second = put(1000)
+    assert second is not None and second is not first and put(900) is second
+    feed.stamp[0] += 1  # a later batch of publishes: its own stamp
+    third = put(1000)
+    assert third is not None and third is not second and third.stamp == feed.stamp[0]
+    assert feed.take_plain(8) == []  # (the sealer's plain batches stop at a LoneBatch)
+    assert feed.first_own() == 1
+    feed.take_lone(1)
+    assert feed.first_own() == 2
+    order, sizes = [], []
+    while feed.pending():
+        chunk = feed.take()
+        if chunk.oversized:  # (sent as fragments)
+            order.append(chunk.first_own)
+            sizes.append(chunk.queued())
+            continue
+        data = wire.encode_data(wire.PacketType.DATA, 7, 1, 1, chunk.table, len(chunk.runs),
+                                [p for r in chunk.runs for p in r.parts()])
+        assert len(data) + 28 <= 1472 and chunk.queued() == sum(
+            len(r.payloads[0]) + wire.LENGTH.size for r in chunk.runs if r.__class__ is Run)
+        for m in wire.decode_data(data)[1]:
+            order.append(m.stream_seq)
+            sizes.append(len(m.payload) + wire.LENGTH.size)
+    assert order == list(range(2, sseq + 1))
+    assert sizes == [least + 1, least, most + 1, most, 1000, 900, 1000]

@@ -22,9 +22,10 @@
  * ends the scan; the caller takes it the slow way, which counts its drop or handles it (its
  * reassembler takes a message's fragments that come over several calls).
  *
- * BatchSealer (send, see send_path._send_plain and _send_fragments): the datagrams of
- * consecutive plain chunks of a feed (one run each), or the fragments of one message larger than
- * a datagram, padded to one segment size but the last (see wire.padded) and signed as
+ * BatchSealer (send, see sealed_batches): the datagrams of consecutive plain chunks of a feed
+ * (one run each), of a member's messages that each fill a datagram alone (seal_lone, from the
+ * items its own-stream cache keeps: no run object each), or the fragments of one message larger
+ * than a datagram, padded to one segment size but the last (see wire.padded) and signed as
  * auth.GmacAuthenticator signs, in one buffer for one GSO send call.
  *
  * Wire layout (see wire.py): header "!2sBBBBHIHHQI" (magic, version, type, flags, reserved, runs,
@@ -46,8 +47,8 @@
 #define NONCE 12
 #define TAG 16
 #define VERSION 8
-#define ABI 3  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments;
-                 3: BatchScanner(key, encrypt), BatchSealer(key, encrypt) */
+#define ABI 4  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments;
+                 3: BatchScanner(key, encrypt), BatchSealer(key, encrypt); 4: seal_lone() */
 #define PTYPE_DATA 1
 #define FLAG_FRAGMENT 0x01
 #define FRAGMENT_SIZE 16
@@ -423,9 +424,22 @@ typedef struct {
     int fragment;
     unsigned long long seq, sseq;
     unsigned char ctype;
-    PyObject *payloads;
+    PyObject *payloads;  /* a list of payloads, or NULL: the one payload `one` */
+    PyObject *one;
     Py_ssize_t size;   /* the datagram's bytes before padding and MAC */
 } PlainRun;
+
+static inline Py_ssize_t
+run_count(const PlainRun *r)
+{
+    return r->payloads != NULL ? PyList_GET_SIZE(r->payloads) : 1;
+}
+
+static inline PyObject *
+run_payload(const PlainRun *r, Py_ssize_t j)
+{
+    return r->payloads != NULL ? PyList_GET_ITEM(r->payloads, j) : r->one;
+}
 
 static int
 sign(BatchSealer *self, unsigned char *data, Py_ssize_t n)
@@ -476,14 +490,117 @@ payload_copy(PyObject *payload, unsigned char *to)
     return size;
 }
 
+/* Size run `r` (its `size`, the largest segment so far in `*segment`, its payload bytes added
+ * to `*payload_bytes`); 0 with an exception set if it is no datagram. */
+static int
+size_run(PlainRun *r, Py_ssize_t table_len, Py_ssize_t *segment, Py_ssize_t *payload_bytes)
+{
+    Py_ssize_t count = run_count(r);
+    r->size = HEADER_SIZE + table_len + (r->fragment ? FRAGMENT_SIZE : 0) + RUN_SIZE + 4 * count;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t size = payload_copy(run_payload(r, j), NULL);
+        if (size < 0)
+            return 0;
+        r->size += size;
+        *payload_bytes += size;
+    }
+    if (r->size + TRAILER > MAX_DATAGRAM) {
+        PyErr_SetString(PyExc_ValueError, "a run larger than a datagram");
+        return 0;
+    }
+    if (r->size + TRAILER > *segment)
+        *segment = r->size + TRAILER;
+    return 1;
+}
+
+/* The sized runs[0..n) as one buffer of sealed datagrams numbered from `first_dseq`: (buffer,
+ * segment, payload bytes), or (buffer, segment) where `payload_bytes` < 0; NULL with an
+ * exception set. */
+static PyObject *
+build(BatchSealer *self, unsigned long sender, unsigned long channel,
+      unsigned long long first_dseq, unsigned char flags, const Py_buffer *table,
+      PlainRun *runs, Py_ssize_t n, Py_ssize_t segment, Py_ssize_t payload_bytes)
+{  /* (payload_bytes < 0: the pair (buffer, segment)) */
+    Py_ssize_t total = (n - 1) * segment + runs[n - 1].size + TRAILER;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    unsigned char *d;
+    if (out == NULL)
+        return NULL;
+    d = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++, d += segment) {
+        PlainRun *r = &runs[i];
+        Py_ssize_t count = run_count(r);
+        Py_ssize_t body = i < n - 1 ? segment - TRAILER : r->size;
+        unsigned char *p = d;
+        p[0] = 'S'; p[1] = 'C'; p[2] = VERSION; p[3] = PTYPE_DATA;
+        p[4] = flags | (r->fragment ? FLAG_FRAGMENT : 0); p[5] = 0;
+        put16(p + 6, 1);
+        put32(p + 8, (uint32_t)sender);
+        put16(p + 12, (uint16_t)channel);
+        put16(p + 14, (uint16_t)(body - r->size));
+        put64(p + 16, first_dseq + i);
+        put32(p + 24, (uint32_t)r->stamp);
+        p += HEADER_SIZE;
+        memcpy(p, table->buf, table->len);
+        p += table->len;
+        if (r->fragment) {
+            for (int k = 0; k < 4; k++)
+                put32(p + 4 * k, (uint32_t)r->frag[k]);
+            p += FRAGMENT_SIZE;
+        }
+        put32(p, (uint32_t)r->topic);
+        put32(p + 4, (uint32_t)r->source);
+        put32(p + 8, (uint32_t)r->session);
+        put64(p + 12, r->seq);
+        put32(p + 20, (uint32_t)r->stream);
+        put64(p + 24, r->sseq);
+        p[32] = r->ctype;
+        p[33] = 0;
+        put16(p + 34, (uint16_t)count);
+        p += RUN_SIZE;
+        {
+            unsigned char *lengths = p;
+            p += 4 * count;
+            for (Py_ssize_t j = 0; j < count; j++) {
+                Py_ssize_t size = payload_copy(run_payload(r, j), p);
+                if (size < 0) {
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                put32(lengths + 4 * j, (uint32_t)size);
+                p += size;
+            }
+        }
+        memset(p, 0, body - r->size);
+        if (!sign(self, d, body)) {
+            PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to sign");
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    if (payload_bytes < 0)
+        return Py_BuildValue("Nn", out, n > 1 ? segment : (Py_ssize_t)0);
+    return Py_BuildValue("Nnn", out, n > 1 ? segment : (Py_ssize_t)0, payload_bytes);
+}
+
+static int
+batch_args_ok(Py_ssize_t n, unsigned long sender, unsigned long channel)
+{
+    if (n < 1 || n > MAX_SEGMENTS || sender > UINT32_MAX || channel > UINT16_MAX) {
+        PyErr_SetString(PyExc_ValueError, "1 to 128 runs, a 32-bit sender, a 16-bit channel");
+        return 0;
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(seal_doc,
 "seal(sender, channel, first_dseq, flags, table, runs) -> (buffer, segment)\n\n"
 "The data datagrams of `runs` (each (topic, source, session, first seq, stream, first stream\n"
 "seq, content type, payloads, stamp (see wire.stamp_now)[, fragment (total, index, count,\n"
-"chunk): a FRAGMENT datagram of the run's one payload]): one datagram each, numbered from `first_dseq`, under the encoded\n"
-"routing table `table` (its u16 length first)), each but the last padded to the largest one's\n"
-"size, `segment`, and sealed (signed, or encrypted after the header): one buffer for one GSO\n"
-"send call.");
+"chunk): a FRAGMENT datagram of the run's one payload]): one datagram each, numbered from\n"
+"`first_dseq`, under the encoded routing table `table` (its u16 length first)), each but the\n"
+"last padded to the largest one's size, `segment`, and sealed (signed, or encrypted after the\n"
+"header): one buffer for one GSO send call.");
 
 static PyObject *
 seal(BatchSealer *self, PyObject *args)
@@ -494,15 +611,13 @@ seal(BatchSealer *self, PyObject *args)
     Py_buffer table;
     PyObject *runs_obj, *out = NULL;
     PlainRun runs[MAX_SEGMENTS];
-    Py_ssize_t n, segment = 0, total;
+    Py_ssize_t n, segment = 0, payload_bytes = 0;
     if (!PyArg_ParseTuple(args, "kkKby*O!", &sender, &channel, &first_dseq, &flags, &table,
                           &PyList_Type, &runs_obj))
         return NULL;
     n = PyList_GET_SIZE(runs_obj);
-    if (n < 1 || n > MAX_SEGMENTS || sender > UINT32_MAX || channel > UINT16_MAX) {
-        PyErr_SetString(PyExc_ValueError, "1 to 128 runs, a 32-bit sender, a 16-bit channel");
+    if (!batch_args_ok(n, sender, channel))
         goto done;
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PlainRun *r = &runs[i];
         Py_ssize_t count;
@@ -511,6 +626,7 @@ seal(BatchSealer *self, PyObject *args)
                               &r->session, &r->seq, &r->stream, &r->sseq, &r->ctype,
                               &PyList_Type, &r->payloads, &r->stamp, &frag))
             goto done;
+        r->one = NULL;
         count = PyList_GET_SIZE(r->payloads);
         if (count < 1 || count > 0xFFFF) {
             PyErr_SetString(PyExc_ValueError, "a run holds 1..65535 messages");
@@ -526,79 +642,66 @@ seal(BatchSealer *self, PyObject *args)
                 goto done;
             }
         }
-        r->size = HEADER_SIZE + table.len + (r->fragment ? FRAGMENT_SIZE : 0) + RUN_SIZE + 4 * count;
-        for (Py_ssize_t j = 0; j < count; j++) {
-            Py_ssize_t size = payload_copy(PyList_GET_ITEM(r->payloads, j), NULL);
-            if (size < 0)
-                goto done;
-            r->size += size;
-        }
-        if (r->size + TRAILER > MAX_DATAGRAM) {
-            PyErr_SetString(PyExc_ValueError, "a run larger than a datagram");
+        if (!size_run(r, table.len, &segment, &payload_bytes))
+            goto done;
+    }
+    out = build(self, sender, channel, first_dseq, flags, &table, runs, n, segment, -1);
+done:
+    PyBuffer_Release(&table);
+    return out;
+}
+
+PyDoc_STRVAR(seal_lone_doc,
+"seal_lone(sender, channel, first_dseq, flags, table, source, stream, stamp, items, start, n)\n"
+"    -> (buffer, segment, payload_bytes)\n\n"
+"As seal(), for `n` messages from items[start] on, each a datagram of its own: a run of one\n"
+"message of `source`'s `stream`, taken as the send path's own-stream cache keeps them, (stream\n"
+"seq, topic, session, seq, content type, payload) (see feed.LoneBatch); `payload_bytes` their\n"
+"payloads together.");
+
+static PyObject *
+seal_lone(BatchSealer *self, PyObject *args)
+{
+    unsigned long sender, channel, source, stream, stamp;
+    unsigned long long first_dseq;
+    unsigned char flags;
+    Py_buffer table;
+    PyObject *items, *out = NULL;
+    PlainRun runs[MAX_SEGMENTS];
+    Py_ssize_t start, n, segment = 0, payload_bytes = 0;
+    if (!PyArg_ParseTuple(args, "kkKby*kkkO!nn", &sender, &channel, &first_dseq, &flags, &table,
+                          &source, &stream, &stamp, &PyList_Type, &items, &start, &n))
+        return NULL;
+    if (!batch_args_ok(n, sender, channel))
+        goto done;
+    if (start < 0 || start + n > PyList_GET_SIZE(items)) {
+        PyErr_SetString(PyExc_ValueError, "items[start:start + n] out of the list");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PlainRun *r = &runs[i];
+        PyObject *item = PyList_GET_ITEM(items, start + i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
+            PyErr_SetString(PyExc_TypeError, "an item is (sseq, topic, session, seq, ctype, payload)");
             goto done;
         }
-        if (r->size + TRAILER > segment)
-            segment = r->size + TRAILER;
+        r->sseq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 0));
+        r->topic = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(item, 1));
+        r->session = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(item, 2));
+        r->seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 3));
+        r->ctype = (unsigned char)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(item, 4));
+        if (PyErr_Occurred())
+            goto done;
+        r->one = PyTuple_GET_ITEM(item, 5);
+        r->payloads = NULL;
+        r->source = source;
+        r->stream = stream;
+        r->stamp = stamp;
+        r->fragment = 0;
+        if (!size_run(r, table.len, &segment, &payload_bytes))
+            goto done;
     }
-    total = (n - 1) * segment + runs[n - 1].size + TRAILER;
-    out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        goto done;
-    {
-        unsigned char *d = (unsigned char *)PyBytes_AS_STRING(out);
-        for (Py_ssize_t i = 0; i < n; i++, d += segment) {
-            PlainRun *r = &runs[i];
-            Py_ssize_t count = PyList_GET_SIZE(r->payloads);
-            Py_ssize_t body = i < n - 1 ? segment - TRAILER : r->size;
-            unsigned char *p = d;
-            p[0] = 'S'; p[1] = 'C'; p[2] = VERSION; p[3] = PTYPE_DATA;
-            p[4] = flags | (r->fragment ? FLAG_FRAGMENT : 0); p[5] = 0;
-            put16(p + 6, 1);
-            put32(p + 8, (uint32_t)sender);
-            put16(p + 12, (uint16_t)channel);
-            put16(p + 14, (uint16_t)(body - r->size));
-            put64(p + 16, first_dseq + i);
-            put32(p + 24, (uint32_t)r->stamp);
-            p += HEADER_SIZE;
-            memcpy(p, table.buf, table.len);
-            p += table.len;
-            if (r->fragment) {
-                for (int k = 0; k < 4; k++)
-                    put32(p + 4 * k, (uint32_t)r->frag[k]);
-                p += FRAGMENT_SIZE;
-            }
-            put32(p, (uint32_t)r->topic);
-            put32(p + 4, (uint32_t)r->source);
-            put32(p + 8, (uint32_t)r->session);
-            put64(p + 12, r->seq);
-            put32(p + 20, (uint32_t)r->stream);
-            put64(p + 24, r->sseq);
-            p[32] = r->ctype;
-            p[33] = 0;
-            put16(p + 34, (uint16_t)count);
-            p += RUN_SIZE;
-            {
-                unsigned char *lengths = p;
-                p += 4 * count;
-                for (Py_ssize_t j = 0; j < count; j++) {
-                    Py_ssize_t size = payload_copy(PyList_GET_ITEM(r->payloads, j), p);
-                    if (size < 0) {
-                        Py_CLEAR(out);
-                        goto done;
-                    }
-                    put32(lengths + 4 * j, (uint32_t)size);
-                    p += size;
-                }
-            }
-            memset(p, 0, body - r->size);
-            if (!sign(self, d, body)) {
-                PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to sign");
-                Py_CLEAR(out);
-                goto done;
-            }
-        }
-    }
-    out = Py_BuildValue("Nn", out, n > 1 ? segment : (Py_ssize_t)0);  /* (N: takes `out`) */
+    out = build(self, sender, channel, first_dseq, flags, &table, runs, n, segment, payload_bytes);
 done:
     PyBuffer_Release(&table);
     return out;
@@ -623,6 +726,7 @@ sealer_dealloc(BatchSealer *self)
 
 static PyMethodDef sealer_methods[] = {
     {"seal", (PyCFunction)seal, METH_VARARGS, seal_doc},
+    {"seal_lone", (PyCFunction)seal_lone, METH_VARARGS, seal_lone_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -113,6 +113,40 @@ class Chunk:
         return self.size - self.headers - mixed * MIXED_EXTRA
 
 
+class LoneBatch:
+    """This member's own messages that each fill a datagram alone (no two of their size share
+    one: a 1 KB message in an MTU-sized datagram), of one routing record, queued in one go. They
+    are kept as the own-stream cache keeps them, (sseq, topic, session, seq, ctype, payload), and
+    built into datagrams in C a GSO call at a time (`_datagram_batch.BatchSealer.seal_lone`):
+    queueing one costs a list append, not a chunk and a run of its own. `next` is the first not
+    yet sent. Never a feed's open chunk: while it is the last thing queued it may grow."""
+
+    __slots__ = ("record", "table", "stamp", "source", "items", "next", "least", "most")
+
+    oversized = False
+    next_seq = -1  # (the send path's run-extending check never matches it)
+
+    def __init__(self, record: tuple, table: bytes, room: int, stamp: int, source: int,
+                 item: tuple) -> None:
+        self.record, self.table, self.stamp, self.source = record, table, stamp, source
+        self.items = [item]
+        self.next = 0
+        self.least, self.most = lone_sizes(room)
+
+    @property
+    def first_own(self) -> int:
+        return self.items[self.next][0]
+
+    def left(self) -> int:
+        return len(self.items) - self.next
+
+
+def lone_sizes(room: int) -> tuple[int, int]:
+    """(least, most): a message of n bytes (payload and MESSAGE_COST) with least < n <= most
+    fills a datagram of `room` bytes of runs alone: it fits, and no two of its size do."""
+    return room // 2 - RUN_COST, room - RUN_COST
+
+
 class Fragments:
     """A message larger than a datagram on its way as fragments (`wire.FRAGMENT`): the next piece
     to send of the one-message run of an oversized chunk, `chunk` bytes each."""
@@ -214,6 +248,35 @@ class Feed:
         c.size += n
         return r
 
+    def put_lone(self, record: tuple, table: bytes, capacity: int, item: tuple, n: int,
+                 source: int) -> LoneBatch | None:
+        """Queue one of this member's own messages, `item` as its cache keeps it (`n` bytes), in
+        a datagram of its own if it fills one alone (see LoneBatch); None if it does not (the
+        caller puts it)."""
+        least, most = lone_sizes(capacity - len(table))
+        if not least < n <= most or item[4] == END:
+            return None
+        stamp = self.stamp[0]
+        if self.open is None and self.chunks:
+            b = self.chunks[-1]
+            if b.__class__ is LoneBatch and b.stamp == stamp \
+                    and (b.record is record or b.record == record):
+                b.items.append(item)
+                return b
+        if self.open is not None:
+            self.chunks.append(self.open)
+            self.open = None
+        b = LoneBatch(record, table, capacity - len(table), stamp, source, item)
+        self.chunks.append(b)
+        return b
+
+    def take_lone(self, n: int) -> None:
+        """`n` messages of the LoneBatch heading the queue went."""
+        b = self.chunks[0]
+        b.next += n
+        if b.next == len(b.items):
+            self.chunks.popleft()
+
     def _start(self, record: tuple, table: bytes, capacity: int, n: int) -> Chunk:
         if self.open is not None:
             self.chunks.append(self.open)
@@ -231,10 +294,29 @@ class Feed:
         return self.chunks[0] if self.chunks else self.open
 
     def take(self) -> Chunk:
-        """The next chunk to send (the open one last: it keeps filling until it is pulled)."""
+        """The next chunk to send (the open one last: it keeps filling until it is pulled); of a
+        LoneBatch, its next message as a chunk (the way without GSO)."""
         if self.chunks:
+            if self.chunks[0].__class__ is LoneBatch:
+                return self._lone_chunk()
             return self.chunks.popleft()
         c, self.open = self.open, None
+        return c
+
+    def fragment(self, c: Chunk) -> None:
+        """Send chunk `c` (taken, oversized)'s one message as fragments, each the most a
+        datagram carries."""
+        self.frag = Fragments(c, c.room - wire.FRAGMENT.size - wire.run_size(1, 0))
+
+    def _lone_chunk(self) -> Chunk:
+        b = self.chunks[0]
+        sseq, topic, session, seq, ctype, payload = b.items[b.next]
+        self.take_lone(1)
+        c = Chunk(b.record, b.table, 0, b.stamp)
+        c.runs.append(Run(topic, b.source, session, seq, b.source, sseq, ctype, payload))
+        c.size = RUN_COST + len(payload) + MESSAGE_COST
+        c.headers = RUN_COST
+        c.first_own = sseq
         return c
 
     def take_plain(self, most: int) -> list[Chunk]:
@@ -244,7 +326,8 @@ class Feed:
         table = None
         while len(out) < most:
             c = self.chunks[0] if self.chunks else self.open
-            if c is None or c.oversized or c.end_of_stream or len(c.runs) != 1 \
+            if c is None or c.__class__ is not Chunk or c.oversized or c.end_of_stream \
+                    or len(c.runs) != 1 \
                     or c.runs[0].__class__ is not Run \
                     or (table is not None and c.table is not table and c.table != table):
                 break

@@ -20,12 +20,13 @@ from scopecast.netio.ack_gathering import GROUP_CHANNELS, group_channel, is_mult
 from scopecast.netio.channel import FilteredChannel, endpoints, resolve
 from scopecast.netio.delay_window import DelayWindow
 from scopecast.netio.delivery import Delivery
-from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Chunk, Feed, Fragments, MixedRun
+from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Chunk, Feed, LoneBatch, MixedRun
 from scopecast.netio.member_parts import MemberBasics, MemberTables, Receiving, Recovering
 from scopecast.netio.message import Message
 from scopecast.netio.native import BatchSealer
 from scopecast.netio.own_stream import OwnStream
 from scopecast.netio.routing import forward, matches, origin_record
+from scopecast.netio.sealed_batches import SealedBatches
 from scopecast.netio.udp_batch import batch_limit, send_batch
 
 log = logging.getLogger("scopecast.netio.runtime")
@@ -60,8 +61,12 @@ class SendPath:
         self.recovery: Recovering
         self._publish_q = publish_q  # (application threads append, this path takes)
         self.gso = gso
-        self._sealer = sealer  # a GSO call's plain runs built and signed in C (_datagram_batch)
-        self._plain_most = batch_limit(self._datagram)  # datagrams of one sealed batch
+        # GSO calls' datagrams built and signed in C, where the extension is there
+        self._sealed = None if sealer is None else SealedBatches(sealer, self._datagram,
+                                                                  self.stats)
+        # own messages that fill a datagram alone queue as LoneBatches (the sealer's); without
+        # it or GSO, chunks serve as well
+        self._lone = sealer is not None and gso
         self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
         self._batch_n = 0
         self._batch_address: tuple[str, int] = ("", 0)
@@ -168,6 +173,10 @@ class SendPath:
                     run.next_sseq += 1
                     c.size = size
                     queued += n
+                elif run.__class__ is LoneBatch and run.least < n <= run.most and ctype != END \
+                        and feed.open is None and feed.chunks[-1] is run:  # (see put_lone)
+                    run.items.append(item)
+                    queued += n
                 else:
                     run, size = self._queue_own(plan, feed, record, table, item, n)
                     queued += size
@@ -227,6 +236,8 @@ class SendPath:
         if feed is not None:
             if not feed.pending():
                 self._active.append(feed)
+            if self._lone and (b := feed.put_lone(record, table, self._capacity, item, n, me)):
+                return b, n
             return feed.put(record, table, self._capacity, True, topic, me, session, seq, me, sseq,
                             ctype, payload), n
         queued = 0
@@ -337,7 +348,7 @@ class SendPath:
         active = self._active
         progressed = False
         budget = PUMP_BYTES
-        sealer = self._sealer
+        sealed = self._sealed
         for _ in range(len(active)):
             feed = active.popleft()
             window = feed.window
@@ -346,9 +357,14 @@ class SendPath:
                 # taking) once the window is half full: few acks at ordinary rates, every
                 # burst's at saturation
                 flags = wire.FLAG_ACK_NOW if 2 * flight >= window.size else 0
-                if sealer is not None and self.gso \
-                        and (sent := self._send_sealed(feed, flags, window.size - flight, now)):
-                    budget -= sent
+                if sealed is not None and self.gso and (batch := sealed.take(
+                        self.member_id, feed, flags, window.size - flight, now)) is not None:
+                    data, segment, taken = batch
+                    self.feed_bytes -= taken  # what take_publishes added
+                    if self._batch_n:  # datagrams made before these go first
+                        self._flush_batch()
+                    self._send(feed.address, [data], segment)
+                    budget -= len(data)
                     progressed = True
                     if self.want_write:
                         break
@@ -370,78 +386,10 @@ class SendPath:
             self._update_handed()
         return progressed
 
-    def _send_sealed(self, feed: Feed, flags: int, room: int, now: float) -> int:
-        """Send what heads `feed` as one GSO call built in C, if it is plain chunks or a
-        message's fragments; the bytes sent (0: neither, it goes the Python way)."""
-        if feed.frag is None:
-            sent = self._send_plain(feed, flags, room, now)
-            if sent or (head := feed.head()) is None or not head.oversized:
-                return sent
-            self._fragment(feed, self._take_chunk(feed))
-        return self._send_fragments(feed, flags, room, now)
-
-    def _send_fragments(self, feed: Feed, flags: int, room: int, now: float) -> int:
-        """The next fragments of the message `feed` is sending, as far as `room` bytes of window
-        go (one batch at most), in one GSO call built and signed in C."""
-        frags = feed.frag
-        n = min(self._plain_most, 1 + room // self._datagram, frags.left())
-        r = frags.run
-        runs = []
-        for _ in range(n):
-            frag, piece = frags.take()
-            runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
-                         r.ctype, [piece], frags.stamp, frag))
-        if not frags.left():
-            feed.frag = None
-        if self._batch_n:  # datagrams made before these go first
-            self._flush_batch()
-        first = feed.dseq + 1
-        feed.dseq += n
-        data, segment = self._sealer.seal(self.member_id, feed.channel, first, flags,
-                                          frags.table, runs)
-        feed.sent(len(data), now)
-        self.stats["datagrams_out"] += n
-        self.stats["datagrams_sealed"] += n
-        self.stats["fragments_sealed"] += n
-        self._send(feed.address, [data], segment)
-        return len(data)
-
-    def _send_plain(self, feed: Feed, flags: int, room: int, now: float) -> int:
-        """Send the chunks at the head of `feed` that are one plain run each, as far as `room`
-        bytes of window go (one batch's worth at most), as one GSO call whose datagrams are
-        built and signed in C (`_datagram_batch`); the bytes sent (0: the head is no such
-        chunk)."""
-        chunks = feed.take_plain(min(self._plain_most, 1 + room // self._datagram))
-        if not chunks:
-            return 0
-        n = len(chunks)
-        runs = []
-        for c in chunks:
-            self.feed_bytes -= c.queued()  # what take_publishes added
-            r = c.runs[0]
-            runs.append((r.topic, r.source, r.session, r.first_seq, r.stream, r.first_sseq,
-                         r.ctype, r.payloads, c.stamp))
-        if self._batch_n:  # datagrams made before these go first
-            self._flush_batch()
-        first = feed.dseq + 1
-        feed.dseq += n
-        data, segment = self._sealer.seal(self.member_id, feed.channel, first, flags,
-                                          chunks[0].table, runs)
-        feed.sent(len(data), now)
-        self.stats["datagrams_out"] += n
-        self.stats["datagrams_sealed"] += n
-        self._send(feed.address, [data], segment)
-        return len(data)
-
     def _take_chunk(self, feed: Feed) -> Chunk:
         chunk = feed.take()
         self.feed_bytes -= chunk.queued()  # what take_publishes added
         return chunk
-
-    @staticmethod
-    def _fragment(feed: Feed, chunk: Chunk) -> None:
-        """Send `chunk`'s one message as fragments, each the most a datagram carries."""
-        feed.frag = Fragments(chunk, chunk.room - wire.FRAGMENT.size - wire.run_size(1, 0))
 
     def _pull(self, feed: Feed, flags: int = 0) -> bytes:
         """Build the next datagram for `feed`, just in time."""
@@ -450,7 +398,7 @@ class SendPath:
             return self._next_fragment(feed, flags)
         chunk = self._take_chunk(feed)
         if chunk.oversized:
-            self._fragment(feed, chunk)
+            feed.fragment(chunk)
             return self._next_fragment(feed, flags)
         parts: list = []
         for run in chunk.runs:
@@ -555,7 +503,7 @@ class SendPath:
                     stats["gso_refused"] += 1
                     log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
                                 "from now on", *address, exc)
-                    if len(parts) == 1:  # a batch built in C (_send_plain): cut into datagrams
+                    if len(parts) == 1:  # a batch built in C (sealed_batches): cut up
                         data = parts[0]
                         parts = [x for i in range(0, len(data), segment)
                                  for x in (data[i:i + segment], b"")]
