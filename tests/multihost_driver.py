@@ -6,7 +6,8 @@ scope manager and recovery agent runs, and the channels status shows.
 With --fail it prints "halfway" after N/2 messages and waits for a line on stdin (the test cuts
 off or kills a host meanwhile), streams the rest, waits until the status no longer shows the lost
 host's scope, and reports what the surviving subscribers got (a lost host's subscriber reports
-nothing). With --pace S the second half is spread over S seconds (to overlap what the test
+nothing), and how many reports each took from its children in the channel's tree of receivers
+(`ack_gathering`). With --pace S the second half is spread over S seconds (to overlap what the test
 started at halfway)."""
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
         except ray.exceptions.RayError:
             pass  # the subscriber on the lost host
     ip_of = {nid: node["NodeManagerAddress"] for nid, node in nodes.items()}
+    # each subscriber's reports taken from its children in the channels' trees of receivers
+    reports_in = {ip_of[nid]: ray.get(a.counters.remote(), timeout=60)["stats"].get(
+        "group_acks_in", 0) for nid, a in actors.items() if ip_of[nid] in got}
     scopes = []
     for s in walk(status):
         agents = [a for d in s.get("recovery", {}).values() for a in d.get("agents", {}).values()]
@@ -121,7 +125,7 @@ def main(topic: str, n: int, fail: bool = False, pace: float = 0.0) -> None:
                               for ip, r in got.items()},
                       "labels": {node["NodeManagerAddress"]: node["Labels"].get("scopecast-lan")
                                  for node in nodes.values()},
-                      "scopes": scopes, "members": members}))
+                      "scopes": scopes, "members": members, "reports_in": reports_in}))
     for nid, a in actors.items():
         if ip_of[nid] in got:
             ray.get(a.close.remote(), timeout=60)

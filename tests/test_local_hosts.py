@@ -169,6 +169,9 @@ def test_scopes_follow_hosts_and_lans_multicast_inside_a_lan_unicast_across(host
     # the recovery agent of each member's domain runs on that member's host
     agents = [a for s in host_scopes for a in s["agents"]]
     assert agents and all(a["ip"] == r["members"][a["chain"][-1]] for a in agents), agents
+    # lan1's group has a receiver on each of its two hosts: one is the other's parent in the
+    # channel's tree of acknowledgements, and the child learns where it is from the directory
+    assert r["reports_in"]["10.78.1.1"] + r["reports_in"]["10.78.1.2"] > 0, r["reports_in"]
 
 
 PROBES = """

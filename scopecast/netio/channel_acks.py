@@ -46,10 +46,19 @@ class ChannelAcks:
         self._groups: dict[int, tuple[int, ...]] = {}  # group channel -> the group's receivers
         self._trees: dict[tuple[int, int], Subtree] = {}  # (sender, group channel) -> my place
         self._tree_moved = False  # a child's report may move one of mine (due in a period)
+        # tree parents this member has no address for (one in another host's scope: a view
+        # names a group's receivers, not where they are): the control thread looks them up
+        self._unknown: set[int] = set()
+        self._look_up = basics.unknown_sender
+
+    def to_look_up(self) -> set[int]:
+        """Parents in a channel's tree this member must report to and does not know."""
+        return self._unknown - self._tables.members.keys()
 
     def members_changed(self) -> None:
         """Forget the channels of members gone."""
         members = self._tables.members
+        self._unknown -= members.keys()
         for key in [k for k in self._pos if k[0] not in members]:
             del self._pos[key]
             self._trees.pop(key, None)
@@ -204,7 +213,10 @@ class ChannelAcks:
         else:
             pos[3] = now
         parent = self._tables.members.get(tree.parent)
-        if parent is None:  # (a view behind: its next one places this member again)
+        if parent is None:  # (another scope's member: looked up, reported to once known)
+            if tree.parent not in self._unknown:
+                self._unknown.add(tree.parent)
+                self._look_up.set()
             return
         tree.reported, tree.reported_light = dseq, subtree_light
         pos[1] = pos[0]

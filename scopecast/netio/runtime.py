@@ -352,9 +352,9 @@ class MemberRuntime:
         self.receiver.members_changed()
 
     def held_senders(self) -> set[int]:
-        """Members to look up: senders of datagrams held because no view named them yet, and
-        senders this member must ask for repairs."""
-        return self.receiver.held_senders() | self.recovery.to_look_up()
+        """Members to look up: senders of datagrams held because no view named them yet,
+        senders this member must ask for repairs, and its parents in channels' trees."""
+        return self.receiver.held_senders() | self.recovery.to_look_up() | self.acks.to_look_up()
 
     def install_topics(self, names: dict[int, str], sessions: dict[int, int] | None = None) -> None:
         """Topic names, and the current session of each: a run of a later session is refused
