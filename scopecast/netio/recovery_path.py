@@ -53,6 +53,7 @@ OWED_NOTHING = 1 << 62               # the acknowledgement of a member that take
 INF = float("inf")
 IDLE_PERIODS, IDLE_MIN = 4, TIMING.idle_min
 RETRY_MIN, RETRY_TIMES = TIMING.repair_retry_min, 2.0
+BACKOFF_MOST = 3  # a hole asked for again waits twice as long each time, at most 2**3 retries
 RECORD_TTL = TIMING.record_ttl
 SETTLE_REPORT, SETTLE_FOR = TIMING.settle_report, TIMING.settle_for
 IDLE_FROM = TIMING.idle_from
@@ -96,7 +97,8 @@ class RecoveryPath:
         self._taken_keys: dict[int, KeyDigest] = {}  # source -> keys delivered from it
         self._digested: dict[tuple, int] = {}  # (source, session) -> its keys in _taken_keys
         self._forgotten: set[tuple] = set()      # keys taken out of them again (see forget_keys)
-        self._nak_at: dict[tuple, float] = {}    # (topic, source, session, lo) -> last NAKed
+        # (topic, source, session, lo) -> (when it may be NAKed again, NAKs so far)
+        self._nak_at: dict[tuple, tuple[float, int]] = {}
         self.retry_at = INF                      # when a hole NAKed may be asked for again
         self.settle_at = INF                     # when to report again while idle (see _settling)
         self._moved_at = -INF                    # when this member last sent or delivered
@@ -456,22 +458,24 @@ class RecoveryPath:
             self.stats["naks_reported"] += len(mine)
         # the sender holds everything not yet stable: pull from it (again once a repair should
         # have come: a lost NAK or repair would otherwise cost a whole period, and the tail of
-        # the repair times is those)
+        # the repair times is those); each time again later (TCP's backoff), so that repairs
+        # late for want of CPU are not asked for every period until they drown the sender
         nak_at = self._nak_at
         retry = min(self._period, max(RETRY_MIN, RETRY_TIMES * self._repair_avg))
         for nak in naks[:MAX_NAKS]:
             key = (nak.topic, nak.source, nak.session, nak.lo)
-            if now - (last := nak_at.get(key, -INF)) < retry:
+            due, tries = nak_at.get(key, (-INF, 0))
+            if now < due:
                 continue
-            self.stats["nak_retries"] += last > -INF  # (a NAK or its repair was lost, or late)
-            nak_at[key] = now
+            self.stats["nak_retries"] += tries > 0  # (a NAK or its repair was lost, or late)
+            nak_at[key] = (now + retry * (1 << min(tries, BACKOFF_MOST)), tries + 1)
             member = self.tables.members.get(nak.source)
             if member is not None:
                 self.receiver.send_control(nak.ask(), (member.host, member.port))
                 self.stats["naks_sent"] += 1
             else:
                 self.look_up(nak.source)
-        self.retry_at = min(nak_at.values()) + retry if nak_at else INF
+        self.retry_at = min(due for due, _ in nak_at.values()) if nak_at else INF
         self.tick_at = min(now + self._period, self.retry_at, self.settle_at)
         self._expire_records(now)
 
