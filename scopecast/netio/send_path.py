@@ -499,7 +499,7 @@ class SendPath:
                         self.drops["send_error"] += 1      # lost, recovery repairs it; GSO
                         return True                       # itself works)
                     # the interface refuses batches after all
-                    self.gso = False
+                    self.gso = self._lone = False  # (lone batches queued go as chunks)
                     stats["gso_refused"] += 1
                     log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
                                 "from now on", *address, exc)
