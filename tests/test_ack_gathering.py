@@ -170,8 +170,8 @@ def test_a_childs_report_before_the_parents_first_datagram_is_kept():
                                    for m in (sender, *ids)})
     recovery = SimpleNamespace(promotion=SimpleNamespace(light=False), loss_seen_at=0.0,
                                data_seen_at=0.0)
-    acks = ChannelAcks(SimpleNamespace(config=RuntimeConfig(), stats=stats, member_id=parent),
-                       tables, lambda message, address: sent.append(message), recovery)
+    acks = ChannelAcks(_basics(parent, stats), tables, lambda message, address: sent.append(
+        message), recovery)
     acks.groups_changed({("239.1.2.3", 5000): ids})
     channel = group_channel("239.1.2.3", 5000)
     acks.on_group_ack(child, GroupAck(sender, channel, 3, 0, 0, 1))
@@ -180,6 +180,42 @@ def test_a_childs_report_before_the_parents_first_datagram_is_kept():
     assert stats["acks_ignored"] == 0 and stats["group_acks_in"] == 1
     (report,) = sent
     assert isinstance(report, GroupAck | Ack) and report.dseq == 3  # the child's, not 5
+
+
+def _basics(member: int, stats: Counter) -> SimpleNamespace:
+    """What ChannelAcks takes of a runtime's MemberBasics."""
+    return SimpleNamespace(config=RuntimeConfig(), stats=stats, member_id=member,
+                           unknown_sender=threading.Event())
+
+
+def test_a_child_without_its_parents_address_has_it_looked_up_and_then_reports():
+    """A group's receivers come from the view as ids; a parent on another host is in no table
+    of its child's (its host scope lists its own members). The child asks the control thread to
+    look the parent up (the runtime's unknown_sender event, held_senders), and reports once the
+    parent is known: before, it never reported, and the sender's window stayed full."""
+    sender, ids = 1, tuple(range(2, 6))
+    order = tree_order(sender, ids)
+    child = order[1]
+    parent = place(sender, child, order)[0]
+    sent: list = []
+    tables = MemberTables(members={m: MemberInfo(m, f"M{m}", "127.0.0.1", 9000 + m)
+                                   for m in (sender, child)})  # its host's: not the parent
+    basics = _basics(child, Counter())
+    recovery = SimpleNamespace(promotion=SimpleNamespace(light=False), loss_seen_at=0.0,
+                               data_seen_at=0.0)
+    acks = ChannelAcks(basics, tables, lambda message, address: sent.append((message, address)),
+                       recovery)
+    acks.groups_changed({("239.1.2.3", 5000): ids})
+    channel = group_channel("239.1.2.3", 5000)
+    acks.note(sender, channel, 1, 5, 5, 0)
+    acks._send(10.0)
+    assert sent == [] and basics.unknown_sender.is_set() and acks.to_look_up() == {parent}
+    tables.members[parent] = MemberInfo(parent, f"M{parent}", "127.0.0.1", 9000 + parent)
+    acks.members_changed()
+    assert acks.to_look_up() == set()
+    acks._send(11.0)
+    ((report, address),) = sent
+    assert address == ("127.0.0.1", 9000 + parent) and report.dseq == 5
 
 
 def test_the_sender_hears_the_root_and_its_window_waits_for_a_receiver_two_levels_down():
