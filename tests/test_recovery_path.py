@@ -155,20 +155,26 @@ def test_a_hole_asked_for_again_and_again_waits_twice_as_long_each_time_up_to_a_
     period: across three hosts on two cores the receivers asked again for 416 of 459 holes and
     the sender sent 45,139 repair datagrams for 1,042 NAKs. Each NAK of a hole comes twice as
     late as the one before, from RETRY_MIN to 2**BACKOFF_MOST times it."""
-    _deliver(member, 1, 10)
-    _deliver(member, 20, 11)  # 11..19 missing, never repaired
+    payloads = [b"%d" % s for s in range(1, 31)]
 
-    def asked_at(start: float, ticks: int) -> list[float]:
-        when, now = [], start
+    def asked_at(ticks: int) -> list[float]:
+        """On the I/O thread in one go (its own loop must not NAK the hole in between): the
+        hole made, then the recovery ticked as the step loop ticks it."""
+        for first, count in ((1, 10), (20, 11)):  # 11..19 missing, never repaired
+            part = payloads[first - 1:first - 1 + count]
+            member.receiver.take_run(b"".join(part), [()], T, SOURCE, 1, first, SOURCE, first, 0,
+                                     0, tuple(len(p) for p in part), 0)
+        member.delivery.deliver()
+        when, now = [], time.monotonic()
         for _ in range(ticks):
             before = member.stats["naks_sent"]
             member.recovery._recovery_tick(now)
             if member.stats["naks_sent"] > before:
                 when.append(now)
-            now = max(now + RETRY_MIN / 4, member.recovery.retry_at)  # as the step loop does
+            now = max(now + RETRY_MIN / 4, member.recovery.retry_at)
         return when
 
-    when = member.call_wait(lambda: asked_at(time.monotonic(), 7))
+    when = member.call_wait(lambda: asked_at(7))
     gaps = [round((b - a) / RETRY_MIN, 6) for a, b in zip(when, when[1:], strict=False)]
     assert gaps == [1, 2, 4, 2 ** BACKOFF_MOST, 2 ** BACKOFF_MOST, 2 ** BACKOFF_MOST]
     assert member.stats["nak_retries"] == 6
