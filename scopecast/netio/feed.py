@@ -126,12 +126,12 @@ class LoneBatch:
     oversized = False
     next_seq = -1  # (the send path's run-extending check never matches it)
 
-    def __init__(self, record: tuple, table: bytes, room: int, stamp: int, source: int,
-                 item: tuple) -> None:
+    def __init__(self, record: tuple, table: bytes, stamp: int, source: int, item: tuple,
+                 least: int, most: int) -> None:
         self.record, self.table, self.stamp, self.source = record, table, stamp, source
         self.items = [item]
         self.next = 0
-        self.least, self.most = lone_sizes(room)
+        self.least, self.most = least, most  # (the sizes it takes: see lone_sizes)
 
     @property
     def first_own(self) -> int:
@@ -266,7 +266,7 @@ class Feed:
         if self.open is not None:
             self.chunks.append(self.open)
             self.open = None
-        b = LoneBatch(record, table, capacity - len(table), stamp, source, item)
+        b = LoneBatch(record, table, stamp, source, item, least, most)
         self.chunks.append(b)
         return b
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 FORCE_PURE = "SCOPECAST_PURE_PYTHON"
 DATAGRAM_WIRE_VERSION = 8  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
 DATAGRAM_ABI = 4  # what its calls take and give (2: fragments in seal and scan; 3: encrypt;
-#                   4: seal_lone, and seal gives the payload bytes)
+#                   4: seal_lone)
 
 
 def _forced() -> bool:

@@ -43,7 +43,7 @@ class SealedBatches:
         return data, segment, taken
 
     def _count(self, n: int) -> int:
-        """`n` more datagrams to go (and where they start)."""
+        """Count `n` more datagrams sealed and sent; `n`."""
         self.stats["datagrams_out"] += n
         self.stats["datagrams_sealed"] += n
         return n

@@ -61,12 +61,11 @@ class SendPath:
         self.recovery: Recovering
         self._publish_q = publish_q  # (application threads append, this path takes)
         self.gso = gso
-        # GSO calls' datagrams built and signed in C, where the extension is there
+        # GSO calls' datagrams built and signed in C, where the extension is there; own
+        # messages that fill a datagram alone queue as its LoneBatches while GSO is on (without
+        # it, chunks serve as well, and lone batches already queued go as chunks)
         self._sealed = None if sealer is None else SealedBatches(sealer, self._datagram,
                                                                   self.stats)
-        # own messages that fill a datagram alone queue as LoneBatches (the sealer's); without
-        # it or GSO, chunks serve as well
-        self._lone = sealer is not None and gso
         self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
         self._batch_n = 0
         self._batch_address: tuple[str, int] = ("", 0)
@@ -236,7 +235,8 @@ class SendPath:
         if feed is not None:
             if not feed.pending():
                 self._active.append(feed)
-            if self._lone and (b := feed.put_lone(record, table, self._capacity, item, n, me)):
+            if self._sealed is not None and self.gso \
+                    and (b := feed.put_lone(record, table, self._capacity, item, n, me)):
                 return b, n
             return feed.put(record, table, self._capacity, True, topic, me, session, seq, me, sseq,
                             ctype, payload), n
@@ -499,7 +499,7 @@ class SendPath:
                         self.drops["send_error"] += 1      # lost, recovery repairs it; GSO
                         return True                       # itself works)
                     # the interface refuses batches after all
-                    self.gso = self._lone = False  # (lone batches queued go as chunks)
+                    self.gso = False
                     stats["gso_refused"] += 1
                     log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
                                 "from now on", *address, exc)
