@@ -12,10 +12,11 @@ import time
 import pytest
 import ray
 
+from scopecast.actors.errors import ControlTimeout
 from scopecast.ray_cluster.consumers import DeliveryDigest, TopicConsumer
 from scopecast.scopes.paths import scope_actor_name
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
-from scopecast.scopes.status import members
+from scopecast.scopes.status import members, walk
 
 MEMBER_TIMEOUT = DEFAULT_SETTINGS["member_timeout"]
 
@@ -90,6 +91,57 @@ def test_a_member_the_scope_dropped_rejoins_and_keeps_receiving(cluster, topic_n
     got = ray.get(pending, timeout=120)
     assert got["count"] == 500 and got["gaps"] == 0
     ray.get(consumer.close.remote())
+
+
+class _SubscribeCutOnce:
+    """A scope manager's handle whose first `subscribe` call does not answer in time (as a
+    restarting or loaded scope's may not): the rest go to the real scope."""
+
+    def __init__(self, handle) -> None:
+        self._handle = handle
+        self.cut = 0
+
+    def __getattr__(self, name: str):
+        method = getattr(self._handle, name)
+        if name != "subscribe" or self.cut:
+            return method
+        self.cut += 1
+        return self
+
+    def remote(self, *args, **kwargs):
+        raise ControlTimeout("the scope manager did not answer subscribe (a test's cut)")
+
+
+def test_a_rejoin_cut_short_after_registering_is_run_again_whole(cluster, topic_name):
+    """A dropped member whose rejoin fails after it registered again (its scope did not answer
+    the subscribe in time) runs the whole rejoin again: registered without its subscriptions
+    it would look well to its scope, nobody would wait for it, and it would get nothing more."""
+    cluster.create_topic(topic_name)
+    sub = cluster.subscriber(topic_name, scope="rejoin-cut")
+    element = cluster._member("rejoin-cut")
+    old, handle = element.member_id, element.manager
+    element.manager = cut = _SubscribeCutOnce(handle)
+    try:
+        ray.get(handle.unregister_member.remote(old))  # as its heartbeat timeout would
+        deadline = time.monotonic() + 60
+        # whole: back in its scope's recovery domain (a subscriber of a reliable topic)
+        while not (cut.cut and element.member_id != old and element.name in next(
+                s for s in walk(cluster.status()) if s["path"] == "rejoin-cut"
+        )["recovery"].get("token_ring", {}).get("members", ())):
+            assert time.monotonic() < deadline, "the member never rejoined whole"
+            time.sleep(0.2)
+        with cluster.publisher(topic_name) as pub:  # it waits for the rejoined member
+            for i in range(500):
+                pub.publish(b"after %d" % i)
+            pub.flush(timeout=60)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 500 and time.monotonic() < deadline:
+            got += [m.payload for m in sub.receive_batch(0.5)]
+        assert got == [b"after %d" % i for i in range(500)]
+    finally:
+        element.manager = handle
+        sub.close()
 
 
 def test_a_member_whose_data_plane_is_busy_past_member_timeout_stays_a_member(cluster,

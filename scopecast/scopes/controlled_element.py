@@ -137,6 +137,7 @@ class ControlledElement:
         self._role = role
         self._credential = credential  # (a token: scopes/credentials)
         self.demoted = ""   # why the scope demoted this member to client, if it did
+        self._rejoining = False  # a rejoin began and has not finished (see _rejoin)
         self._on_unused = on_unused  # called from the control thread once it lingered out
         self.unused_since: float | None = time.monotonic()  # no publisher nor subscriber since
         # the runtime's socket is the member's address, so it exists before the registration
@@ -170,7 +171,11 @@ class ControlledElement:
 
     def _rejoin(self) -> None:
         """The scope forgot this member (silent too long, or the scope restarted): register
-        again, with the same socket and id, and take back its subscriptions and publications."""
+        again, with the same socket and id, and take back its subscriptions and publications.
+        A step that fails (a restarting scope, a loaded node) has the control loop run it all
+        again: registered without them, the member would look well to its scope and get
+        nothing, or publish with no recovery agent, for good."""
+        self._rejoining = True
         with self._lock:
             old = self.member_id
             self._register()
@@ -183,6 +188,7 @@ class ControlledElement:
                 call(self.manager.advertise, self.member_id, list(self._published),
                      timeout=_names_timeout(self._published))
             self._version = 0
+        self._rejoining = False
         log.warning("member %d had been dropped by scope %r; rejoined as member %d", old,
                     self.scope, self.member_id)
 
@@ -339,6 +345,8 @@ class ControlledElement:
         while not self._stop.is_set():
             try:
                 try:
+                    if self._rejoining:  # (a rejoin that failed half-way: all of it again)
+                        self._rejoin()
                     if pending is None:
                         pending = self.manager.watch.remote(
                             self.member_id, self._version, WATCH_PERIOD, self._counters(),
@@ -361,7 +369,8 @@ class ControlledElement:
                     self._rejoin()
             except Exception as exc:  # the control plane may be restarting; keep the data plane
                 pending = None
-                log.warning("view refresh failed: %s", exc)
+                log.warning("%s failed (again in 1 s): %s",
+                            "rejoining" if self._rejoining else "view refresh", exc)
                 self._stop.wait(1.0)
 
     def _counters(self) -> dict | None:
