@@ -86,6 +86,7 @@ def _workload(hosts, seconds: float, seed: int, progress) -> dict:
             proc.kill()
     if report is None:
         raise RuntimeError("the chaos workload reported nothing:\n" + "".join(err[-60:]))
+    report["log"] = [line.rstrip() for line in err if "Traceback" not in line][-400:]
     return report
 
 
@@ -166,7 +167,32 @@ def summary(r: dict) -> str:
     for check, result in r["checks"].items():
         lines.append(f"  {'PASS' if result == 'ok' else 'FAIL'} {check}"
                      + ("" if result == "ok" else f": {result}"))
+    if any(result != "ok" for result in r["checks"].values()):
+        lines += _lagging(r)
     return "\n".join(lines)
+
+
+def _lagging(r: dict) -> list[str]:
+    """What the subscribers that lack stable messages said of themselves (a failure's clues):
+    their member state, whether a scope still lists them, their loop's error; and the
+    workload's log lines that warn."""
+    lines = []
+    in_scopes = set(r.get("scope_members", ()))
+    for n, rep in r["subscribers"].items():
+        keys = rep.get("keys", {})
+        if "error" in rep or all(v["last"] == r["published"].get(k.split("|")[0], v["last"])
+                                 for k, v in keys.items() if k.startswith(STABLE)):
+            continue
+        member = rep.get("member", {})
+        listed = member.get("address") in in_scopes
+        lines.append(f"  lagging {n}: {'listed' if listed else 'NOT listed'} by a scope; "
+                     f"{json.dumps(member)}")
+        if rep.get("loop_error"):
+            lines.append(f"    its loop ended: {rep['loop_error']}")
+    warned = [line for line in r.get("log", []) if "WARNING" in line or "ERROR" in line
+              or "Error" in line]
+    lines += [f"  log: {line[:300]}" for line in warned[-40:]]
+    return lines
 
 
 def main() -> int:

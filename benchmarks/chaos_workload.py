@@ -42,10 +42,18 @@ class Recorder:
         self._sub = self._cluster.subscriber(topics)
         self._keys: dict[str, list[int]] = {}  # "topic|source" -> [first, last, gaps, bad]
         self._stop = False
+        self._error = ""  # why its loop ended, if it did before close (a finding)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._take()
+        except BaseException:
+            self._error = traceback.format_exc(limit=6)
+            raise
+
+    def _take(self) -> None:
         keys = self._keys
         while not self._stop:
             for m in self._sub.receive_batch(0.2):
@@ -69,7 +77,9 @@ class Recorder:
         (counters,) = self._cluster.counters().values()
         return {"keys": {k: dict(zip(("first", "last", "gaps", "bad"), v, strict=True))
                          for k, v in list(self._keys.items())},
-                "light": counters["recovery"]["light"], "drops": counters["drops"]}
+                "light": counters["recovery"]["light"], "drops": counters["drops"],
+                "member": _member_digest(counters),
+                **({"loop_error": self._error} if self._error else {})}
 
     def close(self) -> dict:
         self._stop = True
@@ -111,6 +121,21 @@ class Run:
 
     def now(self) -> float:
         return round(time.monotonic() - self.started, 2)
+
+
+MEMBER_STATS = ("naks_sent", "nak_retries", "unrecoverable", "summaries_sent", "pushes",
+                "datagrams_in", "handovers", "receive_leads")
+
+
+def _member_digest(counters: dict) -> dict:
+    """What says why a subscriber stopped getting a stream (shown for one that lags): its id
+    and address, its agents and their view of it, held holes, a few counters."""
+    rec = counters["recovery"]
+    return {"id": counters["member"], "address": "%s:%d" % tuple(counters["address"]),
+            "agents": rec["agents"], "gaps": rec["gaps"], "light": rec["light"],
+            "senders_known": rec["senders_known"], "held_early_bytes": rec["held_early_bytes"],
+            "backlog_bytes": counters["backlog_bytes"],
+            "stats": {k: counters["stats"].get(k, 0) for k in MEMBER_STATS}}
 
 
 def _payload(topic: str, n: int) -> bytes:
@@ -389,6 +414,10 @@ class Workload:
                     or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
+        in_scopes: list[str] = []  # (a subscriber that lags: is it still a member?)
+        with contextlib.suppress(Exception):
+            in_scopes = sorted(m["address"] for s in walk(self._status())
+                               for m in s.get("members", []))
         for a in live.values():
             with contextlib.suppress(Exception):
                 ray.get(a.close.remote(), timeout=30)
@@ -400,7 +429,7 @@ class Workload:
                 "flushes": [asdict(f) for f in run.flushes], "churned": run.churned, "joins": run.joins,
                 "leaves": run.leaves, "junk_sent": run.junk_sent, "rss": run.rss,
                 "errors": {k: v for k, v in run.__dict__.items() if k.endswith("_errors")},
-                "counters": _drops(self.cluster, reports)}
+                "counters": _drops(self.cluster, reports), "scope_members": in_scopes}
 
 
 def _say(line: str) -> None:
