@@ -30,15 +30,17 @@ from scopecast.ray_cluster.cluster import attach_ray
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 attach_ray("auto")
 here = ray.get_runtime_context().get_node_id()
-for attempt in range(5):  # (a soft affinity is a wish: Ray has been seen to place it elsewhere)
-    root = declare.get_or_create(ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER,
-                                 trusted_keys=[], ray_options={{"scheduling_strategy":
-                                     NodeAffinitySchedulingStrategy(here, soft=True)}})
+for attempt in range(20):  # (a soft affinity is a wish: on a loaded machine Ray places it
+    root = declare.get_or_create(   # elsewhere now and then)
+        ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER, trusted_keys=[],
+        ray_options={{"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=True)}})
     if "{topic}" == "" or ray.get(root.status.remote(topics=False))["scopes"]["node"] == here:
         break
     ray.kill(root, no_restart=True)
     while declare.lookup(declare.CLUSTER_SCOPE_MANAGER) is not None:
         time.sleep(0.2)
+else:
+    raise SystemExit("Ray placed the root on another node than this host's 20 times")
 cluster = scopecast.connect(address="auto")
 if "{topic}":
     cluster.create_topic("{topic}")
