@@ -31,6 +31,9 @@ class Timing:
                                  "child scopes wait this long)", cluster=True)
     member_timeout: float = _knob(10.0, "a member process silent this long is removed",
                                   cluster=True)
+    ready_grace: float = _knob(3.0, "a new publisher does not wait for a member silent this long "
+                               "since its view was sent (died without leaving, or stalled)",
+                               cluster=True)
     slow_grace: float = _knob(5.0, "a member behind by more than slow_lag_mb this long is demoted "
                               "to client", cluster=True)
     token_period: float = _knob(0.01, "recovery agents' token period while senders are active",
@@ -143,6 +146,7 @@ _ORDER = [
     ("heartbeat_period", "member_timeout", "half", "the failure detector ticks with the heartbeat"),
     ("watch_period", "member_timeout", "half", "a member's watch call is its heartbeat"),
     ("beat_every", "member_timeout", "half", "a member busy in its I/O thread still heartbeats"),
+    ("watch_period", "ready_grace", "half", "a living member is heard twice within the grace"),
     ("counters_wait", "watch_period", "lt", "a heartbeat waits for counters within its period"),
     ("token_period", "idle_token_period", "le", "the active token is not slower than the idle one"),
     ("heartbeat_period", "empty_scope_timeout", "lt", "an empty scope retires after some ticks"),

@@ -3,6 +3,7 @@ subscribers keep receiving everything."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -65,6 +66,34 @@ def test_subscriber_killed_mid_stream_is_removed_and_the_rest_keep_receiving(
         assert summary["gaps"] == 0 and summary["out_of_order"] == 0
         assert summary["digest"] == expected.hexdigest()
     ray.get([a.close.remote() for a in actors])
+
+
+def test_a_new_publisher_does_not_wait_for_a_member_that_died_without_leaving(
+        cluster, topic_name, caplog):
+    """A subscriber killed (kill -9: it never leaves) stays listed in its scope until
+    member_timeout, and never acknowledges another view. A publisher opened meanwhile in its scope
+    (every member's view changes: a new sibling) does not wait for it: the scopes are ready while
+    the dead member is still listed, and the living subscriber gets everything."""
+    cluster.create_topic(topic_name)
+    scope = "died-quietly"
+    alive, dead = (ray.remote(num_cpus=0)(TopicConsumer).remote(topic_name, scope=scope)
+                   for _ in range(2))
+    ray.get([alive.ready.remote(), dead.ready.remote()])
+    member = ray.get(dead.counters.remote())["member"]
+    os.kill(next(m["pid"] for m in members(cluster.status()) if m["id"] == member),
+            signal.SIGKILL)
+    pending = alive.consume.remote(1_000, 120.0)
+    with caplog.at_level(logging.WARNING, logger="scopecast"):
+        with cluster.publisher(topic_name, scope=scope) as pub:
+            listed = any(m["id"] == member for m in members(cluster.status()))
+            for i in range(1_000):
+                pub.publish(b"%d" % i)
+            pub.flush(timeout=60)
+    assert not [r.getMessage() for r in caplog.records if "did not settle" in r.getMessage()]
+    assert listed, "the publisher waited until the dead member was removed"
+    got = ray.get(pending, timeout=120)
+    assert (got["count"], got["gaps"], got["out_of_order"]) == (1_000, 0, 0)
+    ray.get(alive.close.remote())
 
 
 def test_a_member_the_scope_dropped_rejoins_and_keeps_receiving(cluster, topic_name):

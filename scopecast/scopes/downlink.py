@@ -52,7 +52,7 @@ class Downlink:
         if content == child.sent and piece is None:
             return
         self.version += 1
-        child.sent, child.sent_version = content, self.version
+        child.sent, child.sent_version, child.sent_at = content, self.version, time.monotonic()
         if piece is not None:
             child.table = table.position
         child.handle.install.remote(content.to_wire(self.version, piece))
@@ -62,7 +62,7 @@ class Downlink:
         if view == child.sent and child.table == self.topics.table.position:
             return False
         self.version += 1
-        child.sent, child.sent_version = view, self.version
+        child.sent, child.sent_version, child.sent_at = view, self.version, time.monotonic()
         # a member joins its groups for the senders once it can also hold their messages back:
         # with reliable topics, once its recovery agent is in place
         listed = child.regular and set(view.protocols.values()) <= set(view.agents)

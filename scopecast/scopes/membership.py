@@ -46,6 +46,7 @@ class Child:
     joined: dict[str, list[int]] = field(default_factory=dict)   # group -> members that joined
     last_seen: float = field(default_factory=time.monotonic)
     sent_version: int = 0          # version of the last delegation or view sent
+    sent_at: float = 0.0           # when it was sent (monotonic)
     sent: object = None            # its content (a MemberView or a Delegation), to send only
                                    # changes
     acked: int = 0                 # version the child says it has in place
@@ -133,6 +134,7 @@ class Membership:
         self.children: dict[str, Child] = {}
         self.silent: dict[str, Child] = {}  # child scopes gone silent (see the module docstring)
         self.expired: Counter[str] = Counter()  # children removed as silent, by kind (status)
+        self.not_waited: dict[str, int] = {}  # member -> view version not waited for (logged)
         self._by_id: dict[int, str] = {}
         self._on_change = on_change
         self._release = release
@@ -142,6 +144,27 @@ class Membership:
 
     def processes(self) -> list[MemberProcess]:
         return [c for c in self.children.values() if c.kind == "member"]
+
+    def unsettled(self, grace: float) -> list[Child]:
+        """The children a publisher waits for (see ScopeManager.check): those that have not
+        said they have in place what was sent to them last. Not a member process silent since
+        its view was sent, `grace` seconds ago or more: it died without leaving, or its process
+        is stalled (the failure detector removes it at member_timeout; a stalled one that comes
+        back catches up by recovery), and a new publisher would otherwise wait for it to go."""
+        now = time.monotonic()
+        out = []
+        for c in self.children.values():
+            if c.acked == c.sent_version:
+                continue
+            if c.kind == "member" and c.last_seen < c.sent_at and now - c.last_seen >= grace:
+                if c.sent_version != self.not_waited.get(c.name):
+                    self.not_waited[c.name] = c.sent_version
+                    log.info("scope %r: a publisher does not wait for member %r (silent for "
+                             "%.1f s, since before its view was sent)", self.path, c.name,
+                             now - c.last_seen)
+                continue
+            out.append(c)
+        return out
 
     # ------------------------------------------------------------------- member processes
 
@@ -162,7 +185,7 @@ class Membership:
 
     def member(self, member_id: int, missing_ok: bool = False) -> MemberProcess | None:
         """A member process by id; its call counts as a heartbeat."""
-        child = self.children.get(self._by_id.get(member_id, ""))
+        child = self.known(member_id)
         if child is None:
             if missing_ok:
                 return None
@@ -170,6 +193,11 @@ class Membership:
                                 "(expired after missing heartbeats, or the scope restarted)")
         child.last_seen = time.monotonic()
         return child
+
+    def known(self, member_id: int) -> MemberProcess | None:
+        """A member process by id, if it is still registered (not a heartbeat: a watch call
+        woken for a member that died goes on without it)."""
+        return self.children.get(self._by_id.get(member_id, ""))
 
     def check_lag(self, member: MemberProcess, topics: dict[int, TopicInfo]) -> None:
         """A member whose application stays behind by more than `slow_lag_mb` for `slow_grace`
@@ -272,6 +300,7 @@ class Membership:
 
     def remove(self, child: Child, why: str) -> None:
         del self.children[child.name]
+        self.not_waited.pop(child.name, None)
         if child.kind == "member":
             self._by_id.pop(child.id, None)
             self._release(child.id)

@@ -331,7 +331,7 @@ class ScopeManager:
                                        min(timeout, self.settings["member_timeout"] / 2))
             except asyncio.TimeoutError:
                 pass
-            member = self.members.member(member_id, missing_ok=True)  # it may have left
+            member = self.members.known(member_id)  # it may have left
         if member is None or member.sent_version == have_version or member.sent is None:
             return None
         return member.sent.to_wire(member.sent_version, self.topics.table.piece(member.table))
@@ -408,7 +408,7 @@ class ScopeManager:
         if (version is not None and self.applied != version) \
                 or not await self.reporter.taken_in():
             return False
-        if any(c.acked != c.sent_version for c in self.members.children.values()):
+        if self.members.unsettled(self.settings["ready_grace"]):
             return False
         results = await ask_all(self.members.scopes(),
                                 lambda c: c.handle.check.remote(c.sent_version),
