@@ -156,6 +156,14 @@ def test_only_each_partitions_cachers_keep_peers_messages_where_a_scope_says_so(
     cluster.create_topic(topic_name, policy="lan_multicast")
     actors = [Consumer.remote(topic_name, scope=path, name=f"S{i}") for i in range(4)]
     ray.get([a.ready.remote() for a in actors])
+
+    def recovery():
+        return [next(iter(ray.get(a.__ray_call__.remote(
+            lambda self: self._cluster.counters())).values()))["recovery"] for a in actors]
+
+    # a member learns it caches from its agent's first answer: the stream starts after that
+    wait_for(lambda: sorted(r["cacher"] for r in recovery()) == [False, False, True, True],
+             "two of four subscribers told they cache")
     pending = [a.consume.remote(N, 180.0) for a in actors]
     with udp_loss(0.05):
         with cluster.publisher(topic_name) as pub:
@@ -166,10 +174,9 @@ def test_only_each_partitions_cachers_keep_peers_messages_where_a_scope_says_so(
         assert dropped() > 0
     for got in results:
         assert (got["count"], got["gaps"], got["out_of_order"]) == (N, 0, 0), got
-    recovery = [next(iter(ray.get(a.__ray_call__.remote(
-        lambda self: self._cluster.counters())).values()))["recovery"] for a in actors]
-    assert sorted(r["cacher"] for r in recovery) == [False, False, True, True]
-    assert all((r["peer_runs_kept"] > 0) == r["cacher"] for r in recovery), recovery
+    roles = recovery()
+    assert sorted(r["cacher"] for r in roles) == [False, False, True, True]
+    assert all((r["peer_runs_kept"] > 0) == r["cacher"] for r in roles), roles
     agents = scope(cluster.status(), path)["recovery"]["token_ring"]["agents"]
     assert {a["options"]["cachers"] for a in agents.values()} == {1}
     ray.get([a.close.remote() for a in actors])

@@ -18,7 +18,7 @@ class PeerCache:
     def __init__(self) -> None:
         self._runs: dict[int, list] = {}   # source -> its CachedRuns (None before the head)
         self._heads: dict[int, int] = {}   # source -> index of its first run not stable yet
-        self.kept = 0                      # runs ever kept (status: only cachers keep any)
+        self.kept = 0                      # runs kept since it last became a cacher (status)
         self.held = 0                      # messages held now, not stable yet
 
     def keep(self, source: int, run: CachedRun) -> None:
@@ -63,6 +63,7 @@ class PeerCache:
         return sum(len(c) - self._heads[s] for s, c in self._runs.items())
 
     def clear(self) -> None:
+        """This member is no longer a cacher: let go of everything."""
         self._runs.clear()
         self._heads.clear()
-        self.held = 0
+        self.held = self.kept = 0

@@ -130,7 +130,7 @@ class MemberRuntime:
         # and take the GIL, thousands of times a second to find its queue still full)
         self._waiting_for: list = []
         self.unknown_sender = threading.Event()  # set for the control thread: refresh members
-        self._stop = False
+        self.stopped = False  # closed (set once)
         # the parts (protocol state, owned by the I/O thread)
         self.tables = MemberTables()
         basics = MemberBasics(member_id, name, config, self._sock, authenticator(config.mac, key),
@@ -295,7 +295,7 @@ class MemberRuntime:
         try:
             while not done():
                 remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
-                if remaining <= 0 or self._stop:
+                if remaining <= 0 or self.stopped:
                     return done()
                 if poke:
                     self._wake()
@@ -320,9 +320,9 @@ class MemberRuntime:
             pass  # already released: the I/O thread is about to look
 
     def close(self, timeout: float = 5.0) -> None:
-        if self._stop:
+        if self.stopped:
             return
-        self._stop = True
+        self.stopped = True
         self._wake()
         self._unpark()
         self._thread.join(timeout)
@@ -450,7 +450,7 @@ class MemberRuntime:
     def _run(self) -> None:
         """The I/O thread: lead the loop unless an application thread does (see module
         docstring); while one does, look every PARK whether it still does."""
-        while not self._stop:
+        while not self.stopped:
             if self._lead.acquire(blocking=False):
                 self._io_leads = True
                 try:
@@ -459,7 +459,7 @@ class MemberRuntime:
                     self._io_leads = False
                     self._handover = False
                     self._release_lead()
-            if not self._stop:
+            if not self.stopped:
                 self._park.acquire(timeout=PARK)
 
     def _handing_over(self) -> bool:
@@ -504,7 +504,7 @@ class MemberRuntime:
     def _loop(self, done, deadline: float) -> None:
         """The I/O loop, on the leading thread, until `done()`, `deadline` or close."""
         sel = self._sel
-        while not self._stop and not done():
+        while not self.stopped and not done():
             try:
                 if not self._step(sel):
                     if done() or not self._idle(sel, deadline):
