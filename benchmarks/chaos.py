@@ -103,8 +103,7 @@ def verdict(r: dict) -> dict[str, str]:
     checks["gap-free prefix"] = _ok(broken + holes + late)
     published = r["published"]
     disagree = [f"{n} {k}: last {v['last']} of {published[k.split('|')[0]]}"
-                for n, keys in live.items() for k, v in keys.items()
-                if k.startswith(STABLE) and v["last"] != published[k.split("|")[0]]]
+                for n, keys in live.items() for k, v in _short(keys, published)]
     # (a joiner of the run's last seconds may have subscribed after the last message)
     recent = {n for n, at in r["joined"].items() if at > r["seconds"] - JOINED_LATE}
     missing = [f"{n}: no {t}" + (" (still light)" if n in light else "")
@@ -134,6 +133,12 @@ def verdict(r: dict) -> dict[str, str]:
                  if p in end and mid[p][1] and end[p][1] > (1 + RSS_GROWTH) * mid[p][1]]
         checks["RSS over the last 5 minutes"] = _ok(grown)
     return checks
+
+
+def _short(keys: dict, published: dict) -> list[tuple[str, dict]]:
+    """A subscriber's stable (topic, source) keys whose last message is not the last published."""
+    return [(k, v) for k, v in keys.items()
+            if k.startswith(STABLE) and v["last"] != published[k.split("|")[0]]]
 
 
 def _ok(problems: list[str]) -> str:
@@ -179,9 +184,7 @@ def _lagging(r: dict) -> list[str]:
     lines = []
     in_scopes = set(r.get("scope_members", ()))
     for n, rep in r["subscribers"].items():
-        keys = rep.get("keys", {})
-        if "error" in rep or all(v["last"] == r["published"].get(k.split("|")[0], v["last"])
-                                 for k, v in keys.items() if k.startswith(STABLE)):
+        if "error" in rep or not _short(rep["keys"], r["published"]):
             continue
         member = rep.get("member", {})
         listed = member.get("address") in in_scopes

@@ -41,13 +41,15 @@ def member():
 
 
 def _deliver(rt: MemberRuntime, first: int, count: int) -> None:
-    payloads = [b"%d" % s for s in range(first, first + count)]
+    rt.call_wait(_take, rt, first, count)
 
-    def take():
-        rt.receiver.take_run(b"".join(payloads), [()], T, SOURCE, 1, first, SOURCE, first, 0, 0,
-                     tuple(len(p) for p in payloads), 0)
-        rt.delivery.deliver()
-    rt.call_wait(take)
+
+def _take(rt: MemberRuntime, first: int, count: int) -> None:
+    """`_deliver` on the I/O thread."""
+    payloads = [b"%d" % s for s in range(first, first + count)]
+    rt.receiver.take_run(b"".join(payloads), [()], T, SOURCE, 1, first, SOURCE, first, 0, 0,
+                         tuple(len(p) for p in payloads), 0)
+    rt.delivery.deliver()
 
 
 def _instructions(top: int, hi: int, beat: int = 7) -> dict:
@@ -155,16 +157,11 @@ def test_a_hole_asked_for_again_and_again_waits_twice_as_long_each_time_up_to_a_
     period: across three hosts on two cores the receivers asked again for 416 of 459 holes and
     the sender sent 45,139 repair datagrams for 1,042 NAKs. Each NAK of a hole comes twice as
     late as the one before, from RETRY_MIN to 2**BACKOFF_MOST times it."""
-    payloads = [b"%d" % s for s in range(1, 31)]
-
     def asked_at(ticks: int) -> list[float]:
         """On the I/O thread in one go (its own loop must not NAK the hole in between): the
         hole made, then the recovery ticked as the step loop ticks it."""
-        for first, count in ((1, 10), (20, 11)):  # 11..19 missing, never repaired
-            part = payloads[first - 1:first - 1 + count]
-            member.receiver.take_run(b"".join(part), [()], T, SOURCE, 1, first, SOURCE, first, 0,
-                                     0, tuple(len(p) for p in part), 0)
-        member.delivery.deliver()
+        _take(member, 1, 10)
+        _take(member, 20, 11)  # 11..19 missing, never repaired
         when, now = [], time.monotonic()
         for _ in range(ticks):
             before = member.stats["naks_sent"]

@@ -30,8 +30,9 @@ from scopecast.ray_cluster.cluster import attach_ray
 from scopecast.scopes.cluster_manager import ClusterScopeManager
 attach_ray("auto")
 here = ray.get_runtime_context().get_node_id()
-for attempt in range(20):  # (a soft affinity is a wish: on a loaded machine Ray places it
-    root = declare.get_or_create(   # elsewhere now and then)
+# (a soft affinity is a wish: on a loaded machine Ray places it elsewhere now and then)
+for attempt in range(20):
+    root = declare.get_or_create(
         ClusterScopeManager, declare.CLUSTER_SCOPE_MANAGER, trusted_keys=[],
         ray_options={{"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=True)}})
     if "{topic}" == "" or ray.get(root.status.remote(topics=False))["scopes"]["node"] == here:

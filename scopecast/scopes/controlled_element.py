@@ -137,7 +137,7 @@ class ControlledElement:
         self._role = role
         self._credential = credential  # (a token: scopes/credentials)
         self.demoted = ""   # why the scope demoted this member to client, if it did
-        self._rejoining = False  # a rejoin began and has not finished (see _rejoin)
+        self._rejoining = False  # the scope forgot it, and it has not rejoined whole yet
         self._on_unused = on_unused  # called from the control thread once it lingered out
         self.unused_since: float | None = time.monotonic()  # no publisher nor subscriber since
         # the runtime's socket is the member's address, so it exists before the registration
@@ -175,7 +175,6 @@ class ControlledElement:
         A step that fails (a restarting scope, a loaded node) has the control loop run it all
         again: registered without them, the member would look well to its scope and get
         nothing, or publish with no recovery agent, for good."""
-        self._rejoining = True
         with self._lock:
             old = self.member_id
             self._register()
@@ -344,9 +343,9 @@ class ControlledElement:
         pending = done = None
         while not self._stop.is_set():
             try:
+                if self._rejoining:  # (its failure, even half-way, is retried whole)
+                    self._rejoin()
                 try:
-                    if self._rejoining:  # (a rejoin that failed half-way: all of it again)
-                        self._rejoin()
                     if pending is None:
                         pending = self.manager.watch.remote(
                             self.member_id, self._version, WATCH_PERIOD, self._counters(),
@@ -364,9 +363,9 @@ class ControlledElement:
                         self._move_sessions()
                         if self._on_unused is not None and self.lingered_out():
                             self._on_unused(self)
-                except (MemberExpired, *SCOPE_GONE):  # (registering finds a scope gone anew)
+                except (MemberExpired, *SCOPE_GONE):
                     pending = None
-                    self._rejoin()
+                    self._rejoining = True
             except Exception as exc:  # the control plane may be restarting; keep the data plane
                 pending = None
                 log.warning("%s failed (again in 1 s): %s",
