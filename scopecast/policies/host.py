@@ -1,5 +1,5 @@
 """The policy actors: one per node hosts every scope's instances of the built-in policies; each
-plug-in has one per scope, confined.
+plug-in has one per scope, confined, on the scope's node (importing from its plug-in cache).
 
 A scope manager never runs policy code itself; it sends a policy actor one batch per policy and
 re-layout (`apply`) with, per topic, the events since the last batch and the entry/exit choices it
@@ -15,6 +15,7 @@ import importlib
 import logging
 import os
 import resource
+import sys
 import threading
 import time
 
@@ -31,12 +32,15 @@ PLUGIN_MEMORY = 1 << 30  # what a plug-in's actor may allocate beyond its start-
 class PolicyHost:
     """The built-ins' actor of a node (`module` None), or one plug-in's actor of a scope."""
 
-    def __init__(self, module: str | None = None, cls: str | None = None) -> None:
+    def __init__(self, module: str | None = None, cls: str | None = None,
+                 path: str | None = None) -> None:
         if module is None:
             from scopecast.policies.builtin import BUILTIN_POLICIES
             self._classes: dict[str, type[ForwardingPolicy]] = dict(BUILTIN_POLICIES)
-        else:  # a plug-in: its package came with this actor's runtime_env (py_modules)
+        else:  # a plug-in: its package is in `path`, this node's plug-in cache (`materialize`)
             confine(PLUGIN_MEMORY)
+            if path is not None:
+                sys.path.insert(0, path)
             self._classes = {"": getattr(importlib.import_module(module), cls)}
         self._instances: dict[tuple[str, str, int], ForwardingPolicy] = {}
 

@@ -1,9 +1,11 @@
 """Where a scope's helper actors run (policy actors, agent hosts): found or made by name, pinned to
-a node, and for plug-ins with the plug-in's module shipped in their runtime_env."""
+a node; a plug-in's policy actor imports its module from the node's plug-in cache, a recovery
+plug-in's agent host (which may run on another node) gets it shipped in its runtime_env."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import ray
 
@@ -12,7 +14,7 @@ from scopecast.actors.errors import PluginRejected
 from scopecast.policies.library import materialize, shipped
 from scopecast.policies.registry import PLUGIN_PREFIX, digest
 
-__all__ = ["PLUGIN_PREFIX", "named_actor", "node_id", "pinned", "plugin_env"]
+__all__ = ["PLUGIN_PREFIX", "named_actor", "node_id", "pinned", "plugin_env", "plugin_package"]
 
 
 def pinned(node: str) -> dict:
@@ -31,14 +33,21 @@ async def named_actor(cls: type, name: str, *args, ray_options: dict):
                                    ray_options=ray_options)
 
 
-async def plugin_env(root_call, ref: str) -> tuple[str, str, dict]:
-    """(module, class, runtime_env) of plug-in `ref` ("sha256:<hex>"): fetched from the root's
-    library (`root_call`), checked against its digest, shipped in the runtime_env."""
+async def plugin_package(root_call, ref: str) -> tuple[str, str, Path]:
+    """(module, class, package directory in this node's plug-in cache) of plug-in `ref`
+    ("sha256:<hex>"): fetched from the root's library (`root_call`), checked against its digest."""
     sha = ref[len(PLUGIN_PREFIX):]
     module, cls, files = await root_call("plugin_files", sha)
     if digest(files) != sha:
         raise PluginRejected(f"plug-in {sha[:12]} does not match its digest")
-    return module, cls, shipped(materialize(files, sha, module))
+    return module, cls, materialize(files, sha, module)
+
+
+async def plugin_env(root_call, ref: str) -> tuple[str, str, dict]:
+    """(module, class, runtime_env) of plug-in `ref`: its package shipped in the runtime_env, for
+    an actor that may run on another node."""
+    module, cls, package = await plugin_package(root_call, ref)
+    return module, cls, shipped(package)
 
 
 def node_id() -> str:

@@ -19,7 +19,7 @@ import ray
 from scopecast.actors.errors import actor_fault
 from scopecast.policies.host import PolicyHost
 from scopecast.scopes.container import PolicyContainer
-from scopecast.scopes.placement import PLUGIN_PREFIX, named_actor, node_id, pinned, plugin_env
+from scopecast.scopes.placement import PLUGIN_PREFIX, named_actor, node_id, pinned, plugin_package
 from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.topics import TopicInfo
 from scopecast.timing import TIMING
@@ -106,14 +106,17 @@ class PolicyRunner:
         handle = self._hosts.get(key)
         if handle is not None:
             return handle
+        node = node_id()
         if key == BUILTIN_HOST:
-            node = node_id()
             handle = await named_actor(PolicyHost, f"scopecast:policy:{node}",
                                        ray_options=pinned(node))
         else:
-            module, cls, env = await plugin_env(self._root_call, policy)
+            # on this node, importing from the node's plug-in cache: a worker without a
+            # runtime_env of its own starts in a fraction of the time (the first channels of a
+            # plug-in topic in a scope wait for it)
+            module, cls, package = await plugin_package(self._root_call, policy)
             handle = await named_actor(PolicyHost, f"scopecast:policy:{self.path}:{key[:23]}",
-                                       module, cls, ray_options={"runtime_env": env})
+                                       module, cls, str(package.parent), ray_options=pinned(node))
         await asyncio.wait_for(handle.__ray_ready__.remote(), POLICY_STARTUP)
         self._hosts[key] = handle
         return handle
