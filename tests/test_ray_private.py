@@ -49,23 +49,35 @@ def test_the_log_threads_lazy_import_is_the_one_connect_preloads(monkeypatch):
     ray_private.preload_log_thread_imports()
 
 
-def test_the_worker_pool_notice_is_logged_not_printed_and_other_messages_print(monkeypatch, capsys):
-    """Ray's driver prints the raylet's messages with `print_to_stdstream`, looked up when each
-    arrives (`listen_error_messages`); connect() routes the notice about many worker processes
-    (scopecast's zero-CPU actors, by design) to the log. Other messages still print."""
+def test_rays_console_notices_are_logged_not_printed_and_other_lines_print(monkeypatch, capsys):
+    """Ray's driver prints the raylet's messages and its workers' output with
+    `print_worker_logs`, looked up for each batch; connect() routes to the log the notice about
+    many worker processes (scopecast's zero-CPU actors, by design) and the INFO lines of Ray's C++
+    core a Java worker (RayDP's) writes to its stderr. Other lines still print, also from a batch
+    that had core lines in it."""
     from ray._private import worker
 
     source = inspect.getsource(worker.listen_error_messages)
     assert "print_to_stdstream(" in source and '"pid": "raylet"' in source
-    monkeypatch.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)  # restored after
-    ray_private.route_worker_pool_notice()
-    ray_private.route_worker_pool_notice()  # idempotent: wrapped once
+    assert "print_worker_logs(batch" in inspect.getsource(worker.print_to_stdstream)
+    monkeypatch.setattr(worker, "print_worker_logs", worker.print_worker_logs)  # restored after
+    ray_private.route_console_notices()
+    ray_private.route_console_notices()  # idempotent: wrapped once
     notice = ("WARNING: 14 PYTHON worker processes have been started on node: 1aab with address: "
               "127.0.0.1, which is 7x the maximum expected startup concurrency (2).")
+    core = ("[2026-12-06 17:42:20,491 I 7983 8000] gcs_client.cc:96: GcsClient has no Cluster ID "
+            "set, and won't fetch from GCS.")
     worker.print_to_stdstream({"lines": [notice], "pid": "raylet", "is_err": False},
                               ignore_prefix=False)
     worker.print_to_stdstream({"lines": ["some other trouble"], "pid": "raylet", "is_err": False},
                               ignore_prefix=False)
+    worker.print_to_stdstream({"lines": [core, "executor says hello", core], "pid": 7983,
+                               "is_err": True, "actor_name": "RayDPSparkMaster"},
+                              ignore_prefix=False)
+    worker.print_to_stdstream({"lines": [core.replace(" I 7983", " W 7983")], "pid": 7984,
+                               "is_err": True}, ignore_prefix=False)
     out = capsys.readouterr()
     shown = out.out + out.err
     assert "some other trouble" in shown and "PYTHON worker processes" not in shown
+    assert "executor says hello" in shown and " I 7983 8000]" not in shown
+    assert " W 7983 8000] gcs_client.cc:96" in shown  # (a warning of the core prints)

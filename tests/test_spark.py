@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,29 @@ def test_the_driver_gets_a_log4j_file_that_exists_unless_the_user_names_one():
     ours = Path(spark_configs()[LOG4J_KEY])
     assert ours.is_file() and "rootLogger.level = warn" in ours.read_text()
     assert spark_configs({LOG4J_KEY: "/etc/mine.properties"})[LOG4J_KEY] == "/etc/mine.properties"
+
+
+def test_the_driver_jvms_core_info_lines_go_to_the_log_and_its_other_lines_print(capfd, caplog):
+    """Spark's driver JVM, started in `_driver_jvm_stderr`, writes to a pipe that a thread relays
+    to this process's stderr, less the Ray core's INFO lines, which are logged; what it prints
+    after the block (the JVM outlives it) is relayed too. A real child process stands in for it."""
+    core = ("[2026-12-06 17:42:26,807 I 8079 8126] gcs_client.cc:96: GcsClient has no Cluster ID "
+            "set, and won't fetch from GCS.")
+    script = (f"import sys, time; sys.stderr.write({core!r} + '\\n'); sys.stderr.flush(); "
+              "time.sleep(0.3); sys.stderr.write('WARN SparkContext: spark says this\\n')")
+    caplog.set_level("INFO", logger=spark_mod.log.name)
+    before = set(threading.enumerate())  # (a real driver JVM's relay may run already)
+    with spark_mod._driver_jvm_stderr():
+        child = subprocess.Popen([sys.executable, "-c", script])
+        print("this process's own line", file=sys.stderr)
+    relay = [t for t in set(threading.enumerate()) - before if t.name == "scopecast-spark-stderr"]
+    assert child.wait(timeout=30) == 0
+    for thread in relay:
+        thread.join(timeout=30)  # (ends at the pipe's EOF: the child gone)
+    err = capfd.readouterr().err
+    assert "spark says this" in err and "this process's own line" in err
+    assert "GcsClient" not in err
+    assert any("GcsClient has no Cluster ID" in r.getMessage() for r in caplog.records)
 
 
 def test_init_spark_needs_connect(monkeypatch):

@@ -13,8 +13,9 @@ package's Ray range, in pyproject.toml, is the one these are tested with).
   Without them: None, and the caller asks for the URL.
 - `preload_log_thread_imports`: the modules Ray's driver log thread imports the first time the
   autoscaler logs an event. Without them: that import happens then, in every member process.
-- `route_worker_pool_notice`: the function Ray's driver prints the raylet's error messages with.
-  Without it: Ray's notice about many worker processes shows on the console.
+- `route_console_notices`: the function Ray's driver prints the raylet's error messages and its
+  workers' output with (`print_worker_logs`). Without it: Ray's notice about many worker
+  processes, and the INFO lines of Java workers' Ray core, show on the console.
 - `session_dir`: the Ray session `scopecast up` started, so `down --ray` stops only its
   processes. Without it: "".
 - `kv_get`, `kv_put`, `kv_delete`, `kv_keys`: Ray's GCS key-value store, where the root keeps the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 
 from scopecast.actors.errors import ScopecastError
@@ -99,34 +101,55 @@ def preload_log_thread_imports() -> None:
 
 WORKER_POOL_NOTICE = "PYTHON worker processes have been started on node"
 
+# A line of Ray's C++ core at INFO ("[2026-12-06 17:42:20,491 I 7983 8000] gcs_client.cc:96:
+# ..."). A Python worker's core writes these to its log file; a Java worker's (RayDP's app master
+# and executors) writes them to its stderr, which Ray forwards to every driver's console.
+CORE_INFO_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ I \d+ \d+\] \S+\.(cc|h):\d+: ")
 
-def route_worker_pool_notice() -> None:
-    """Ray's raylet tells every driver when its node runs four times as many worker processes as
-    CPUs, and the driver prints it as a "(raylet) WARNING" ("This could be a result of using a
-    large number of actors ..."). A scopecast cluster runs that many by design: its scopes,
-    agents, subscribers and publishers are zero-CPU actors, a process each. The notice goes to
-    this module's log at INFO instead of the console; every other message of Ray's error
-    listener is printed as before, and worker logs do not pass here. Drivers only (the
-    listener runs there); idempotent."""
+
+def route_console_notices() -> None:
+    """Two kinds of Ray's console output go to this module's log at INFO instead:
+
+    * the raylet's notice, sent to every driver, that its node runs four times as many worker
+      processes as CPUs ("(raylet) WARNING ... This could be a result of using a large number of
+      actors"): a scopecast cluster runs that many by design (its scopes, agents, subscribers and
+      publishers are zero-CPU actors, a process each);
+    * INFO lines of Ray's C++ core forwarded from a worker's output (`CORE_INFO_LINE`: Java
+      workers', e.g. "GcsClient has no Cluster ID set" twice per JVM): at INFO, Ray's own
+      processes keep them in their log files.
+
+    Everything else prints as before. Both reach the console through `print_worker_logs`, which
+    Ray's driver looks up for each batch of lines (its log thread's handler is bound at
+    `ray.init`, the function it calls is not). Drivers only (they print); idempotent."""
     try:
         from ray._private import worker
 
-        printer = worker.print_to_stdstream
-    except (ImportError, AttributeError):  # another Ray: its notice shows
+        printer = worker.print_worker_logs
+    except (ImportError, AttributeError):  # another Ray: its notices show
         return
     if getattr(printer, "scopecast_routed", False):
         return
 
     def print_or_log(data, *args, **kwargs):
-        if isinstance(data, dict) and data.get("pid") == "raylet" and any(
-                WORKER_POOL_NOTICE in str(line) for line in data.get("lines") or ()):
-            for line in data["lines"]:
-                log.info("ray: %s", line)
-            return None
+        lines = data.get("lines") if isinstance(data, dict) else None
+        if not lines:
+            return printer(data, *args, **kwargs)
+        if data.get("pid") == "raylet" and any(WORKER_POOL_NOTICE in str(line) for line in lines):
+            shown, routed = [], lines
+        else:
+            shown, routed = [], []
+            for line in lines:
+                (routed if CORE_INFO_LINE.match(str(line)) else shown).append(line)
+        if routed:
+            for line in routed:
+                log.info("ray (pid %s): %s", data.get("pid"), line)
+            if not shown:
+                return None
+            data = {**data, "lines": shown}
         return printer(data, *args, **kwargs)
 
     print_or_log.scopecast_routed = True  # type: ignore[attr-defined]
-    worker.print_to_stdstream = print_or_log
+    worker.print_worker_logs = print_or_log
 
 
 def dashboard_url() -> str | None:

@@ -125,7 +125,7 @@ def connect(address: str | None = None, *, config: RuntimeConfig | None = None,
         mac = ENCRYPTING
     owns_ray = attach_ray(address, start)
     ray_private.preload_log_thread_imports()  # (a driver that called ray.init itself, too)
-    ray_private.route_worker_pool_notice()
+    ray_private.route_console_notices()
     # an embedded Ray ends with this process, and so does its cluster: its root keeps its state
     # (topics, members, keys) in a directory of its own, not in $SCOPECAST_HOME, which belongs to
     # persistent clusters (`scopecast up`); a fresh embedded cluster starts empty

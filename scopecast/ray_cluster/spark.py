@@ -8,18 +8,21 @@ Python for Spark's Python workers, and executors sized so that they leave room o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
 
 from scopecast.actors.errors import NotConnected, SparkUnavailable
+from scopecast.actors.ray_private import CORE_INFO_LINE
 from scopecast.extras import require
 
 if TYPE_CHECKING:
@@ -169,12 +172,53 @@ def init_spark(app_name: str = "scopecast", *, num_executors: int = 1, executor_
     check_cpus(num_executors, executor_cores)
     merged = spark_configs(configs)
     os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
-    session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory,
-                               configs=merged)
+    with _driver_jvm_stderr():
+        session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory,
+                                   configs=merged)
     log.info("started Spark %s app %r on Ray (Java %d): %d executor(s) x %d core(s), %s each, "
              "master %s", session.version, app_name, java, num_executors, executor_cores,
              executor_memory, session.sparkContext.master)
     return session
+
+
+@contextlib.contextmanager
+def _driver_jvm_stderr():
+    """Spark's driver JVM, started inside this block, gets a pipe as its stderr, relayed to this
+    process's stderr by a thread for as long as the JVM runs, less the INFO lines of the Ray core
+    worker it runs ("GcsClient has no Cluster ID set", twice, printed before that core reads any
+    log level), which go to the log. Everything else the JVM prints (Spark's warnings, errors)
+    shows as before; so does what this process prints meanwhile. Java workers' lines, which Ray
+    forwards, are routed by ray_private.route_console_notices."""
+    try:
+        sys.stderr.flush()
+        console = os.dup(2)
+        read_end, write_end = os.pipe()
+    except OSError as exc:  # (no stderr, no descriptors left: the lines show, nothing fails)
+        log.info("Spark's driver JVM keeps this process's stderr: %s", exc)
+        yield
+        return
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    threading.Thread(target=_relay_jvm_stderr, args=(read_end, console), daemon=True,
+                     name="scopecast-spark-stderr").start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)  # (the JVM holds the pipe's last write end: EOF when it exits)
+
+
+def _relay_jvm_stderr(read_end: int, console: int) -> None:
+    with os.fdopen(read_end, "rb") as pipe:
+        for line in pipe:
+            if CORE_INFO_LINE.match(line.decode(errors="replace")):
+                log.info("Spark driver JVM: %s", line.decode(errors="replace").rstrip())
+                continue
+            try:
+                os.write(console, line)
+            except OSError:
+                break
+    os.close(console)
 
 
 def stop_spark() -> None:
