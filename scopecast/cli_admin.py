@@ -1,6 +1,6 @@
 """The `scopecast` commands that administer a running cluster: `scope` (each scope's forwarding
-policy and recovery protocol), `plugin` (the plug-in library) and `credential` (what a member may
-publish and subscribe to)."""
+policy and recovery protocol), `plugin` (the plug-in library), `credential` (what a member may
+publish and subscribe to) and `key` (rotating the cluster key)."""
 
 from __future__ import annotations
 
@@ -87,6 +87,13 @@ def cmd_credential(args) -> int:
     return 0
 
 
+def cmd_key(args) -> int:
+    with connect(args) as cluster:
+        keys = cluster.rotate_key(wait=args.wait)
+    show(keys, args.json)
+    return 0 if keys["accepted"] == 1 or not args.wait else 1
+
+
 def add_parsers(sub, attach) -> None:
     """The `scope`, `plugin` and `credential` commands' parsers (`attach` adds --address)."""
     sc = attach(sub.add_parser(
@@ -143,3 +150,18 @@ def add_parsers(sub, attach) -> None:
                          "nothing)")
     cr.add_argument("--json", action="store_true", help="machine-readable output")
     cr.set_defaults(func=cmd_credential)
+
+    ky = attach(sub.add_parser(
+        "key", help="rotate the cluster key without loss",
+        description="`rotate` makes a new cluster key and hands it down to every scope, member "
+                    "and recovery agent in three steps, each once every member acknowledged the "
+                    "last: announced (the new key accepted everywhere), sealing (used "
+                    "everywhere, the old one still accepted), retired (the old key refused). "
+                    "Credentials stay valid. Prints the key generation, step and how many keys "
+                    "are accepted; with --wait, exits 1 if the rotation did not end within that "
+                    "time."))
+    ky.add_argument("action", choices=["rotate"])
+    ky.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                    help="wait this long for the old key's retirement (default: do not wait)")
+    ky.add_argument("--json", action="store_true", help="machine-readable output")
+    ky.set_defaults(func=cmd_key)

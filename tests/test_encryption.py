@@ -8,41 +8,22 @@ refused. (Forged datagrams of another key: test_bad_input's test_wrong_mac[aes-2
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import is_root
+from tests.loopback_script import SNIFFER, run_script
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="a packet socket needs root")
 
-REPO = Path(__file__).resolve().parent.parent
-
-STREAM = r"""
-import json, socket, struct, threading, time
+STREAM = SNIFFER + r"""
+import json, struct, threading, time
 import ray, scopecast
 from scopecast.actors import declare
 from scopecast.netio.auth import GcmSealer
 from scopecast.ray_cluster.consumers import TopicConsumer
 
 N = 3000
-frames, stop = [], threading.Event()
-
-def sniff():
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
-    s.bind(("lo", 0))
-    s.settimeout(0.2)
-    while not stop.is_set():
-        try:
-            frame = s.recv(70000)
-        except socket.timeout:
-            continue
-        if frame[12:14] == b"\x08\x00" and frame[23] == 17:  # IPv4, UDP
-            ihl = (frame[14] & 0x0F) * 4
-            frames.append(frame[14 + ihl + 8:])
 
 cluster = scopecast.connect(encrypt=True)
 hello = ray.get(declare.find(declare.CLUSTER_SCOPE_MANAGER).hello.remote())
@@ -88,12 +69,7 @@ except InvalidConfig as exc:
 
 
 def _run(script: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = str(REPO)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=400, env=env, cwd=str(REPO))
-    assert out.returncode == 0, out.stderr[-4000:]
-    return out.stdout
+    return run_script(script, 400)
 
 
 @pytest.mark.timeout(420)

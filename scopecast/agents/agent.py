@@ -38,7 +38,7 @@ from scopecast.actors import logs
 from scopecast.agents.api import DomainContext, PeerView, RecoveryProtocol
 from scopecast.agents.builtin import BUILTIN_PROTOCOLS
 from scopecast.netio import control_messages, wire
-from scopecast.netio.auth import authenticator
+from scopecast.netio.auth import ClusterKeys, KeyRing
 from scopecast.netio.control_messages import InstructionsEnvelope, PeerToken, Summary
 from scopecast.netio.replay_guard import ControlNumbers, ReplayGuard
 from scopecast.netio.transport import TransportConfig, unicast_socket
@@ -71,7 +71,9 @@ class RecoveryAgent:
         self.sender = 1 << 31 | random.getrandbits(31)
         self._numbers = ControlNumbers()
         self._replays = ReplayGuard()
-        self._auth = authenticator(spec["mac"], spec["key"])
+        keys = ClusterKeys.from_wire(spec.get("keys") or ClusterKeys().to_wire())
+        self.keys = keys if keys.generation else ClusterKeys.first(spec["key"])
+        self._auth = KeyRing(spec["mac"], self.keys.raw(), self.keys.generation)
         self.sock = unicast_socket(TransportConfig(interface=spec.get("interface") or interface,
                                                    rcvbuf_bytes=4 << 20))
         self.address = self.sock.getsockname()
@@ -98,6 +100,13 @@ class RecoveryAgent:
                               tuple(int(r) for *_, r in peers))
         self.protocol.on_view(self._view)
 
+    def rekey(self, keys: ClusterKeys) -> None:
+        """Seal and accept as `keys` say (auth.ClusterKeys), if it is a newer ring (see
+        scopes/key_rotation)."""
+        if keys.supersedes(self.keys):
+            self.keys = keys
+            self._auth.set(keys.raw(), keys.generation)
+
     def status(self) -> dict:
         v = self._view
         return {"domain": self.domain, "protocol": self.protocol.name, "options": self.options,
@@ -111,7 +120,8 @@ class RecoveryAgent:
                 "bottom_light": self.bottom_light,
                 "protocol_stats": dict(getattr(self.protocol, "stats", {})),
                 "state": _protocol_state(self.protocol),
-                "drops": dict(self.drops), "stats": dict(self.stats)}
+                "drops": dict(self.drops), "stats": dict(self.stats),
+                "key_generation": self.keys.generation}
 
     def tick(self, now: float) -> None:
         self._replays.expire(now)
@@ -249,6 +259,13 @@ class AgentHost:
             self._ops.append(("view", self._agents[name],
                               (version, peers, index, upper, top, missing)))
 
+    def rekey(self, keys: list) -> None:
+        """The cluster's keys (`ClusterKeys` wire form) for every agent here (see
+        scopes/key_rotation); each takes them only if newer than its own."""
+        ring = ClusterKeys.from_wire(keys)
+        for agent in self._agents.values():
+            self._ops.append(("rekey", agent, (ring,)))
+
     def statuses(self, names: list[str]) -> list[dict]:
         """The status of each named agent (one call for a scope's agents here)."""
         return [a.status() if (a := self._agents.get(n)) is not None
@@ -292,6 +309,8 @@ class AgentHost:
             sel.register(agent.sock, selectors.EVENT_READ, agent)
         elif op == "view":
             agent.install(*args)
+        elif op == "rekey":
+            agent.rekey(*args)
         else:
             sel.unregister(agent.sock)
             agent.sock.close()

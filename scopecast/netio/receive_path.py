@@ -22,7 +22,7 @@ from scopecast.netio.joins import Joins
 from scopecast.netio.key_table import KeyTable
 from scopecast.netio.member_parts import MemberBasics, MemberTables, Recovering, Sending
 from scopecast.netio.message import Message
-from scopecast.netio.native import BatchScanner, NameTable, SeqTable, take_mixed
+from scopecast.netio.native import NameTable, SeqTable, take_mixed
 from scopecast.netio.reassembly import Reassembler, ReassemblyError
 from scopecast.netio.reorder_buffer import ReorderBuffer
 from scopecast.netio.repair_server import REPAIR_RECORD, CachedRun, MemberRepairs
@@ -40,8 +40,7 @@ class ReceivePath:
     """Draining sockets, taking runs in order, forwarding them, reassembly, datagrams of members
     not known yet, control messages to their parts (see module docstring)."""
 
-    def __init__(self, basics: MemberBasics, tables: MemberTables, gro: bool,
-                 scanner: BatchScanner | None) -> None:
+    def __init__(self, basics: MemberBasics, tables: MemberTables, gro: bool) -> None:
         config = basics.config
         self.member_id, self.name, self.config = basics.member_id, basics.name, config
         self.stats, self.drops = basics.stats, basics.drops
@@ -57,7 +56,6 @@ class ReceivePath:
         self.sender: Sending
         self.recovery: Recovering
         self._gro = gro
-        self._scanner = scanner  # a GRO call's consecutive plain runs read in C (_datagram_batch)
         self._recv_size = 65_536
         self._numbers = ControlNumbers()  # this member's control datagrams (replay_guard)
         self._replays = ReplayGuard()
@@ -149,7 +147,8 @@ class ReceivePath:
         """The datagrams of one GRO receive call (segments of `size` bytes, the last may be
         shorter): consecutive plain runs of one stream as one run, read in C; the rest one by
         one."""
-        scan = self._scanner.scan if self._scanner is not None else None
+        scanner = self._auth.batch_scanner  # (of the key it seals with: auth.KeyRing)
+        scan = scanner.scan if scanner is not None else None
         pos, end = 0, len(data)
         stamp_of = STAMP.unpack_from
         while pos < end:

@@ -1,25 +1,24 @@
 """The member runtime: one I/O loop per member process owning every socket, and the protocol
 state in parts that own theirs (see `member_parts`).
 
-The loop runs on one thread at a time, the *leader*: the runtime's I/O thread, or an application
-thread that would otherwise only wait in `Subscriber.receive()` for the I/O thread to hand it
-messages. A thread hand-off costs a wake-up (here about 20 us of CPU, more than the protocol work
-of a datagram), so a receiver that waits takes the sockets itself: one wake-up per datagram, not
-three (the I/O thread's, the application's, and the GIL passing between them). The I/O thread
-steps aside when such a thread asks for the lead, and takes it back once that thread has left
+The loop runs on one thread at a time, the *leader*: the I/O thread, or an application thread
+that would otherwise only wait in `Subscriber.receive()` for the I/O thread to hand it messages.
+A hand-off costs a wake-up (about 20 us of CPU here, more than a datagram's protocol work), so a
+receiver that waits takes the sockets itself: one wake-up per datagram, not three. The I/O thread
+steps aside when such a thread asks for the lead and takes it back once that thread has left
 `receive()` (it looks every PARK seconds, or at once when there is work to send).
 
-Other application threads never touch protocol state. They hand work over through lock-free deques
-(`deque.append`/`popleft` are atomic) and wake the leader with one byte on a socketpair only when
-it sleeps. The loop goes QSM-style: drain every readable socket fully (inbound first), take
-queued publishes, then let each writable destination *pull* its next datagram, built just in time
-from queued messages, as long as that destination's bytes-bounded window is open.
+Other application threads never touch protocol state: they hand work over through lock-free
+deques and wake the leader with one byte on a socketpair only when it sleeps. The loop goes
+QSM-style: drain every readable socket (inbound first), take queued publishes, then let each
+writable destination *pull* its next datagram, built just in time from queued messages, while
+that destination's bytes-bounded window is open.
 
 Flow control: receivers acknowledge the highest datagram number they took from each sender's
-channel, and withhold acknowledgements while their application lags behind by more than
-`max_backlog_bytes` (`channel_acks`), so a slow consumer slows the sender instead of overflowing
-a socket buffer. Above that, a publisher holds at most `stable_window_bytes` of reliable
-messages not yet stable (`own_stream`).
+channel and withhold acknowledgements while their application lags by more than
+`max_backlog_bytes` (`channel_acks`), so a slow consumer slows the sender instead of overflowing a
+socket buffer; a publisher holds at most `stable_window_bytes` of reliable messages not yet
+stable (`own_stream`).
 """
 
 from __future__ import annotations
@@ -38,14 +37,13 @@ from dataclasses import replace
 
 from scopecast.actors.errors import WindowFull
 from scopecast.netio import wire
-from scopecast.netio.auth import ENCRYPTING, authenticator
+from scopecast.netio.auth import KeyRing
 from scopecast.netio.channel_acks import ChannelAcks
 from scopecast.netio.delivery import Delivery, Subscription
 from scopecast.netio.feed import MESSAGE_COST
 from scopecast.netio.interrupts import GUARD
 from scopecast.netio.joins import Joins
 from scopecast.netio.member_parts import MemberBasics, MemberInfo, MemberTables, Route
-from scopecast.netio.native import BatchScanner, BatchSealer
 from scopecast.netio.own_stream import OwnStream
 from scopecast.netio.receive_path import ReceivePath
 from scopecast.netio.recovery_path import INF, RecoveryPath
@@ -91,9 +89,6 @@ class MemberRuntime:
                                  and batch_limit(datagram) >= MIN_SEGMENTS,
                                  gro=tcfg.gro and found.gro and enable_gro(self._sock))
         self._datagram = datagram
-        # a GRO call's plain runs read in C, a GSO call's built there (AES-GCM only; without the
-        # extension, see `native`, one by one in Python)
-        gcm, secret = config.mac in ("gmac", ENCRYPTING), config.mac == ENCRYPTING
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -101,20 +96,16 @@ class MemberRuntime:
         self._sel.register(self._sock, selectors.EVENT_READ)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._groups: dict[tuple[str, int], socket.socket] = {}
-        self._queue_limit = config.queue_bytes
-        self._window_limit = config.stable_window_bytes
+        self._queue_limit, self._window_limit = config.queue_bytes, config.stable_window_bytes
         self.publish_sessions: dict[int, int] = {}  # topic -> session publishers use (control)
         # (topic, session) -> seq of this member's last end marker: a later publisher of it in
         # this process numbers on from there (receivers drop a restart at 1 as duplicates)
         self.stream_ends: dict[tuple[int, int], int] = {}
-        self._last_housekeeping = 0.0
-        self._last_tail_probe = 0.0
+        self._last_housekeeping = self._last_tail_probe = 0.0
         self._tails_open = False  # a feed's last datagrams may need a tail probe (see feed)
-        # hand-over from application threads
-        self._publish_q: deque[tuple] = deque()
+        self._publish_q: deque[tuple] = deque()  # hand-overs from application threads
         self._ops: deque = deque()
-        self._sleeping = False
-        self._wake_pending = False
+        self._sleeping = self._wake_pending = False
         self._polled = False  # the loop has just polled: its next step need not
         # the I/O loop's leadership (see module docstring): held by the thread running the loop
         self._lead = threading.Lock()
@@ -133,16 +124,13 @@ class MemberRuntime:
         self.stopped = False  # closed (set once)
         # the parts (protocol state, owned by the I/O thread)
         self.tables = MemberTables()
-        basics = MemberBasics(member_id, name, config, self._sock, authenticator(config.mac, key),
+        self.keys = KeyRing(config.mac, [key], batches=True)  # (key rotation: install_keys)
+        basics = MemberBasics(member_id, name, config, self._sock, self.keys,
                               datagram, self.stats, self.drops, self.unknown_sender, self.address)
-        self.receiver = ReceivePath(basics, self.tables, self.offloads.gro,
-                                    BatchScanner(key, secret) if BatchScanner
-                                    and self.offloads.gro and gcm else None)
+        self.receiver = ReceivePath(basics, self.tables, self.offloads.gro)
         self.own = OwnStream(self.stats, self._space)
         self.sender = SendPath(basics, self.tables, self.own, self._publish_q, self._sel,
-                               self.offloads.gso,
-                               BatchSealer(key, secret) if BatchSealer and self.offloads.gso
-                               and gcm else None)
+                               self.offloads.gso)
         self.joins = Joins(self.stats, self.tables, self.own)
         self.recovery = RecoveryPath(basics, self.tables, self.own, self.joins)
         self.delivery = Delivery(member_id, name, self.tables, self.stats, config.max_backlog_bytes)
@@ -275,8 +263,7 @@ class MemberRuntime:
                              "down, flush(), or configure block_when_full=True")
         began = time.monotonic()
         self._wait_until(lambda: self.app_bytes - self.own.released_bytes <= self._window_limit)
-        # (app thread: only it writes these two counters)
-        self.stats["window_full_waits"] += 1
+        self.stats["window_full_waits"] += 1  # (app thread: only it writes these two)
         self.stats["window_full_ms"] += round((time.monotonic() - began) * 1000)
 
     def wait_stable(self, sseq: int, timeout: float) -> bool:
@@ -350,6 +337,10 @@ class MemberRuntime:
             self.stats["loss_member_left"] += 1
         self.acks.members_changed()
         self.receiver.members_changed()
+
+    def install_keys(self, keys: Sequence[bytes], generation: int) -> None:
+        """Seal with keys[0] and accept any of `keys` from now on (a key rotation's step)."""
+        self.keys.set(keys, generation)
 
     def held_senders(self) -> set[int]:
         """Members to look up: senders of datagrams held because no view named them yet,
@@ -430,7 +421,7 @@ class MemberRuntime:
             "drops": dict(self.drops), "stats": dict(self.stats),
             "groups": [f"{g}:{p}" for g, p in self._groups],
             "offloads": self._offload_status(),
-            "feeds": self.sender.status(),
+            "feeds": self.sender.status(), "key_generation": self.keys.generation,
             "topics": sorted(self.tables.subs),
             "backlog_bytes": max((s.backlog() for s in self.tables.subscriptions), default=0),
             "latency_ms": percentiles(self.receiver.latency_ms, 2),

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections import Counter
 
+from scopecast.netio.auth import KeyRing
 from scopecast.netio.feed import MESSAGE_COST, Feed, LoneBatch
-from scopecast.netio.native import BatchSealer
 from scopecast.netio.udp_batch import batch_limit
 
 
 class SealedBatches:
-    """Batches of `datagram`-byte datagrams sealed by `sealer` (see module docstring)."""
+    """Batches of `datagram`-byte datagrams sealed by the batch sealer of `keys` (see module
+    docstring)."""
 
-    def __init__(self, sealer: BatchSealer, datagram: int, stats: Counter) -> None:
-        self._sealer = sealer
+    def __init__(self, keys: KeyRing, datagram: int, stats: Counter) -> None:
+        self._keys = keys
         self._datagram = datagram
         self._most = batch_limit(datagram)  # datagrams of one batch
         self.stats = stats
@@ -62,7 +63,8 @@ class SealedBatches:
             feed.frag = None
         first = feed.dseq + 1
         feed.dseq += n
-        data, segment = self._sealer.seal(sender, feed.channel, first, flags, frags.table, runs)
+        data, segment = self._keys.batch_sealer.seal(sender, feed.channel, first, flags,
+                                                     frags.table, runs)
         feed.sent(len(data), now)
         self.stats["fragments_sealed"] += self._count(n)
         return data, segment
@@ -71,7 +73,7 @@ class SealedBatches:
               now: float) -> tuple:
         """The next messages of the LoneBatch heading `feed`, a datagram each."""
         n = min(self._most, 1 + room // self._datagram, lone.left())
-        data, segment, payload = self._sealer.seal_lone(
+        data, segment, payload = self._keys.batch_sealer.seal_lone(
             sender, feed.channel, feed.dseq + 1, flags, lone.table, lone.source, lone.source,
             lone.stamp, lone.items, lone.next, n)
         feed.dseq += n
@@ -96,8 +98,8 @@ class SealedBatches:
                          r.ctype, r.payloads, c.stamp))
         first = feed.dseq + 1
         feed.dseq += n
-        data, segment = self._sealer.seal(sender, feed.channel, first, flags, chunks[0].table,
-                                          runs)
+        data, segment = self._keys.batch_sealer.seal(sender, feed.channel, first, flags,
+                                                     chunks[0].table, runs)
         feed.sent(len(data), now)
         self._count(n)
         return data, segment, taken

@@ -23,7 +23,6 @@ from scopecast.netio.delivery import Delivery
 from scopecast.netio.feed import END, MESSAGE_COST, MIXED_EXTRA, Chunk, Feed, LoneBatch, MixedRun
 from scopecast.netio.member_parts import MemberBasics, MemberTables, Receiving, Recovering
 from scopecast.netio.message import Message
-from scopecast.netio.native import BatchSealer
 from scopecast.netio.own_stream import OwnStream
 from scopecast.netio.routing import forward, matches, origin_record
 from scopecast.netio.sealed_batches import SealedBatches
@@ -45,8 +44,7 @@ class SendPath:
     """Taking publishes, queueing them per destination, pulling datagrams (see module docstring)."""
 
     def __init__(self, basics: MemberBasics, tables: MemberTables, own: OwnStream,
-                 publish_q: deque, sel: selectors.BaseSelector, gso: bool,
-                 sealer: BatchSealer | None) -> None:
+                 publish_q: deque, sel: selectors.BaseSelector, gso: bool) -> None:
         self.member_id, self.name, self.config = basics.member_id, basics.name, basics.config
         self.stats, self.drops = basics.stats, basics.drops
         self._sock, self._auth, self._sel = basics.sock, basics.auth, sel
@@ -64,8 +62,8 @@ class SendPath:
         # GSO calls' datagrams built and signed in C, where the extension is there; own
         # messages that fill a datagram alone queue as its LoneBatches while GSO is on (without
         # it, chunks serve as well, and lone batches already queued go as chunks)
-        self._sealed = None if sealer is None else SealedBatches(sealer, self._datagram,
-                                                                  self.stats)
+        self._sealed = SealedBatches(basics.auth, self._datagram, self.stats) \
+            if basics.auth.batch_sealer is not None else None
         self._batch_parts: list = []  # the batch being made: [datagram, MAC] pairs
         self._batch_n = 0
         self._batch_address: tuple[str, int] = ("", 0)

@@ -34,7 +34,7 @@ from scopecast.policies import trust
 from scopecast.policies.registry import PluginRef, collect, digest
 from scopecast.ray_cluster import metrics, publisher_pool
 from scopecast.scopes.cluster_manager import ClusterScopeManager
-from scopecast.scopes.controlled_element import ControlledElement, call, cluster_config
+from scopecast.scopes.controlled_element import CALL_TIMEOUT, ControlledElement, call, cluster_config
 from scopecast.scopes.paths import scope_actor
 from scopecast.scopes.topics import TopicInfo
 
@@ -342,6 +342,17 @@ class Cluster:
         (as NATS subject permissions). Signed with a key derived from the cluster key: any scope
         manager of this cluster checks it, no other cluster takes it."""
         return call(self._manager.issue_credential, name, list(publish), list(subscribe))
+
+    def rotate_key(self, wait: float = 0.0) -> dict:
+        """Replace the cluster key without loss: a new key, under the next generation, reaches
+        every scope, member process and recovery agent with what their scopes send them, in
+        three steps, each once the whole hierarchy acknowledged the last: announced (accepted
+        everywhere, the old key still seals), sealing (the new key seals, the old one is still
+        accepted), retired (the old key refused). Credentials issued before stay valid. Waits
+        up to `wait` seconds for the end; returns {"generation", "accepted", "step"}
+        (`status()` shows the same under manager.keys). InvalidConfig while the last rotation
+        is under way."""
+        return call(self._manager.rotate_key, float(wait), timeout=CALL_TIMEOUT + wait)
 
     def configure_scope(self, path: str, policy: str | None = None,
                         recovery: str | None = None,

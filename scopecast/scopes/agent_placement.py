@@ -116,7 +116,8 @@ class AgentPlacement:
                 "options": {"active_period": self.settings["token_period"],
                             "idle_period": self.settings["idle_token_period"],
                             **self.planner.choices.caching()},
-                "key": hello["key"], "mac": hello["mac"], "interface": hello.get("interface")}
+                "key": hello["key"], "keys": self.recovery.keys.to_wire(), "mac": hello["mac"],
+                "interface": hello.get("interface")}
         if child.kind == "member":
             return AgentRecord(await self.agent_host(child.node, protocol), spec,
                                [self.path or "/", name])

@@ -39,6 +39,7 @@ from scopecast.policies.builtin import BUILTIN_POLICIES
 from scopecast.policies.library import PluginLibrary, ref_of
 from scopecast.policies.registry import PluginRef
 from scopecast.scopes import credentials, plugin_check
+from scopecast.scopes.key_rotation import KeyRotation
 from scopecast.scopes.paths import check_scope_path, parent_path, scope_actor, scope_actor_name
 from scopecast.scopes.placement import PLUGIN_PREFIX, pinned
 from scopecast.scopes.scope_admin import (
@@ -102,7 +103,8 @@ class ClusterScopeManager(ScopeManager):
                                              set(trusted_keys))
             self._store.put("cluster", cluster)
         self._cluster_id = cluster["id"]
-        self._key = bytes.fromhex(cluster["key"])
+        self.rotation = KeyRotation(self._store, self._take_keys, self.check)
+        self.downlink.take_keys(self.rotation.keys)
         self._mac = cluster["mac"]
         self._interface = interface
         self._levels = list(levels or [])
@@ -138,15 +140,27 @@ class ClusterScopeManager(ScopeManager):
     async def hello(self) -> dict:
         """Cluster key and transport settings, for a process that connects."""
         self._ensure_ticking()
-        return {"cluster_id": self._cluster_id, "key": self._key, "interface": self._interface,
-                "mac": self._mac, "datagram_bytes": self._datagram_bytes,
+        return {"cluster_id": self._cluster_id, "key": self.rotation.sealing,
+                "keys": self.rotation.keys.to_wire(),
+                "credential_key": self.rotation.credential_key,
+                "interface": self._interface, "mac": self._mac,
+                "datagram_bytes": self._datagram_bytes,
                 "max_message_bytes": self._max_message, "wire_version": wire.VERSION}
 
     async def _root_call(self, method: str, *args):
         return await getattr(self, method)(*args)
 
+    async def rotate_key(self, wait: float = 0.0) -> dict:
+        """A new cluster key, without loss (scopes/key_rotation): {"generation", "accepted"}."""
+        return (await self.rotation.rotate(wait)).describe()
+
+    def _take_keys(self, keys) -> None:
+        if self.downlink.take_keys(keys):
+            self._kick()
+
     async def _on_tick(self) -> None:
         await super()._on_tick()
+        self.rotation.resume()  # (a root restarted mid-rotation)
         if time.monotonic() - self._last_node_check > NODE_CHECK_PERIOD:
             self._last_node_check = time.monotonic()
             self._deploy_hosts()
@@ -242,7 +256,8 @@ class ClusterScopeManager(ScopeManager):
                                subscribe: list[str]) -> str:
         """A credential's token (`scopes/credentials`): its holder may publish to `publish` and
         subscribe to `subscribe` (topic names and patterns) only."""
-        token = credentials.issue(self._key, name, list(publish), list(subscribe))
+        token = credentials.issue(self.rotation.credential_key, name, list(publish),
+                                  list(subscribe))
         log.info("credential %r issued (%s): publish %s, subscribe %s", name,
                  credentials.digest(token), list(publish), list(subscribe))
         return token
@@ -529,6 +544,7 @@ class ClusterScopeManager(ScopeManager):
         return {"cluster_id": f"{self._cluster_id:012x}",
                 "uptime_s": round(time.time() - self._started, 1),
                 "manager": {"pid": os.getpid(), "state": str(self._store.path), "mac": self._mac,
+                            "keys": self.rotation.keys.describe(),
                             "state_generation": self._store.generation,
                             "state_restored_from_gcs": self._store.restored,
                             "state_mirror_failures": self._store.mirror_failures},

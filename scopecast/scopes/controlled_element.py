@@ -27,6 +27,7 @@ from scopecast.actors.errors import (
     typed_cause,
 )
 from scopecast.netio import wire
+from scopecast.netio.auth import ClusterKeys
 from scopecast.netio.channel import FilteredChannel, MulticastGroup, UnicastEndpoint
 from scopecast.netio.filters import build
 from scopecast.netio.routing import RoutingLabel
@@ -142,6 +143,10 @@ class ControlledElement:
         self.unused_since: float | None = time.monotonic()  # no publisher nor subscriber since
         # the runtime's socket is the member's address, so it exists before the registration
         self.runtime = MemberRuntime(0, self.name, hello["key"], config)
+        # the cluster's keys (a ring while a rotation is under way: scopes/key_rotation)
+        self._keys = ClusterKeys.first(hello["key"])
+        if hello.get("keys"):
+            self._take_keys(ClusterKeys.from_wire(hello["keys"]))
         self.publish = self.runtime.publish  # one bound method for all of its publishers
         try:
             self._register()  # (PermissionDenied for a credential not this cluster's, ...)
@@ -325,6 +330,14 @@ class ControlledElement:
                         "wait for it and it may miss messages", self.member_id, self.scope,
                         self.demoted)
         rt.install_recovery(dict(view.agents), dict(view.protocols), set(view.cached))
+        self._take_keys(view.keys)
+
+    def _take_keys(self, keys: ClusterKeys) -> None:
+        """Seal and accept as `keys` say (auth.ClusterKeys), if they are newer than this
+        member's (on the I/O thread, or before it handles a datagram)."""
+        if keys.supersedes(self._keys):
+            self._keys = keys
+            self.runtime.install_keys(keys.raw(), keys.generation)
 
     def _resolve_peers(self) -> None:
         """Look up in the directory the members whose datagrams the runtime is holding."""

@@ -1,12 +1,12 @@
 """What a scope hands a child scope (thesis 3.2.5): its delegation, as typed records with one
 versioned encoding at the edge.
 
-A delegation carries the cluster settings, the topic entries ahead of the table, the channels
-handed to the child (`exits`: each an `Obligation` — where the channel goes, who waits for it, and
-the wraps of the scopes it was delegated through), the multicast coverage it takes part in
-(`covered`, per topic), the addresses of the agents standing for its recovery domains in this
-scope's (`upper`, by the child's domain key) and the administrators' settings of its ancestors,
-itself and its subtree (`admins`, `scope_admin.ScopeAdmin` by scope path). Its wire form is a
+A delegation carries the cluster settings and keys, the topic entries ahead of the table, the
+channels handed to the child (`exits`: each an `Obligation` — where the channel goes, who waits
+for it, and the wraps of the scopes it was delegated through), the multicast coverage it takes
+part in (`covered`, per topic), the addresses of the agents standing for its recovery domains in
+this scope's (`upper`, by the child's domain key) and the administrators' settings of its
+ancestors, itself and its subtree (`admins`, `scope_admin.ScopeAdmin` by scope path). Its wire form is a
 dict of plain values (Ray pickles it) with the version `v`; one of another version, or
 malformed, raises `MalformedDelegation`.
 """
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scopecast.netio.auth import ClusterKeys
 from scopecast.netio.filters import check_spec
 from scopecast.scopes.scope_admin import ScopeAdmin
 
-DELEGATION_VERSION = 3  # 3: filters of every netio.filters kind
+DELEGATION_VERSION = 4  # 4: the cluster's keys; 3: filters of every netio.filters kind
 
 
 class MalformedDelegation(ValueError):
@@ -86,6 +87,7 @@ class Delegation:
     upper: dict[str, list]    # the child's domain key -> the agent standing for it above
     admins: dict[str, ScopeAdmin] = field(default_factory=dict)
     failed: tuple[str, ...] = ()  # recovery plug-ins replaced everywhere (`scope_admin`)
+    keys: ClusterKeys = ClusterKeys()  # the cluster's keys (netio.auth; rotated by the root)
 
     def to_wire(self, version: int, topics) -> dict:
         return {"v": DELEGATION_VERSION, "version": version, "topics": topics,
@@ -94,7 +96,7 @@ class Delegation:
                 "covered": {str(t): o.to_wire() for t, o in self.part.covered.items()},
                 "upper": self.upper,
                 "admins": {p: a.to_wire() for p, a in self.admins.items()},
-                "failed_recovery": list(self.failed)}
+                "failed_recovery": list(self.failed), "keys": self.keys.to_wire()}
 
     @classmethod
     def from_wire(cls, body) -> tuple[int, Delegation, object]:
@@ -108,7 +110,8 @@ class Delegation:
             failed = tuple(map(str, body["failed_recovery"]))
             return (int(body["version"]),
                     cls(dict(body["settings"]), dict(body["early"]), part,
-                        dict(body.get("upper") or {}), admins, failed),
+                        dict(body.get("upper") or {}), admins, failed,
+                        ClusterKeys.from_wire(body["keys"])),
                     body["topics"])
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             # (a bad scope setting is an InvalidConfig, a ValueError)

@@ -5,8 +5,11 @@ version, which grows across restarts too (it starts at the clock)."""
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import replace
 
+from scopecast.netio.auth import STEPS, ClusterKeys
 from scopecast.scopes.delegation import NO_PART, Delegation, Part
 from scopecast.scopes.membership import ChildScope, MemberProcess, Membership
 from scopecast.scopes.paths import child_path
@@ -14,6 +17,8 @@ from scopecast.scopes.planner import Planner
 from scopecast.scopes.recovery_domain import RecoveryDomains
 from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.topic_view import ScopeTopics
+
+log = logging.getLogger(__name__)
 
 
 class Downlink:
@@ -29,6 +34,19 @@ class Downlink:
         self.choices = choices
         self.version = time.time_ns()
         self.delegated: dict[str, Part] = {}   # the last layout's part for each child
+        self.keys = ClusterKeys()  # the cluster's keys, sent along with everything (rotation)
+
+    def take_keys(self, keys: ClusterKeys) -> bool:
+        """The cluster's keys from now on, if `keys` supersedes what this scope has (a
+        rotation: scopes/key_rotation): to the children with everything sent from now on, to
+        the agent hosts running this scope's agents at once. True if taken."""
+        if not keys.supersedes(self.keys):
+            return False
+        self.keys = keys
+        self.recovery.rekey(keys)
+        log.info("scope %r: cluster keys of generation %d, step %s", self.planner.path,
+                 keys.generation, STEPS[keys.step])
+        return True
 
     def send(self) -> bool:
         """Send every child its part of the last layout. True if a member's groups changed
@@ -47,7 +65,7 @@ class Downlink:
         content = Delegation(dict(self.settings), dict(table.early), part,
                              self.planner.upper_addresses(child.name, self.recovery.address),
                              self.choices.subtree(child_path(self.planner.path, child.name)),
-                             tuple(sorted(self.choices.failed)))
+                             tuple(sorted(self.choices.failed)), self.keys)
         piece = table.piece(child.table)  # (what it lacks: sent along, not compared)
         if content == child.sent and piece is None:
             return
@@ -58,7 +76,8 @@ class Downlink:
         child.handle.install.remote(content.to_wire(self.version, piece))
 
     def _send_view(self, child: MemberProcess, part: Part) -> bool:
-        view = self.planner.member_view(child, part, self.recovery.addresses(child.name))
+        view = replace(self.planner.member_view(child, part, self.recovery.addresses(child.name)),
+                       keys=self.keys)
         if view == child.sent and child.table == self.topics.table.position:
             return False
         self.version += 1

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import ray
 from ray.exceptions import ActorDiedError, ActorUnschedulableError
 
+from scopecast.netio.auth import ClusterKeys
 from scopecast.timing import TIMING
 
 log = logging.getLogger(__name__)
@@ -300,6 +301,7 @@ class RecoveryDomains:
         self.top = top
         self.domains: dict[str, RecoveryDomain] = {}
         self.upper: dict[str, list] = {}  # per protocol: this scope's agent in the parent's group
+        self.keys = ClusterKeys()  # the cluster's keys its agents are made with (see rekey)
 
     def leader(self, protocol: str) -> str | None:
         d = self.domains.get(protocol)
@@ -314,6 +316,17 @@ class RecoveryDomains:
         """The agent of `member` in domain `key` (None: not placed or not reachable)."""
         d = self.domains.get(key)
         return d.address(member) if d is not None else None
+
+    def rekey(self, keys: ClusterKeys) -> None:
+        """The cluster's keys changed (scopes/key_rotation): every host running an agent of
+        this scope's takes them now (a host takes only a newer ring), agents placed from now on
+        are made with them."""
+        self.keys = keys
+        hosts = {}
+        for d in self.domains.values():
+            hosts.update((rec.host._actor_id, rec.host) for rec in d.agents.values())
+        for host in hosts.values():
+            host.rekey.remote(keys.to_wire())
 
     def set_upper(self, upper: dict | None) -> None:
         self.upper = dict(upper or {})

@@ -231,7 +231,7 @@ class ScopeManager:
         self.members.check_name(name, member_id)
         cred = None
         if credential is not None:
-            cred = credentials.verify((await self._cluster_hello())["key"], credential)
+            cred = credentials.verify((await self._cluster_hello())["credential_key"], credential)
         mid = await self._root_call("allocate_member", name, host, int(port), int(pid), node,
                                     self.path, member_id,
                                     None if cred is None else list(cred.publish))
@@ -390,6 +390,7 @@ class ScopeManager:
         if version < self._pending_version:
             return  # overtaken by a newer one
         self.settings.update(delegation.settings)
+        self.downlink.take_keys(delegation.keys)  # (a newer ring only)
         if self.choices.set(delegation.admins) | self.choices.set_failed(delegation.failed):
             log.info("scope %r: administration now %s", self.path, self.choices.describe())
         self.planner.delegation = delegation

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scopecast.netio.auth import ClusterKeys
 from scopecast.netio.filters import check_spec
 
-VIEW_VERSION = 3  # 3: each group's receivers (`joined`); 2: filters of every netio.filters kind
+VIEW_VERSION = 4  # 4: the cluster's keys; 3: each group's receivers; 2: filters of every kind
 
 
 class MalformedView(ValueError):
@@ -74,6 +75,7 @@ class MemberView:
     demoted: str = ""                               # why it was demoted to client, if it was
     # "group:port" -> the members receiving on it (the trees of acknowledgements: ack_gathering)
     joined: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    keys: ClusterKeys = ClusterKeys()  # the keys it seals with and accepts (key rotation)
 
     def to_wire(self, version: int, topics) -> dict:
         """The answer to `watch`: this view under `version`, with the piece of the topic table
@@ -87,7 +89,8 @@ class MemberView:
                 "receivers": {k: list(v) for k, v in self.receivers.items()},
                 "agents": {p: list(a) for p, a in self.agents.items()},
                 "protocols": {str(t): p for t, p in self.protocols.items()},
-                "cached": list(self.cached), "early": self.early, "demoted": self.demoted}
+                "cached": list(self.cached), "early": self.early, "demoted": self.demoted,
+                "keys": self.keys.to_wire()}
 
     @classmethod
     def from_wire(cls, body) -> tuple[int, MemberView, object]:
@@ -105,7 +108,8 @@ class MemberView:
                        {int(t): str(p) for t, p in body["protocols"].items()},
                        tuple(map(int, body["cached"])), dict(body["early"]),
                        str(body.get("demoted") or ""),
-                       {str(k): tuple(map(int, v)) for k, v in body["joined"].items()})
+                       {str(k): tuple(map(int, v)) for k, v in body["joined"].items()},
+                       ClusterKeys.from_wire(body["keys"]))
             return int(body["version"]), view, body["topics"]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise MalformedView(str(exc)) from None
