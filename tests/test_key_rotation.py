@@ -5,7 +5,8 @@ retired). Every message arrives, in order; no process refused a datagram sealed
 with the old key while the rotation was under way (`bad_mac` stays 0); once the old key is
 retired, every datagram of the cluster on the wire (data, acknowledgements, tokens: a packet
 socket on loopback watches) opens under the new key and none under the old one. A second rotation
-while the first is under way is refused. The ring's wire form is checked as untrusted input."""
+while the first is under way is refused; `scopecast key rotate --wait` rotates again, to its
+end. The ring's wire form is checked as untrusted input."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from tests.conftest import is_root
 from tests.loopback_script import SNIFFER, run_script
 
 ROTATE = SNIFFER + r"""
-import json, threading, time
+import contextlib, io, json, threading, time
 import ray, scopecast
+from scopecast import cli
 from scopecast.actors import declare
 from scopecast.actors.errors import InvalidConfig
 from scopecast.netio.auth import GcmSealer
@@ -83,6 +85,11 @@ out.update(count=got["count"], gaps=got["gaps"], out_of_order=got["out_of_order"
            as_new=len(as_new), types=sorted({o[3] for o in as_new}), changed=new != old,
            as_old=sum(GcmSealer(old, encrypt=True).open(f, len(f) - 28) is not None
                       for f in sc))
+# the command line rotates again, and waits for the end
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    rc = cli.main(["key", "rotate", "--wait", "120", "--json"])
+out["cli"] = {"rc": rc, **json.loads(buf.getvalue())}
 print(json.dumps(out))
 ray.get(consumer.close.remote(), timeout=60)
 cluster.shutdown()
@@ -105,6 +112,7 @@ def test_a_key_rotated_under_traffic_loses_nothing_and_retires_the_old_key():
     assert r["publisher_bad_mac"] == 0 and r["subscriber_bad_mac"] == 0
     assert r["as_new"] > 0 and r["as_old"] == 0
     assert len(r["types"]) > 1, r["types"]  # data and control alike
+    assert r["cli"] == {"rc": 0, "generation": 3, "accepted": 1, "step": "retired"}
 
 
 def test_a_rotations_steps_seal_with_the_old_key_then_the_new_and_accept_both_until_retired():

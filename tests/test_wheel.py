@@ -73,6 +73,10 @@ def test_the_wheel_runs_the_demo_outside_the_source_tree(installed, tmp_path):
     # counts them against its target), and no LAN's content differs
     assert all(re.search(rf"^{lan}: [\d,]+ NAKs", text, re.M) for lan in LANS), text
     assert "DIFFERS" not in text and (tmp_path / "demo.png").stat().st_size > 0
+    # a normal run prints no warning, and none of Ray's core INFO lines (Spark's JVMs print
+    # them: ray_private.route_console_notices, spark._driver_jvm_stderr)
+    console = text + out.stderr
+    assert not re.search(r"WARN| I \d+ \d+\] \S+\.cc:\d+:", console), console[-3000:]
 
 
 def test_bench_from_the_wheel_says_it_needs_a_checkout(installed, tmp_path):

@@ -246,6 +246,10 @@ class AgentHost:
             self._ops.append(("add", agent))
             log.info("recovery agent %s (%s) at %s:%d", agent.domain, agent.protocol.name,
                      *agent.address)
+        elif spec.get("keys"):  # (a rotation's step this host's `rekey` call missed)
+            ring = ClusterKeys.from_wire(spec["keys"])
+            if ring.supersedes(agent.keys):
+                self._ops.append(("rekey", agent, (ring,)))
         stalled = time.monotonic() - self._looped
         fault = agent.fault or (f"its agents' thread made no progress for {stalled:.0f} s"
                                 if self._plugin is not None and stalled > HANG else "")

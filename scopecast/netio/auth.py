@@ -17,12 +17,12 @@ Three sealers (the cluster picks one; every member uses the same):
   that prefer a hash-based MAC (authenticated, not encrypted).
 
 Nonces (GCM) are a random 64-bit prefix per process plus a 32-bit counter, so they never repeat
-under one key.
+under one key. The hot path seals and opens batches in C (`_datagram_batch.c`, the same
+construction); these classes serve every other datagram.
 
 Key rotation: a `KeyRing` holds the cluster's keys a process accepts, the one it seals with first,
 under the rotation's generation; `ClusterKeys` is what the root hands down, a rotation's steps
-(see scopes/key_rotation). The hot path seals and opens batches in C (`_datagram_batch.c`, the same
-construction); these classes serve every other datagram.
+(see scopes/key_rotation).
 """
 
 from __future__ import annotations

@@ -319,12 +319,16 @@ class RecoveryDomains:
 
     def rekey(self, keys: ClusterKeys) -> None:
         """The cluster's keys changed (scopes/key_rotation): every host running an agent of
-        this scope's takes them now (a host takes only a newer ring), agents placed from now on
-        are made with them."""
+        this scope's takes them now (an agent takes only a newer ring), and with every
+        `ensure_all` from now on (the agents' specs carry them: a restarted host makes its
+        agents with them, one that missed this call catches up); agents placed from now on are
+        made with them."""
         self.keys = keys
         hosts = {}
         for d in self.domains.values():
-            hosts.update((rec.host._actor_id, rec.host) for rec in d.agents.values())
+            for rec in d.agents.values():
+                rec.spec["keys"] = keys.to_wire()
+                hosts[rec.host._actor_id] = rec.host
         for host in hosts.values():
             host.rekey.remote(keys.to_wire())
 
