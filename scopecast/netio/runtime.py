@@ -124,7 +124,8 @@ class MemberRuntime:
         self.stopped = False  # closed (set once)
         # the parts (protocol state, owned by the I/O thread)
         self.tables = MemberTables()
-        self.keys = KeyRing(config.mac, [key], batches=True)  # (key rotation: install_keys)
+        # (the C batch sealer and scanner only serve GSO and GRO calls; key rotation: install_keys)
+        self.keys = KeyRing(config.mac, [key], batches=self.offloads.gso or self.offloads.gro)
         basics = MemberBasics(member_id, name, config, self._sock, self.keys,
                               datagram, self.stats, self.drops, self.unknown_sender, self.address)
         self.receiver = ReceivePath(basics, self.tables, self.offloads.gro)
