@@ -23,7 +23,7 @@ import socket
 import time
 
 from scopecast.netio import wire
-from scopecast.netio.auth import authenticator
+from scopecast.netio.auth import authenticator, sealed
 from scopecast.netio.channel import UnicastEndpoint
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.routing import RoutingLabel
@@ -48,7 +48,7 @@ def datagrams(key: bytes, size: int, datagram_bytes: int, count: int) -> tuple[l
     for dseq in range(1, count + 1):
         parts = wire.run_parts(TOPIC, SOURCE, 1, seq, SOURCE, seq, 0, 0, [payload] * per)
         body = wire.encode_data(wire.PacketType.DATA, SOURCE, 1, dseq, table, 1, parts)
-        out.append(body + signer.sign(body))
+        out.append(sealed(signer, body))
         seq += per
     return out, per
 

@@ -16,13 +16,14 @@ a row gives the median. Receivers are members of their own, PER_PROCESS to a Ray
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
 from pathlib import Path
 
 import ray
+
+from benchmarks.report import standalone
 
 RATE = 1000
 SIZE = 1000
@@ -196,18 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--rate", type=int, default=RATE)
     args = p.parse_args(argv)
-    import scopecast
-    from benchmarks import machine
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    cluster = scopecast.connect()
-    try:
-        result = run(cluster, args.receivers, args.seconds, args.repeats, args.rate)
-    finally:
-        cluster.shutdown()
-    result = {"timestamp": stamp, "machine": machine.describe(), **result}
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result))
-    return 0 if result.get("met") else 1
+    return standalone(lambda c: run(c, args.receivers, args.seconds, args.repeats, args.rate), table, RESULT)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from benchmarks import (
     machine,
     peer_suite,
     recovery_curves,
+    regions_suite,
     report,
     scale_suite,
     spark_pipeline,
@@ -52,7 +53,7 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
 SYSTEMS = ("baseline", "scopecast")
 QUICK = dict(sizes=[1000], subscribers=[1], seconds=0.5, warmup=0.1, peer_sizes=[1000],
              peer_subscribers=[1], topic_counts=[1, 20], topic_subscribers=1, members=[1, 2],
-             feedback_receivers=[], ring_subscribers=[2], memory_mb=[4], latency_rates=[5000],
+             feedback_receivers=[], region_pairs=0, ring_subscribers=[2], memory_mb=[4], latency_rates=[5000],
              latency_subscribers=[1],
              latency_repeats=1, latency_messages=1000, steady_runs=0)
 STEADY_RUNS = 5
@@ -217,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feedback suite: control datagrams a publisher receives per second at "
                         "this many receivers, acknowledgements gathered up a tree and direct "
                         f"(default {','.join(map(str, feedback_suite.RECEIVERS))}; --quick: none)")
+    p.add_argument("--region-pairs", type=int, default=None, metavar="N",
+                   help="regions suite: 100 lan_multicast topics, two halves of subscribers in "
+                        "one LAN against each half alone, this many pairs (default "
+                        f"{regions_suite.PAIRS}; --quick: none)")
     p.add_argument("--datagram-bytes", type=int, default=0, metavar="B",
                    help="datagram size of the cluster the harness deploys, connect("
                         "datagram_bytes=B) (default: scopecast's own, each member's interface "
@@ -255,6 +260,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              f"{', '.join(asked)}")
         args.peers, args.members, args.spark_rows, args.steady_runs = [], [], 0, 0
         args.feedback_receivers = []
+        args.region_pairs = 0
         args.demo_rows = 0
         args.encrypt_pairs = 0
         if args.latency_subscribers is None:  # across hosts: the 1 -> 4 cases, beside loopback's
@@ -269,6 +275,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     topic_counts=list(peer_suite.TOPIC_COUNTS), topic_subscribers=4,
                     members=list(scale_suite.MEMBER_COUNTS),
                     feedback_receivers=list(feedback_suite.RECEIVERS),
+                    region_pairs=regions_suite.PAIRS,
                     ring_subscribers=list(recovery_curves.RING_SUBSCRIBERS),
                     memory_mb=list(recovery_curves.MEMORY_LEVELS_MB))
     for name, value in defaults.items():
@@ -452,6 +459,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
             if args.members and "scopecast" in args.systems else []
         feedback = feedback_suite.run(cluster, args.feedback_receivers) \
             if "scopecast" in args.systems else {}
+        regions = regions_suite.run(cluster, args.region_pairs) \
+            if "scopecast" in args.systems else {}
         lossy = _loss_cases(args, cluster, Wiring(address=address, placement=placement), stamp,
                             log_dir)
         curves = recovery_curves.run(cluster, stamp, args.seconds, args.ring_subscribers,
@@ -479,6 +488,7 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
                    "topic_pairs": args.topic_pairs,
                    "members": args.members, "feedback_receivers": args.feedback_receivers,
+                   "region_pairs": args.region_pairs,
                    "loss": args.loss, "loss_pairs": args.loss_pairs,
                    "ring_subscribers": args.ring_subscribers, "memory_mb": args.memory_mb,
                    "spark_rows": args.spark_rows, "demo_rows": args.demo_rows,
@@ -513,11 +523,12 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
         "scale_members": scale,
         "caching_target": scale_suite.caching_target(scale),
         "feedback": feedback,
+        "regions": regions,
         "table_markdown": _hosts_line(on_hosts, wiring_info["datagram_bytes"])
         + report.markdown_table(cases, targets) + steady_table(steady)
         + peer_suite.table(peers) + latency_suite.table(latency)
         + scale_suite.table(scale, peers.get("topic_rows", []) if peers else [])
-        + feedback_suite.table(feedback)
+        + feedback_suite.table(feedback) + regions_suite.table(regions)
         + report.loss_table(loss_rows, bool(on_hosts))
         + report.curves_table(curves) + spark_pipeline.table(pipeline)
         + demo_naks.table(without_loss) + encryption.table(encrypted),

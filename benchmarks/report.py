@@ -176,3 +176,24 @@ def plot(cases: list[dict], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def standalone(run, table, path: Path) -> int:
+    """A suite run on its own (`python -m benchmarks.<suite>`): `run(cluster)` on an embedded
+    cluster, its result written to `path` with the time and the machine, its `table` printed;
+    the exit status 0 if its target was met."""
+    import json
+    import time
+
+    import scopecast
+    from benchmarks import machine
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    cluster = scopecast.connect()
+    try:
+        result = run(cluster)
+    finally:
+        cluster.shutdown()
+    result = {"timestamp": stamp, "machine": machine.describe(), **result}
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0 if result.get("met") else 1

@@ -498,7 +498,8 @@ class ReceivePath:
         topic, source, session = key
         subs = self.tables.subs.get(topic)
         forwards = topic in self.tables.routes
-        if not (subs or forwards):
+        if not (subs or forwards):  # (a group carrying topics it does not take: see regions)
+            self.stats["not_taken"] += len(lengths)
             return
         count = len(lengths)
         if self.tables.limits and self._forbidden(topic, source):

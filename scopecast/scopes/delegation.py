@@ -13,13 +13,14 @@ malformed, raises `MalformedDelegation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scopecast.netio.auth import ClusterKeys
 from scopecast.netio.filters import check_spec
 from scopecast.scopes.scope_admin import ScopeAdmin
 
-DELEGATION_VERSION = 4  # 4: the cluster's keys; 3: filters of every netio.filters kind
+DELEGATION_VERSION = 5  # 5: regions of a coverage; 4: the cluster's keys; 3: filters of every
+# netio.filters kind
 
 
 class MalformedDelegation(ValueError):
@@ -43,19 +44,32 @@ class Obligation:
     replicas: int = 1
     scope: str = ""
     wraps: tuple[tuple[str, int], ...] = ()
+    # a multicast coverage: every region the topic spans, (its group endpoint, its members),
+    # to each of which a publisher sends (`endpoint` is the region of the child it is handed to)
+    regions: tuple[tuple[tuple, tuple[int, ...]], ...] = ()
+
+    def spread(self) -> list[Obligation]:
+        """What a publisher sends along for this coverage: one channel per region the topic
+        spans (this one where it spans none)."""
+        if not self.regions:
+            return [self]
+        return [replace(self, endpoint=endpoint, receivers=receivers)
+                for endpoint, receivers in self.regions]
 
     def to_wire(self) -> list:
         return [self.topic, self.origin, list(self.dst), list(self.endpoint),
                 list(self.receivers), list(self.filter) if self.filter else None, self.replicas,
-                self.scope, [list(w) for w in self.wraps]]
+                self.scope, [list(w) for w in self.wraps],
+                [[list(e), list(r)] for e, r in self.regions]]
 
     @classmethod
     def from_wire(cls, body: list) -> Obligation:
-        topic, origin, dst, endpoint, receivers, flt, replicas, scope, wraps = body
+        topic, origin, dst, endpoint, receivers, flt, replicas, scope, wraps, regions = body
         return cls(int(topic), str(origin), tuple(map(str, dst)), tuple(endpoint),
                    tuple(map(int, receivers)),
                    check_spec(flt), int(replicas),
-                   str(scope), tuple((str(n), int(length)) for n, length in wraps))
+                   str(scope), tuple((str(n), int(length)) for n, length in wraps),
+                   tuple((_group_endpoint(e), tuple(map(int, r))) for e, r in regions))
 
     def describe(self) -> dict:
         """For status."""
@@ -63,7 +77,16 @@ class Obligation:
                 "endpoint": list(self.endpoint), "receivers": list(self.receivers),
                 "filter": list(self.filter) if self.filter else None,
                 "replicas": self.replicas, "scope": self.scope,
-                "wraps": [list(w) for w in self.wraps]}
+                "wraps": [list(w) for w in self.wraps],
+                **({"regions": [list(e) for e, _r in self.regions]} if self.regions else {})}
+
+
+def _group_endpoint(endpoint: list) -> tuple:
+    """A region's endpoint as sent: ("g", address, port)."""
+    kind, address, port = endpoint
+    if kind != "g":
+        raise ValueError(f"a region's endpoint is a group, not {kind!r}")
+    return ("g", str(address), int(port))
 
 
 @dataclass(frozen=True, slots=True)

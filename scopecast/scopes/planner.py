@@ -14,7 +14,6 @@ to it from above and the layouts its policies chose (`container`), the planner c
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import replace
 
 from scopecast.agents.builtin import NO_RECOVERY
@@ -25,6 +24,7 @@ from scopecast.scopes.container import Channel, PolicyContainer
 from scopecast.scopes.delegation import NO_PART, Delegation, Obligation, Part
 from scopecast.scopes.layout import Offer, multicast_path, sending_path
 from scopecast.scopes.membership import Child, MemberProcess, Membership
+from scopecast.scopes.regions import Region, Regions, group_address
 from scopecast.scopes.reports import SubtreeState
 from scopecast.scopes.scope_admin import ScopeChoices, domain_member, upper_key
 from scopecast.scopes.topic_view import ScopeTopics, within
@@ -51,6 +51,7 @@ class Planner:
         self.settings = settings
         self.choices = choices
         self.delegation = NO_DELEGATION
+        self.last_regions = Regions({}, {})  # of the latest `delegate` (for status)
         self._domains: dict[str, list[tuple[str, int]]] | None = None
         # (domain key, member name) -> (child scope, its domain key) for child scopes' domains
         self._sources: dict[tuple[str, str], tuple[str, str]] = {}
@@ -146,10 +147,24 @@ class Planner:
 
     def group(self) -> list:
         """This scope's multicast group and port."""
-        prefix = self.settings.get("group_prefix", (239, 192, 0))
-        h = zlib.crc32(self.path.encode())
-        return ["239.%d.%d.%d" % (prefix[1], (prefix[2] + (h >> 8)) & 0xFF, 1 + h % 254),
-                self.settings.get("port", 40000)]
+        return [group_address(self.path, self._prefix()), self.settings.get("port", 40000)]
+
+    def _prefix(self) -> tuple[int, int, int]:
+        return tuple(self.settings.get("group_prefix", (239, 192, 0)))
+
+    def regions(self, subs: dict[int, set[str]], exits: dict[int, set[str]]) -> Regions:
+        """The regions of this scope's multicast (`regions`): children alike in the covered
+        topics they take."""
+        takes = {tid: subs.get(tid, set()) | exits.get(tid, set())
+                 for tid in self.container.topics if self.container.covered(tid)}
+        group = self.group()
+        return Regions.plan(self.path, (group[0], group[1]), self._prefix(), takes)
+
+    def _region_links(self, regions: Regions) -> dict[int, tuple]:
+        """Per covered topic, the (group endpoint, members joined) of each region it spans."""
+        link: dict[Region, tuple] = {r: (("g", *r.group), tuple(self.joined(list(r.group))))
+                                     for r in set(regions.of_child.values())}
+        return {tid: tuple(link[r] for r in spans) for tid, spans in regions.spans.items()}
 
     def joined(self, group: list) -> list[int]:
         """Regular members of this subtree that join `group`."""
@@ -169,6 +184,8 @@ class Planner:
         covered_of: dict[str, dict[int, Obligation]] = {}
         subs, pubs, exits = self.interest()
         group = self.group()
+        regions = self.last_regions = self.regions(subs, exits)
+        links = self._region_links(regions)
         # coverage from above: every member interested in or publishing the topic joins / sends
         for tid, cov in self.delegation.part.covered.items():
             for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
@@ -179,11 +196,20 @@ class Planner:
             clients = {m for m in subs.get(tid, ()) if not self.children[m].regular}
             channels += [Channel(o, c, o) for o in layout.sources for c in clients if c != o]
             if self.container.covered(tid):
-                cov = Obligation(tid, "", tuple(multicast_path(length)), ("g", *group),
-                                 tuple(self.joined(group)), scope=self.path)
+                spans = links.get(tid, ())
+                # (a topic no child here takes: its publishers send to the scope's group)
+                endpoint, receivers = spans[0] if spans else (("g", *group),
+                                                              tuple(self.joined(group)))
+                cov = Obligation(tid, "", tuple(multicast_path(length)), endpoint, receivers,
+                                 scope=self.path, regions=spans if len(spans) > 1 else ())
+                takers = regions.spans.get(tid, ())
                 for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
+                    # one that takes the topic joins its own region's group
+                    own = regions.of_child.get(name)
+                    at = takers.index(own) if len(takers) > 1 and own in takers else 0
                     covered_of.setdefault(name, {})[tid] = replace(
-                        cov, origin=name, wraps=((name, length),))
+                        cov, origin=name, wraps=((name, length),),
+                        **({"endpoint": spans[at][0], "receivers": spans[at][1]} if at else {}))
                 channels = [c for c in channels if c.dst != MULTICAST]
             for ch in channels:
                 obs = self.obligations(tid, ch, length) if ch.src in self.children else ()
@@ -233,7 +259,7 @@ class Planner:
         joined: dict[str, tuple[int, ...]] = {}  # (the trees its acknowledgements go up)
         for tid, cov in part.covered.items():
             if tid in member.pubs:
-                obligations.append(cov)
+                obligations += cov.spread()  # (to every region the topic spans)
             if tid in member.subs or tid in forwards:
                 groups.add((cov.endpoint[1], cov.endpoint[2]))
                 joined["%s:%d" % cov.endpoint[1:3]] = cov.receivers
@@ -291,13 +317,21 @@ class Planner:
         length = self.length()
         wanted = set(subs) | {x.topic for x in self.delegation.part.exits}
         out = {}
+        regions: dict[int, tuple] | None = None  # (made once a covered topic needs them)
         for tid in wanted:
             if tid in self.delegation.part.covered:
                 continue
             if self.container.covered(tid):
-                group = self.group()
-                out[tid] = (Offer(tuple(multicast_path(length)), ("g", *group),
-                                  tuple(self.joined(group))),)
+                if regions is None:
+                    _subs, _pubs, exits = self.interest()
+                    regions = self._region_links(self.regions(_subs, exits))
+                spans = regions.get(tid)
+                if not spans:
+                    group = self.group()
+                    spans = ((("g", *group), tuple(self.joined(group))),)
+                # one offer per region: a sender outside sends to each (thesis Fig. 4.8)
+                out[tid] = tuple(Offer(tuple(multicast_path(length)), endpoint, receivers)
+                                 for endpoint, receivers in spans)
                 continue
             layout = self.container.topics.get(tid)
             parts = []

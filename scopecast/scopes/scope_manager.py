@@ -477,6 +477,7 @@ class ScopeManager:
                 "node": node_id(), "incarnation": f"{self.incarnation:012x}",
                 "delegation_version": self.applied, "depth": self.planner.depth(),
                 "multicast": self.planner.group() if self.container.multicast else None,
+                "regions": self.planner.last_regions.describe(),
                 **({"multicast_probe": self.probe.state.record()} if self.kind == "lan" else {}),
                 "members": [c.record(topics) for c in self.members.processes()],
                 "administration": self.choices.describe(),
