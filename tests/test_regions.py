@@ -90,7 +90,7 @@ def test_a_coverage_travels_with_its_regions_and_a_bad_one_is_refused():
 # ------------------------------------------------------------------- real members, real groups
 
 HALF = 50  # topics of each half (100 in the LAN)
-EACH = 60  # messages per topic: 6,000 of 1 KB, a third of them after a member joins region B
+EACH = 30  # messages per topic: 3,000 of 1 KB, a third of them after a member joins region B
 
 
 def test_two_halves_of_subscribers_get_only_their_topics_and_a_joiner_moves_a_region_losslessly(
