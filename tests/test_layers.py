@@ -165,7 +165,8 @@ FOREIGN_PRIVATES = {"_exit",                                          # os._exit
                     "_private", "_global_node",                       # Ray's node, in launch
                     "_internal_kv_get", "_internal_kv_put", "_internal_kv_del",  # Ray's GCS
                     "_internal_kv_list", "_internal_kv_initialized",  # store, in ray_private
-                    "_actor_id"}                                      # a Ray actor handle's id
+                    "_actor_id",                                      # a Ray actor handle's id
+                    "_current_frames"}                                # sys's, in thread_stack
 
 
 def _defined_here(tree: ast.AST) -> set[str]:

@@ -102,3 +102,26 @@ def test_ctrl_c_in_a_receiving_main_thread_comes_out_of_receive_once_the_loop_is
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["interrupted", "0", "after", "True"], out.stdout + out.stderr
+
+
+def test_a_call_the_io_thread_is_late_with_says_where_that_thread_is():
+    """A control call the I/O thread does not run in time fails with the thread's innermost
+    frames (a stalled member in a loaded run can then be told from a slow one)."""
+    with member_pair(RuntimeConfig()) as (a, _b, _inbox):
+        release = threading.Event()
+
+        def hold_the_loop() -> None:
+            release.wait(5)
+
+        a.call(hold_the_loop)
+        try:
+            a.call_wait(a.snapshot, timeout=0.3)
+            raise AssertionError("the call ran although the I/O thread was held")
+        except TimeoutError as exc:
+            message = str(exc)
+        finally:
+            release.set()
+        assert "did not run snapshot within 0.3s" in message
+        assert "it leads the loop, in: " in message
+        assert "hold_the_loop (test_receive_lead.py:" in message
+        assert a.call_wait(a.snapshot)["stats"] is not None  # the loop goes on afterwards

@@ -33,6 +33,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import replace
 
 from scopecast.actors.errors import WindowFull
@@ -51,6 +52,7 @@ from scopecast.netio.reorder_buffer import ReorderBuffer
 from scopecast.netio.repair_server import MemberRepairs
 from scopecast.netio.runtime_config import DEFAULT_MAX_MESSAGE, RuntimeConfig, percentiles
 from scopecast.netio.send_path import SendPath
+from scopecast.netio.thread_stack import innermost
 from scopecast.netio.transport import multicast_socket, unicast_socket
 from scopecast.netio.udp_batch import MIN_SEGMENTS, Offloads, batch_limit, detect, enable_gro, offload_status
 from scopecast.timing import TIMING
@@ -58,6 +60,7 @@ from scopecast.timing import TIMING
 log = logging.getLogger(__name__)
 PUBLISH_LINGER, PARK, HANDOVER_WAIT = TIMING.publish_linger, TIMING.park, TIMING.handover_wait
 MANY_BYTES = 1 << 20  # publish_many checks the queue and the window once per this much
+ROOM_AHEAD = 1 << 18  # publish() looks at the queue and the window at least once per this much
 BEAT_EVERY = TIMING.beat_every
 
 
@@ -115,6 +118,7 @@ class MemberRuntime:
         self._handover = False          # a receiving application thread asks for the lead
         self._ordinal = itertools.count(1)  # stream sequence numbers; next() is atomic
         self.app_bytes = 0      # queued by publishers (application threads)
+        self._room_until = 0    # app_bytes up to which publish() need not look (_make_room)
         self._space = threading.Event()
         # what the application threads blocked in _wait_until wait for: the I/O thread wakes them
         # once one of these holds, not after every step (a saturating publisher would be woken,
@@ -187,7 +191,9 @@ class MemberRuntime:
         while not done.wait(timeout if beat is None else
                             min(BEAT_EVERY, max(0.0, end - time.monotonic()))):
             if beat is None or time.monotonic() >= end:
-                raise TimeoutError(f"I/O thread did not run {fn.__name__} within {timeout}s")
+                raise TimeoutError(f"I/O thread did not run {fn.__name__} within {timeout}s; it "
+                                   f"{'leads' if self._io_leads else 'does not lead'} the loop, "
+                                   f"in: {innermost(self._thread)}")
             beat()
         ok, value = box[0]
         if not ok:
@@ -196,10 +202,8 @@ class MemberRuntime:
 
     def publish(self, topic: int, session: int, seq: int, ctype: int, payload: bytes) -> int:
         """Queue one message; returns its stream sequence number (for `wait_sent`)."""
-        if self.app_bytes - self.sender.taken_bytes + self.sender.feed_bytes > self._queue_limit:
-            self._wait_for_space()
-        if self.app_bytes - self.own.released_bytes > self._window_limit:
-            self._wait_for_window()
+        if self.app_bytes > self._room_until:
+            self._make_room()
         sseq = next(self._ordinal)
         self.app_bytes += MESSAGE_COST + len(payload)
         self._publish_q.append((sseq, topic, session, seq, ctype, payload))  # a cache entry
@@ -210,11 +214,10 @@ class MemberRuntime:
 
     def publish_many(self, topic: int, session: int, first_seq: int, ctype: int,
                      payloads: list) -> tuple[int, int]:
-        """Queue `payloads` as messages `first_seq`, `first_seq` + 1, ... of one topic, in
-        chunks of up to MANY_BYTES with the queue and window checked once per chunk (the
-        per-message work in C). Returns how many were queued — all, unless the window fills and
-        the runtime does not block (then the chunks before; WindowFull if not even the first)
-        — and the stream sequence number of the last one."""
+        """Queue `payloads` as messages `first_seq`, `first_seq` + 1, ... of one topic, in chunks
+        of up to MANY_BYTES, the queue and window checked once a chunk. Returns how many were
+        queued (all, unless the window fills and the runtime does not block: then the chunks
+        before, WindowFull if none) and the stream sequence number of the last one."""
         q, ordinal, total = self._publish_q, self._ordinal, len(payloads)
         sseq = start = 0
         # costs[i]: the queue bytes of the first i payloads, summed in C (not a loop per message)
@@ -240,12 +243,23 @@ class MemberRuntime:
         return start, sseq
 
     def end_stream(self, topic: int, session: int, last_seq: int) -> int:
-        """Queue an end-of-stream marker behind the messages already published on `topic`: the
-        stream's last message (seq `last_seq` + 1), so it is ordered, forwarded, repaired and
-        made stable like the rest. Returns its stream sequence number."""
+        """Queue an end-of-stream marker behind `topic`'s messages: the stream's last message (seq
+        `last_seq` + 1), ordered, forwarded, repaired and made stable like the rest; its sseq."""
         sseq = self.publish(topic, session, last_seq + 1, wire.ContentType.END, b"")
         self.stream_ends[(topic, session)] = last_seq + 1
         return sseq
+
+    def _make_room(self) -> None:
+        """Wait for room in the queue and the window, and note up to where it surely lasts (it
+        only grows; forwarded bytes also fill the queue: seen ROOM_AHEAD on, at the latest)."""
+        if self._queued() > self._queue_limit:
+            self._wait_for_space()
+        if self.app_bytes - self.own.released_bytes > self._window_limit:
+            self._wait_for_window()
+        sender = self.sender
+        self._room_until = min(sender.taken_bytes - sender.feed_bytes + self._queue_limit,
+                               self.own.released_bytes + self._window_limit,
+                               self.app_bytes + ROOM_AHEAD)
 
     def _queued(self) -> int:
         return self.app_bytes - self.sender.taken_bytes + self.sender.feed_bytes
@@ -294,18 +308,14 @@ class MemberRuntime:
             self._waiting_for.remove(done)
 
     def _wake(self) -> None:
-        try:
+        with suppress(OSError):  # (a wake-up already pending, or closing)
             self._wake_w.send(b"\0")  # (the leader's poll watches it)
-        except (BlockingIOError, OSError):
-            pass  # already a wake-up pending (or closing)
         if not self._lead.locked():  # nobody leads: the I/O thread takes the lead at once
             self._unpark()
 
     def _unpark(self) -> None:
-        try:
+        with suppress(RuntimeError):  # (already released: the I/O thread is about to look)
             self._park.release()
-        except RuntimeError:
-            pass  # already released: the I/O thread is about to look
 
     def close(self, timeout: float = 5.0) -> None:
         if self.stopped:
@@ -317,10 +327,8 @@ class MemberRuntime:
         # a receiving thread that leads leaves the loop at once (woken, it sees the stop)
         led = self._lead.acquire(timeout=timeout)
         for s in list(self._groups.values()) + [self._sock, self._wake_r, self._wake_w]:
-            try:
+            with suppress(OSError):
                 s.close()
-            except OSError:
-                pass
         self._sel.close()
         if led:
             self._lead.release()

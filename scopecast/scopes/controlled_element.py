@@ -341,7 +341,9 @@ class ControlledElement:
 
     def _resolve_peers(self) -> None:
         """Look up in the directory the members whose datagrams the runtime is holding."""
-        unknown = self.runtime.call_wait(self.runtime.held_senders)
+        # (beating while the I/O thread is busy: a member whose data plane lags on a loaded
+        # machine must not look dead to its scope, which would then drop it)
+        unknown = self.runtime.call_wait(self.runtime.held_senders, beat=self._beat)
         unknown -= set(self._peers)
         if not unknown:
             return
@@ -350,7 +352,7 @@ class ControlledElement:
             self._peers.update((m[0], MemberInfo(*m[:4], None if m[4] is None else tuple(m[4])))
                                for m in found)
             members = self._siblings + list(self._peers.values())
-            self.runtime.call_wait(self.runtime.install_members, members)
+            self.runtime.call_wait(self.runtime.install_members, members, beat=self._beat)
 
     def _loop(self) -> None:
         pending = done = None
