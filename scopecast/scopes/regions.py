@@ -61,11 +61,9 @@ class Regions:
         for name in sorted(interest):
             alike.setdefault(tuple(interest[name]), []).append(name)
         of_child: dict[str, Region] = {}
-        first = True
-        for names in sorted(alike.values()):  # (by first member: the first child's first)
-            group = scope_group if first else (group_address(path, prefix, names[0]),
-                                               scope_group[1])
-            first = False
+        for i, names in enumerate(sorted(alike.values())):  # (the first child's region first)
+            group = scope_group if i == 0 else (group_address(path, prefix, names[0]),
+                                                scope_group[1])
             region = Region(tuple(names), group)
             for name in names:
                 of_child[name] = region
