@@ -146,7 +146,7 @@ def test_mtu_sized_datagrams_are_repaired_under_real_loss(cluster, topic_name, b
         assert (r["count"], r["gaps"], r["out_of_order"], r["digest"]) == (n, 0, 0, digest), r
     took = ray.get([c.counters.remote() for c in consumers])
     assert sum(c["stats"].get("naks_sent", 0) for c in took) > 0  # losses were repaired
-    assert sent["offloads"]["gso"] == batch_calls
+    assert sent["offloads"]["gso"] == batch_calls, sent["offloads"]
     assert all(c["offloads"]["gro"] == batch_calls for c in took)
     if batch_calls:
         assert sent["offloads"]["datagrams_per_send"] > 1
@@ -207,3 +207,32 @@ def test_no_datagram_is_larger_than_the_datagram_size(batch_calls):
     assert all(len(m.payload) == (5008 if m.seq % 50 == 0 else 98) for m in got)
     assert sizes and max(sizes) <= MTU_DATAGRAM, max(sizes)
     assert max(sizes) > MTU_DATAGRAM - 120  # (and they are full: the check saw full ones)
+
+
+def test_a_batch_the_kernel_refuses_goes_a_datagram_a_call_and_gso_is_off_only_when_it_repeats():
+    """A GSO send failing for no transient reason (here EINVAL: more segments than the kernel
+    takes in one call) sends that batch one datagram per call; one such failure may be the
+    moment's, so GSO stays on, and it goes off at the GSO_REFUSALS-th in a row."""
+    from scopecast.netio.send_path import GSO_REFUSALS
+
+    if not detect("127.0.0.1").gso:
+        pytest.skip("the kernel refuses UDP GSO on loopback")
+    with member_pair(config(True)) as (a, b, _inbox):
+        a.call_wait(lambda: a.stats.update(datagrams_out=0, send_calls=0))
+        too_many = [b"x" * (100 * 200)]  # 200 segments of 100 bytes: EINVAL on Linux
+
+        def refused_once() -> dict:
+            before = a.stats["send_calls"]
+            assert a.sender._send(b.address, list(too_many), 100) is True
+            return {**a._offload_status(), "calls": a.stats["send_calls"] - before}
+
+        for i in range(1, GSO_REFUSALS):
+            status = a.call_wait(refused_once)
+            assert status["calls"] == 200, status  # the batch went, a datagram a call
+            assert status["gso"] is True and status["gso_failed"] == i, status
+            assert status["gso_error"].startswith("EINVAL"), status
+        status = a.call_wait(refused_once)
+        assert status["gso"] is False and status["gso_failed"] == GSO_REFUSALS, status
+        assert a.call_wait(lambda: a.stats["gso_refused"]) == 1
+        # datagrams that were never sealed are junk to B: dropped and counted, not delivered
+        wait_for(lambda: b.call_wait(lambda: sum(b.drops.values())) > 0, "B's drops")

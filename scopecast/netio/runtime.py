@@ -443,7 +443,7 @@ class MemberRuntime:
 
     def _offload_status(self) -> dict:
         return offload_status(Offloads(self.sender.gso, self.offloads.gro), self._datagram,
-                              self.stats)
+                              self.stats, self.sender.gso_error)
 
     # -------------------------------------------------------------------------- the I/O loop
 

@@ -34,6 +34,7 @@ EMPTY_TABLE = wire.encode_route_table([])
 # neighbour is missing for now), not for being a batch: the interface still takes batches
 TRANSIENT_SEND_ERRORS = frozenset({errno.EPERM, errno.ENOBUFS, errno.ECONNREFUSED,
                                    errno.EHOSTUNREACH, errno.ENETUNREACH})
+GSO_REFUSALS = 3  # GSO sends failing in a row (not transiently) that turn GSO off
 # bytes one pass of the pump sends before the loop looks at its sockets again: a NAK waited
 # behind a whole window (a few MiB, ~10 ms on loopback) before; ~1 ms of sending here, and many
 # GSO batches of MTU-sized datagrams
@@ -79,6 +80,8 @@ class SendPath:
         self._feeds: dict[tuple[str, int], Feed] = {}
         self._feeds_by_channel: dict[int, Feed] = {}
         self._stalled: tuple | None = None  # (address, [datagram, MAC, ...], GSO segment)
+        self._batch_failures = 0  # GSO sends failed in a row (see _refused_batch)
+        self.gso_error = ""       # the last one's error, for status
         self._active: deque[Feed] = deque()
         self.taken_bytes = 0    # taken off the hand-over queue
         self.feed_bytes = 0     # waiting in destination queues
@@ -489,6 +492,7 @@ class SendPath:
                 try:
                     send_batch(self._sock, parts, segment, address)
                     stats["send_calls"] += 1
+                    self._batch_failures = 0
                     return True
                 except BlockingIOError:
                     raise
@@ -496,11 +500,7 @@ class SendPath:
                     if exc.errno in TRANSIENT_SEND_ERRORS:  # (a firewall's drop, no route yet:
                         self.drops["send_error"] += 1      # lost, recovery repairs it; GSO
                         return True                       # itself works)
-                    # the interface refuses batches after all
-                    self.gso = False
-                    stats["gso_refused"] += 1
-                    log.warning("UDP GSO refused sending to %s:%d (%s); one datagram per call "
-                                "from now on", *address, exc)
+                    self._refused_batch(address, exc)  # this batch goes one datagram a call
                     if len(parts) == 1:  # a batch built in C (sealed_batches): cut up
                         data = parts[0]
                         parts = [x for i in range(0, len(data), segment)
@@ -521,6 +521,21 @@ class SendPath:
             self.want_write = True
             self._sel.modify(self._sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return False
+
+    def _refused_batch(self, address: tuple[str, int], exc: OSError) -> None:
+        """A GSO send failed, not for a transient reason: off after GSO_REFUSALS in a row (an
+        interface that refuses batches refuses each; one failure may be the moment's)."""
+        self._batch_failures += 1
+        self.gso_error = f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror}"
+        if self._batch_failures < GSO_REFUSALS:
+            self.stats["gso_errors"] += 1
+            log.info("UDP GSO send to %s:%d failed (%s); that batch one datagram per call",
+                     *address, exc)
+            return
+        self.gso = False
+        self.stats["gso_refused"] += 1
+        log.warning("UDP GSO refused %d times in a row sending to %s:%d (%s); one datagram per "
+                    "call from now on", GSO_REFUSALS, *address, exc)
 
 
 def _resolved(channel, topic: int, source: int, seq: int, sseq: int) -> list:

@@ -44,11 +44,12 @@ class Offloads:
     gro: bool
 
 
-def offload_status(on: Offloads, datagram: int, stats) -> dict:
+def offload_status(on: Offloads, datagram: int, stats, gso_error: str = "") -> dict:
     """A member's status of its batch calls: which are on, datagrams per call so far, which
-    `native` parts run."""
+    `native` parts run, GSO sends that failed (and the last one's error)."""
     sends, receives = stats["send_calls"], stats["recv_calls"]
     return {"gso": on.gso, "gro": on.gro, "native": IMPLEMENTATION, "datagram_bytes": datagram,
+            "gso_failed": stats["gso_errors"] + stats["gso_refused"], "gso_error": gso_error or None,
             "datagrams_per_send": round(stats["datagrams_out"] / sends, 2) if sends else None,
             "datagrams_per_receive": round(stats["datagrams_in"] / receives, 2)
             if receives else None,
