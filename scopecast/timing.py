@@ -63,6 +63,8 @@ class Timing:
     handover_wait: float = _knob(0.01, "a receiving thread waits this long for the lead")
     hole_delay: float = _knob(0.002, "a hole is NAKed this soon (runs reordered across paths come "
                               "within it)")
+    lost_hole_delay: float = _knob(0.0005, "a hole is NAKed this soon where a channel's datagram "
+                                   "numbers show a datagram lost (not a reordering)")
     ack_now_gap: float = _knob(0.0005, "acknowledgements asked for at once go at most this often")
     window_probe_after: float = _knob(0.05, "a full window waits this long for its slowest "
                                       "receiver before probing it")
@@ -151,6 +153,7 @@ _ORDER = [
     ("token_period", "idle_token_period", "le", "the active token is not slower than the idle one"),
     ("heartbeat_period", "empty_scope_timeout", "lt", "an empty scope retires after some ticks"),
     ("park", "handover_wait", "lt", "a thread waiting for the lead gets it within its wait"),
+    ("lost_hole_delay", "hole_delay", "le", "evidence of loss only hastens a NAK"),
     ("hole_delay", "tail_fallback", "lt", "a tail is asked for after holes are"),
     ("tail_fallback", "tail_fallback_max", "le", "the bound past which anything goes"),
     ("tail_fallback_max", "tail_pause_max", "le", "learned pauses only lengthen the bound"),

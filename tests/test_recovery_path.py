@@ -15,7 +15,9 @@ from scopecast.netio.delivery import Subscription
 from scopecast.netio.pause_bound import PAUSE_MAX, TAIL_FALLBACK_MAX, PauseBound
 from scopecast.netio.recovery_path import (
     BACKOFF_MOST,
+    HOLE_DELAY,
     INF,
+    LOST_DELAY,
     RETRY_MIN,
     SETTLE_FOR,
     SETTLE_REPORT,
@@ -132,6 +134,28 @@ def test_a_new_hole_is_asked_of_the_sender_at_once_even_if_another_of_its_stream
     _deliver(member, 40, 11)  # 31..39 missing too, a moment later
     second = member.call_wait(tick)
     assert (first, second) == (1, 2)  # the new hole now; the first not again within its period
+
+
+def test_a_hole_a_channel_shows_lost_is_asked_for_sooner_than_one_that_may_be_a_reordering(member):
+    """A hole opening right after a summary waits HOLE_DELAY (a run reordered across paths comes
+    within it); where a channel's datagram numbers showed a datagram lost since that summary,
+    only LOST_DELAY (at 1% loss and saturation that wait was a third of the slowest repairs)."""
+    def hole_then_tick(first: int, lost: bool) -> tuple[int, int]:
+        recovery = member.recovery
+        recovery._recovery_tick(time.monotonic())
+        last = recovery._last_summary
+        before = member.stats["naks_sent"]
+        _take(member, first, 3)  # a hole of 7 just before it
+        if lost:
+            recovery.loss_seen_at = last + LOST_DELAY / 2
+        recovery.tick_if_due(last + (LOST_DELAY + HOLE_DELAY) / 2)
+        early = member.stats["naks_sent"] - before
+        recovery.tick_if_due(last + HOLE_DELAY)
+        return early, member.stats["naks_sent"] - before
+
+    _deliver(member, 1, 10)
+    assert member.call_wait(lambda: hole_then_tick(18, False)) == (0, 1)
+    assert member.call_wait(lambda: hole_then_tick(28, True)) == (1, 1)
 
 
 def test_a_hole_is_asked_for_again_once_its_repair_is_overdue_not_a_period_later(member):

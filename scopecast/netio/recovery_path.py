@@ -57,7 +57,7 @@ BACKOFF_MOST = 3  # a hole asked for again waits twice as long each time, at mos
 RECORD_TTL = TIMING.record_ttl
 SETTLE_REPORT, SETTLE_FOR = TIMING.settle_report, TIMING.settle_for
 IDLE_FROM = TIMING.idle_from
-HOLE_DELAY = TIMING.hole_delay
+HOLE_DELAY, LOST_DELAY = TIMING.hole_delay, TIMING.lost_hole_delay
 
 
 class RecoveryPath:
@@ -69,9 +69,7 @@ class RecoveryPath:
         self.member_id, self.config, self.address = basics.member_id, basics.config, basics.address
         self.stats, self.drops = basics.stats, basics.drops
         self.unknown_sender = basics.unknown_sender
-        self._own = own
-        self._joins = joins
-        self.tables = tables
+        self._own, self._joins, self.tables = own, joins, tables
         self.delivery: Delivery
         self._reorder: ReorderBuffer
         self._repairs: MemberRepairs
@@ -82,15 +80,13 @@ class RecoveryPath:
         self._own_domains: frozenset[str] = frozenset()  # the keys of _protocols' values
         self._agents: dict[str, tuple[str, int]] = {}  # protocol -> this member's agent
         self._replies: dict[str, AgentReply] = {}      # protocol -> its agent's latest reply
-        self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at the last
-                                                 # summary
+        self._stalls: dict[int, int] = {}        # source -> highest sseq delivered at last summary
         self._behind: dict[int, float] = {}      # source -> since when its record names more
                                                  # than this member saw, the stream standing still
         self.evidence = TailEvidence()           # whether a stream's tail may be asked for
         self.loss_seen_at = -INF                 # when a channel last showed a datagram lost
         self.data_seen_at = -INF                 # when a channel's datagram last came
-        self.peer_cache = PeerCache()            # peers' runs kept to repair others with
-        self.cacher = False
+        self.peer_cache, self.cacher = PeerCache(), False  # peers' runs kept to repair others with
         self.last_sseq = KeyTable()  # (topic, source, session) -> last delivered sseq
         self._records: dict[int, SenderRecord] = {}   # source -> its record
         self.positions = StreamPositions()       # sseqs taken per source (for dense streams)
@@ -124,11 +120,15 @@ class RecoveryPath:
         """The periodic push, every period; at once on a new hole, on a NAK due again, and on
         progress while the period is `idle` (a sender stalled on its window says so at once);
         soon again while idle and unstable (`_settling`). The I/O loop calls it only from
-        `tick_at` (the next of these times), on a hole, or on progress while `idle`."""
-        if now - self._last_summary >= self._period or (
+        `tick_at` (the next of these times), on a hole, or on progress while `idle`. A hole
+        waits HOLE_DELAY after the last summary (a run reordered across paths comes within it),
+        only LOST_DELAY when a channel has shown a datagram lost since: that hole is a loss."""
+        since = now - self._last_summary
+        if since >= self._period or (
                 (self.hole_opened or now >= self.retry_at or now >= self.settle_at
                  or self.progressed and self.idle)
-                and now - self._last_summary >= HOLE_DELAY):
+                and (since >= HOLE_DELAY or since >= LOST_DELAY and self.hole_opened
+                     and self.loss_seen_at > self._last_summary)):
             self._recovery_tick(now)
 
     def idle_timeout(self, timeout: float | None) -> float:
