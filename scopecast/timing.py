@@ -59,7 +59,8 @@ class Timing:
     publish_linger: float = _knob(0.0005, "the I/O loop waits this long for more publishes after "
                                   "a wake-up")
     park: float = _knob(0.002, "while an application thread leads the loop, the I/O thread looks "
-                        "this often whether it still does")
+                        "this soon whether it still does")
+    park_most: float = _knob(0.008, "... and, each time it still does, twice as late, up to this")
     handover_wait: float = _knob(0.01, "a receiving thread waits this long for the lead")
     hole_delay: float = _knob(0.002, "a hole is NAKed this soon (runs reordered across paths come "
                               "within it)")
@@ -153,6 +154,7 @@ _ORDER = [
     ("token_period", "idle_token_period", "le", "the active token is not slower than the idle one"),
     ("heartbeat_period", "empty_scope_timeout", "lt", "an empty scope retires after some ticks"),
     ("park", "handover_wait", "lt", "a thread waiting for the lead gets it within its wait"),
+    ("park", "park_most", "le", "the I/O thread's looks only grow rarer"),
     ("lost_hole_delay", "hole_delay", "le", "evidence of loss only hastens a NAK"),
     ("hole_delay", "tail_fallback", "lt", "a tail is asked for after holes are"),
     ("tail_fallback", "tail_fallback_max", "le", "the bound past which anything goes"),
