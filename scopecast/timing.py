@@ -155,6 +155,7 @@ _ORDER = [
     ("heartbeat_period", "empty_scope_timeout", "lt", "an empty scope retires after some ticks"),
     ("park", "handover_wait", "lt", "a thread waiting for the lead gets it within its wait"),
     ("park", "park_most", "le", "the I/O thread's looks only grow rarer"),
+    ("park", "hole_delay", "le", "what a member forwards pauses no longer than a hole waits"),
     ("lost_hole_delay", "hole_delay", "le", "evidence of loss only hastens a NAK"),
     ("hole_delay", "tail_fallback", "lt", "a tail is asked for after holes are"),
     ("tail_fallback", "tail_fallback_max", "le", "the bound past which anything goes"),

@@ -140,3 +140,9 @@ def test_the_io_thread_looks_ever_more_rarely_while_a_receiving_thread_keeps_the
         assert b.park_for == PARK  # (set as it took the lead back)
         publish(a, 1, 100)
         assert [m.seq for m in take(b, inbox, 100)] == list(range(1, 101))
+        # a member that forwards looks every PARK: a longer pause in what it forwards would be a
+        # hole to the members that take the rest of the stream by another path
+        b.call_wait(setattr, b.tables, "routes", {TOPIC + 1: []})
+        looks = b.stats["park_looks"]
+        b.lead(lambda: b.stats["park_looks"] >= looks + 8, 10.0)
+        assert b.park_for == PARK

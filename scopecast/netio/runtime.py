@@ -444,25 +444,25 @@ class MemberRuntime:
     # -------------------------------------------------------------------------- the I/O loop
 
     def _run(self) -> None:
-        """The I/O thread: lead the loop unless an application thread does (see module
-        docstring); while one does, look PARK later whether it still does, each time twice as
-        late, up to PARK_MOST (a look every PARK cost 1 KB 1 -> 4 12% of its throughput)."""
+        """The I/O thread: lead unless an application thread does (module docstring); while one
+        does, look PARK later whether it still does, each time twice as late, up to PARK_MOST
+        (a look every PARK cost 1 KB 1 -> 4 12%); a member that forwards every PARK: a pause over
+        hole_delay in what it forwards is a hole to members taking the rest by another path."""
         while not self.stopped:
             if self._lead.acquire(blocking=False):
                 self._io_leads, self.park_for = True, PARK
                 try:
-                    self._loop(self._handing_over, INF)
+                    self._loop(lambda: self._handover, INF)  # (until a receiving thread asks)
                 finally:
                     self._io_leads = False
                     self._handover = False
                     self._release_lead()
             else:
-                self.park_for = min(2 * self.park_for, PARK_MOST)
+                self.stats["park_looks"] += 1
+                if not self.tables.routes:
+                    self.park_for = min(2 * self.park_for, PARK_MOST)
             if not self.stopped:
                 self._park.acquire(timeout=self.park_for)
-
-    def _handing_over(self) -> bool:
-        return self._handover
 
     def lead(self, done, timeout: float) -> bool:
         """Run the I/O loop on this (application) thread until `done()` or `timeout` seconds:
