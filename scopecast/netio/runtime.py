@@ -111,9 +111,9 @@ class MemberRuntime:
         self._sleeping = self._wake_pending = self._polled = False  # (_polled: see _step)
         # the I/O loop's leadership (see module docstring): held by the thread running the loop
         self._lead = threading.Lock()
-        self._park = threading.Lock()  # the I/O thread waits on it while it does not lead,
+        self._park = threading.Lock()  # the I/O thread waits on it while it does not lead
         self._park.acquire()
-        self.park_for = PARK  # this long at a time (see _run)
+        self.park_for = PARK  # how long it waits there at a time (see _run)
         self._io_leads, self._handover = False, False  # (_handover: a receiving thread asks)
         self._ordinal = itertools.count(1)  # stream sequence numbers; next() is atomic
         self.app_bytes = 0      # queued by publishers (application threads)
@@ -445,9 +445,9 @@ class MemberRuntime:
 
     def _run(self) -> None:
         """The I/O thread: lead unless an application thread does (module docstring); while one
-        does, look PARK later whether it still does, each time twice as late, up to PARK_MOST
-        (a look every PARK cost 1 KB 1 -> 4 12%); a member that forwards every PARK: a pause over
-        hole_delay in what it forwards is a hole to members taking the rest by another path."""
+        does, look PARK later whether it still does, each time twice as late, up to PARK_MOST (a
+        look every PARK cost 1 KB 1 -> 4 12%). A member that forwards looks every PARK: a pause
+        over hole_delay in what it forwards is a hole to members taking the rest another way."""
         while not self.stopped:
             if self._lead.acquire(blocking=False):
                 self._io_leads, self.park_for = True, PARK
