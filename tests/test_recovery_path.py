@@ -148,6 +148,7 @@ def test_a_hole_a_channel_shows_lost_is_asked_for_sooner_than_one_that_may_be_a_
         _take(member, first, 3)  # a hole of 7 just before it
         if lost:
             recovery.loss_seen_at = last + LOST_DELAY / 2
+        assert recovery.idle_timeout(None) == (LOST_DELAY if lost else HOLE_DELAY)  # the wait
         recovery.tick_if_due(last + (LOST_DELAY + HOLE_DELAY) / 2)
         early = member.stats["naks_sent"] - before
         recovery.tick_if_due(last + HOLE_DELAY)

@@ -120,22 +120,22 @@ class RecoveryPath:
         """The periodic push, every period; at once on a new hole, on a NAK due again, and on
         progress while the period is `idle` (a sender stalled on its window says so at once);
         soon again while idle and unstable (`_settling`). The I/O loop calls it only from
-        `tick_at` (the next of these times), on a hole, or on progress while `idle`. A hole
-        waits HOLE_DELAY after the last summary (a run reordered across paths comes within it),
-        only LOST_DELAY when a channel has shown a datagram lost since: that hole is a loss."""
+        `tick_at` (the next of these times), on a hole, or on progress while `idle`."""
         since = now - self._last_summary
         if since >= self._period or (
                 (self.hole_opened or now >= self.retry_at or now >= self.settle_at
-                 or self.progressed and self.idle)
-                and (since >= HOLE_DELAY or since >= LOST_DELAY and self.hole_opened
-                     and self.loss_seen_at > self._last_summary)):
+                 or self.progressed and self.idle) and since >= self._hole_delay()):
             self._recovery_tick(now)
+
+    def _hole_delay(self) -> float:
+        """A new hole's wait after the last summary: less where a channel showed a loss since."""
+        return LOST_DELAY if self.hole_opened and self.loss_seen_at > self._last_summary else HOLE_DELAY
 
     def idle_timeout(self, timeout: float | None) -> float:
         """How long the I/O loop may wait before this path has something to do, at most
         `timeout` (the other paths' bound; None: 0.1 s)."""
         if self.hole_opened or self.progressed and self.idle:
-            return HOLE_DELAY
+            return self._hole_delay()
         if timeout is None:
             timeout = min(0.1, self._period) if self.reliable or self._reorder.held else 0.1
         due = min(self.retry_at, self.settle_at)  # (a NAKed hole to ask for again, a report)

@@ -358,7 +358,8 @@ class MemberRuntime:
         until the scope announces it (publishers wait for every member to know it). The dicts
         are the runtime's from now on (not copied: thousands of topics, one member)."""
         self.tables.topic_names = names
-        self.tables.sessions = self.tables.sessions if sessions is None else sessions
+        if sessions is not None:
+            self.tables.sessions = sessions
         for sub in self.tables.subscriptions:
             self.tables.match_patterns(sub)
         self._tables_changed()
@@ -438,8 +439,8 @@ class MemberRuntime:
         }
 
     def _offload_status(self) -> dict:
-        offloads = Offloads(self.sender.gso, self.offloads.gro)
-        return offload_status(offloads, self._datagram, self.stats, self.sender.gso_error)
+        return offload_status(Offloads(self.sender.gso, self.offloads.gro), self._datagram,
+                              self.stats, self.sender.gso_error)
 
     # -------------------------------------------------------------------------- the I/O loop
 
