@@ -1,7 +1,8 @@
 """Repair does not wait behind new data (issue 40 item 5; QSM gives recovery priority, thesis
 4611-4616): a receiver stops taking its backlog when a hole opens, so the hole is NAKed at once;
-the member's own socket (NAKs, repairs, acknowledgements) is read before its multicast sockets;
-a sender's pump yields to its sockets after PUMP_BYTES. Real runtimes on real sockets; how fast
+the member's own socket (NAKs, repairs, acknowledgements) is read before its multicast sockets,
+and while a hole waits for its repair a multicast socket is read only a few calls a pass; a
+sender's pump yields to its sockets after PUMP_BYTES. Real runtimes on real sockets; how fast
 repairs come is the loss suite's to measure."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 
 from member_pair import TOPIC, member_pair, received, wait_for
 
+from scopecast.netio.receive_path import AWAITING_BUDGET
 from scopecast.netio.runtime import RuntimeConfig
 from scopecast.netio.send_path import PUMP_BYTES
 
@@ -111,6 +113,36 @@ def test_the_members_own_socket_is_read_before_its_multicast_sockets():
             assert result == [["own", "group"]]
         finally:
             sub.call_wait(lambda: sub._sel.unregister(group))
+            group.close()
+
+
+def test_while_a_hole_waits_a_multicast_socket_is_read_a_few_calls_a_pass():
+    with member_pair(RuntimeConfig(ack_timeout=600.0)) as (pub, sub, inbox):
+        group = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # (not in the loop's selector)
+        group.bind(("127.0.0.1", 0))
+        group.setblocking(False)
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        n = 3 * AWAITING_BUDGET
+
+        def one_pass(waiting: bool) -> int:  # on the I/O thread: one drain of the group socket
+            if waiting:
+                sub.recovery.gap_at[(TOPIC, 99, 1)] = [(5, time.monotonic())]
+            before = sub.stats["recv_calls"]
+            try:
+                sub.receiver.drain(group)
+            finally:
+                sub.recovery.gap_at.pop((TOPIC, 99, 1), None)
+            return sub.stats["recv_calls"] - before
+
+        try:
+            for _ in range(n):  # (junk: each is read, and dropped as too short)
+                sender.sendto(b"x", group.getsockname())
+            time.sleep(0.02)
+            assert sub.call_wait(one_pass, True) == AWAITING_BUDGET
+            # no hole: the rest in one pass
+            assert sub.call_wait(one_pass, False) == n - AWAITING_BUDGET
+        finally:
+            sender.close()
             group.close()
 
 

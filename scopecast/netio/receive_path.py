@@ -33,7 +33,8 @@ from scopecast.netio.wire import WireRun
 log = logging.getLogger("scopecast.netio.runtime")
 HEADER, MIXED = wire.HEADER, wire.MIXED
 STAMP, STAMP_AT = wire.STAMP, wire.STAMP_AT
-DRAIN_BUDGET = 512  # datagrams per socket per pass: control calls and timers run between passes
+DRAIN_BUDGET = 512  # receive calls per socket per pass: control calls and timers run between passes
+AWAITING_BUDGET = 8  # on a group's socket while a hole waits: its repair comes on the own socket
 
 
 class ReceivePath:
@@ -106,7 +107,8 @@ class ReceivePath:
         space = GRO_SPACE if self._gro else 0
         stats, delivery, recovery = self.stats, self.delivery, self.recovery
         opened = recovery.hole_opened
-        for _ in range(DRAIN_BUDGET):
+        budget = AWAITING_BUDGET if recovery.gap_at and sock is not self._sock else DRAIN_BUDGET
+        for _ in range(budget):
             self.stamp_in = 0
             try:
                 data, *ancillary = recv(size, space) if space else recv(size)
@@ -134,8 +136,7 @@ class ReceivePath:
                 return
 
     def _time_delivery(self) -> None:
-        """Delivery latency, sampled once a receive call: from the stamp of the call's (last)
-        data datagram to its messages' delivery to this process's subscribers."""
+        """Delivery latency of one receive call: its (last) data datagram's stamp -> delivered."""
         ms = wire.stamp_age_ms(self.stamp_in, wire.stamp_now())
         if ms is None:
             self.stats["latency_unclocked"] += 1  # the sender's clock disagrees with ours
@@ -145,8 +146,7 @@ class ReceivePath:
 
     def _take_segments(self, data: bytes, size: int) -> None:
         """The datagrams of one GRO receive call (segments of `size` bytes, the last may be
-        shorter): consecutive plain runs of one stream as one run, read in C; the rest one by
-        one."""
+        shorter): consecutive plain runs of one stream as one run, read in C; the rest singly."""
         scanner = self._auth.batch_scanner  # (of the key it seals with: auth.KeyRing)
         scan = scanner.scan if scanner is not None else None
         pos, end = 0, len(data)
