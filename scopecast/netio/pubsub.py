@@ -63,7 +63,8 @@ class Publisher:
     """Publishes to one topic; messages are numbered 1, 2, ... per (topic, source, session)."""
 
     __slots__ = ("_element", "_runtime", "_publish", "topic", "_topic_id", "_sessions", "_session",
-                 "_max", "reliable", "_seq", "_start", "_last_sseq", "_closed")  # thousands a process
+                 "_max", "reliable", "_seq", "_start", "_last_sseq", "_closed",
+                 "exported")  # thousands a process
 
     def __init__(self, element, name: str, grant: Advertised) -> None:
         self._element = element
@@ -78,6 +79,7 @@ class Publisher:
         self._seq = self._start = self._runtime.stream_ends.get((topic_id, self._session), 0)
         self._last_sseq = 0
         self._closed = False
+        self.exported = 0  # what of `published` the metrics exporter copied (not a dict of them)
 
     @property
     def seq(self) -> int:

@@ -87,7 +87,6 @@ class MetricsExporter:
                                   f"{LATENCY_SAMPLES} a second of them observed)",
                                   boundaries=LATENCY_BOUNDS_MS, tag_keys=("scope",))
         self._seen: dict[tuple, int] = {}    # (scope, counter) -> value last copied
-        self._pubs: dict[int, int] = {}      # id(publisher) -> its count last copied
         self._tagged: set[str] = set()       # the topics published messages are tagged with
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scopecast-metrics", daemon=True)
@@ -136,13 +135,9 @@ class MetricsExporter:
                     histogram.observe(ms, tags)
             for pub in pubs:
                 count = pub.published
-                d = count - self._pubs.get(id(pub), 0)
-                self._pubs[id(pub)] = count
+                d, pub.exported = count - pub.exported, count
                 if d > 0:
                     published[(scope, pub.topic)] = published.get((scope, pub.topic), 0) + d
-        live = {id(p) for _s, _r, pubs in sources for p in pubs}
-        for gone in self._pubs.keys() - live:
-            del self._pubs[gone]
         # a topic keeps the tag it got: the busiest first get the TOP_TOPICS tags, for good
         for (scope, topic), n in sorted(published.items(), key=lambda kv: -kv[1]):
             if topic not in self._tagged and len(self._tagged) < TOP_TOPICS:
