@@ -100,7 +100,7 @@ def measure_send(size: int, datagram_bytes: int, count: int, batch_c: bool = Tru
     try:
         rt.call_wait(rt.install_members, [MemberInfo(ME, "A", *rt.address)])
         rt.call_wait(rt.install_topics, {TOPIC: "t"}, {TOPIC: 1})
-        rt.call_wait(rt.install_routes, {TOPIC: [Route(RoutingLabel(("A",), ("B",), TOPIC, "A"),
+        rt.call_wait(rt.install_routes, {TOPIC: [Route(RoutingLabel(("A",), ("B",), "A"),
                                                        UnicastEndpoint(*sink.getsockname()))]})
         messages = count  # at least one datagram each at MTU size and 1 KB; more if smaller
 

@@ -48,7 +48,7 @@ def sender(key: bytes, topics: int, sink: socket.socket) -> MemberRuntime:
     ids = reliable_topics(rt, topics)
     to = UnicastEndpoint(*sink.getsockname())
     rt.call_wait(rt.install_routes,
-                 {t: [Route(RoutingLabel(("p",), ("*",), t, "p"), to)] for t in ids})
+                 {t: [Route(RoutingLabel(("p",), ("*",), "p"), to)] for t in ids})
     return rt
 
 

@@ -34,7 +34,7 @@ def member_pair(config: RuntimeConfig | None = None, session: int = 1, window: b
             rt.call_wait(rt.install_topics, {TOPIC: "T"}, {TOPIC: session})
         inbox = Subscription(frozenset([TOPIC]))
         b.call_wait(b.add_subscription, inbox)
-        a.call_wait(a.install_routes, {TOPIC: [Route(RoutingLabel(("A",), ("B",), TOPIC, "A"),
+        a.call_wait(a.install_routes, {TOPIC: [Route(RoutingLabel(("A",), ("B",), "A"),
                                                      UnicastEndpoint(*b.address))]},
                     {b.address: {2}} if window else None)
         yield a, b, inbox

@@ -237,7 +237,7 @@ def test_the_sender_hears_the_root_and_its_window_waits_for_a_receiver_two_level
             inboxes[rt.member_id] = Subscription(frozenset([TOPIC]))
             rt.call_wait(rt.add_subscription, inboxes[rt.member_id])
         pub.call_wait(pub.install_routes,
-                      {TOPIC: [Route(RoutingLabel(("M1",), ("*",), TOPIC, "M1"), group)]},
+                      {TOPIC: [Route(RoutingLabel(("M1",), ("*",), "M1"), group)]},
                       {group.address: set(ids)})
         order = tree_order(pub.member_id, ids)
         deep = order[FANIN + 1]  # a child of a child of the root

@@ -162,7 +162,7 @@ def make_env():
         subscription = Subscription(frozenset([TOPIC]))
         sub.call_wait(sub.add_subscription, subscription)
         pub.call_wait(pub.install_routes,
-                      {TOPIC: [Route(RoutingLabel(("A",), ("*",), TOPIC, "A"), group)]},
+                      {TOPIC: [Route(RoutingLabel(("A",), ("*",), "A"), group)]},
                       {group.address: {SUB_ID}})
         return Env(key, pub, sub, subscription, group, junk)
 
@@ -402,7 +402,7 @@ def test_malformed_routing_record_at_a_forwarder(make_env):
         sink.bind(("127.0.0.1", 0))
         # the subscriber also forwards topic T (to a sink nobody reads)
         env.sub.call_wait(env.sub.install_routes, {TOPIC: [Route(
-            RoutingLabel(("B",), ("C",), TOPIC, "B"), UnicastEndpoint(*sink.getsockname()))]})
+            RoutingLabel(("B",), ("C",), "B"), UnicastEndpoint(*sink.getsockname()))]})
         routes = msgpack.packb([[[["x"], "J"]]])
         body = bytearray(wire.pack_header(wire.PacketType.DATA, 0, 1, JUNK_ID, 1, 1))
         body += wire.ROUTE_LEN.pack(len(routes)) + routes

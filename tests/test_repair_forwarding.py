@@ -33,9 +33,9 @@ def member_chain():
             rt.call_wait(rt.install_recovery, {PROTOCOL: ("127.0.0.1", 9)}, {TOPIC: PROTOCOL})
         inbox = Subscription(frozenset([TOPIC]))
         c.call_wait(c.add_subscription, inbox)
-        a.call_wait(a.install_routes, {TOPIC: [Route(RoutingLabel(("A",), ("B",), TOPIC, "A"),
+        a.call_wait(a.install_routes, {TOPIC: [Route(RoutingLabel(("A",), ("B",), "A"),
                                                      UnicastEndpoint(*b.address))]})
-        b.call_wait(b.install_routes, {TOPIC: [Route(RoutingLabel(("B",), ("C",), TOPIC, "A"),
+        b.call_wait(b.install_routes, {TOPIC: [Route(RoutingLabel(("B",), ("C",), "A"),
                                                      UnicastEndpoint(*c.address))]})
         yield a, b, c, inbox
     finally:

@@ -17,10 +17,10 @@ T = 7  # topic id of topic T
 
 # The channels the text lists, with their labels "P_L:..:P_1-Q_L:..:Q_1, T:R" (Fig. 3.15-3.17).
 CAMPUS = {
-    "A": RoutingLabel(("A",), ("B",), T, "A"),             # in P, messages originating at A
-    "B": RoutingLabel(("P", "B"), ("Q", "C"), T, "P"),     # in X, delegated by P to B
-    "C": RoutingLabel(("C",), ("D",), T, "C"),             # in Q, from its entry point C
-    "D": RoutingLabel(("Q", "D"), ("R", "E"), T, "P"),     # in X, delegated by Q to D
+    "A": RoutingLabel(("A",), ("B",), "A"),             # in P, messages originating at A
+    "B": RoutingLabel(("P", "B"), ("Q", "C"), "P"),     # in X, delegated by P to B
+    "C": RoutingLabel(("C",), ("D",), "C"),             # in Q, from its entry point C
+    "D": RoutingLabel(("Q", "D"), ("R", "E"), "P"),     # in X, delegated by Q to D
 }
 DESTINATION = {"A": "B", "B": "C", "C": "D", "D": "E"}
 
@@ -48,14 +48,14 @@ def test_channels_of_other_origins_do_not_match():
     # at D, a message that originated in Q (record (Q-Q)) must not take the channel labelled T:P
     assert not matches((("Q", "Q"), ("C", "D")), CAMPUS["D"])
     # at B, a record without a level-2 entry matches only if the channel's source scope is R
-    assert not matches((("A", "B"),), RoutingLabel(("P", "B"), ("Q", "C"), T, "Q"))
+    assert not matches((("A", "B"),), RoutingLabel(("P", "B"), ("Q", "C"), "Q"))
     # at A, a message that originated at B does not go back along A-B, T:A
     assert not matches((("B", "A"),), CAMPUS["A"])
 
 
 def test_extension_fills_every_missing_level():
     # a level-3 channel on a message with only a member-level record: levels 2 and 3 are filled
-    label = RoutingLabel(("X", "P", "B"), ("Y", "Q", "C"), T, "X")
+    label = RoutingLabel(("X", "P", "B"), ("Y", "Q", "C"), "X")
     out = forward((("A", "B"),), label)
     assert out == (("X", "Y"), ("Q", "Q"), ("C", "C"))
 
@@ -68,7 +68,7 @@ def test_entries_above_the_channel_level_are_kept():
 
 def test_label_paths_must_have_equal_length():
     with pytest.raises(ValueError):
-        RoutingLabel(("P", "B"), ("Q",), T, "P")
+        RoutingLabel(("P", "B"), ("Q",), "P")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ the suite run."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -28,7 +29,7 @@ from scopecast.scopes.scope_admin import ScopeChoices
 from scopecast.scopes.scope_manager import DEFAULT_SETTINGS
 from scopecast.scopes.topic_view import ScopeTopics
 from scopecast.scopes.topics import TopicInfo
-from scopecast.scopes.views import MalformedView, MemberView
+from scopecast.scopes.views import MalformedView, MemberView, ViewRoute
 
 PATH = "lan0/host-x"
 
@@ -366,6 +367,23 @@ def test_a_view_of_another_version_or_malformed_is_a_typed_error(change):
     assert MemberView.from_wire(view.to_wire(1, None)) == (1, view, None)
     with pytest.raises(MalformedView):
         MemberView.from_wire({**view.to_wire(1, None), **change})
+
+
+def test_a_view_of_many_topics_decodes_to_one_int_a_topic_and_one_name_a_protocol():
+    """A member of thousands of topics keeps its routes, protocols and cached topics by id: the
+    same id is one int object in all of them, and the protocols go as {protocol: its topics}."""
+    ids = range(1000, 1300)
+    route = ViewRoute(("a",), ("b",), "a", ("u", "h", 1, 2), None, "lan0", tuple(ids))
+    view = MemberView((), (route,), (), {}, {},
+                      {t: "token_ring" if t % 3 else "ack_tree" for t in ids}, tuple(ids), {})
+    wire = view.to_wire(2, None)
+    assert sorted(wire["protocols"]) == ["ack_tree", "token_ring"]
+    _version, back, _piece = MemberView.from_wire(copy.deepcopy(wire))
+    assert back == view
+    (routed,) = back.routes
+    keys = {t: t for t in back.protocols}  # each key object, by its value
+    assert all(t is keys[t] is c for t, c in zip(routed.topics, back.cached, strict=True))
+    assert len({id(p) for p in back.protocols.values()}) == 2
 
 
 def test_a_channel_delegated_from_above_goes_to_the_chosen_exits_split_by_a_filter():

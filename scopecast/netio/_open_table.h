@@ -1,10 +1,11 @@
 /* The hash table under the compiled per-topic tables (_seq_table.c, _tail_table.c): slots of a
  * fixed size, each starting with its key as the table stores it, never 0 (0 marks an empty
  * slot: SeqTable stores a topic id plus one, TailTable a topic, never 0, and a session), found
- * by a hash the table chooses (& mask, linear probing), at most half full; keys are never taken
- * out. A hash that
- * keeps sequential topic ids sequential puts topics made together side by side, so a publisher
- * going round them walks the slots in order. */
+ * by a hash the table chooses (& mask, linear probing), at most three quarters full; keys are
+ * never taken out. A hash that keeps sequential topic ids sequential puts topics made together
+ * side by side, so a publisher going round them walks the slots in order, and their probes
+ * seldom meet another key: filling to 3/4 rather than 1/2 halves the bytes a topic of a member
+ * of many topics (10,000 tails: 16,384 slots of 40 bytes, not 32,768). */
 
 #ifndef SCOPECAST_OPEN_TABLE_H
 #define SCOPECAST_OPEN_TABLE_H
@@ -18,7 +19,7 @@ typedef size_t (*ot_hash)(uint64_t stored);
 
 typedef struct {
     char *slots;
-    size_t mask;       /* capacity - 1; capacity a power of two, at least twice len */
+    size_t mask;       /* capacity - 1; capacity a power of two, at least 4/3 of len */
     size_t size;       /* bytes per slot, the stored key first */
     ot_hash hash;
     Py_ssize_t len;
@@ -96,7 +97,7 @@ ot_insert(OpenTable *t, uint64_t stored, int *made)
     *made = !OT_STORED(s);
     if (!*made)
         return s;
-    if ((size_t)(t->len + 1) * 2 > t->mask + 1) {
+    if ((size_t)(t->len + 1) * 4 > (t->mask + 1) * 3) {
         if (ot_grow(t) < 0)
             return NULL;
         s = ot_find(t, stored);

@@ -3,7 +3,10 @@
 A routing record is a tuple of (X_i, Y_i) pairs ordered from the highest level K down to level 1
 (level 1 is the member): X_i is the member of the level-(i+1) scope the message locally originated
 from, Y_i the member it is in or entering. A `RoutingLabel` names one forwarding-table entry:
-source path P_L..P_1, destination path Q_L..Q_1, topic, and the local origin R it carries.
+source path P_L..P_1, destination path Q_L..Q_1, and the local origin R it carries. The thesis'
+label also names the topic T; here T is the key the forwarding table files the entry under, so
+one label serves every topic of a channel (a member of 10,000 topics keeps a label a channel, not
+one a topic).
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ def origin_record(member: str) -> RoutingRecord:
 
 @dataclass(slots=True, frozen=True)
 class RoutingLabel:
-    """Channel label "P_L:...:P_1 - Q_L:...:Q_1, T:R" (paths written highest level first)."""
+    """Channel label "P_L:...:P_1 - Q_L:...:Q_1, T:R" (paths written highest level first)
+    without T, the forwarding table's key."""
 
     src: tuple[str, ...]
     dst: tuple[str, ...]
-    topic: int
     origin: str
 
     def __post_init__(self) -> None:
@@ -37,7 +40,7 @@ class RoutingLabel:
         return len(self.src)
 
     def __str__(self) -> str:
-        return f"{':'.join(self.src)}-{':'.join(self.dst)}, {self.topic}:{self.origin}"
+        return f"{':'.join(self.src)}-{':'.join(self.dst)}, {self.origin}"
 
 
 def matches(record: RoutingRecord, label: RoutingLabel) -> bool:

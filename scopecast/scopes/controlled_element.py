@@ -130,7 +130,10 @@ class ControlledElement:
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._topic_names: dict[int, str] = {}
+        self._sessions: dict[int, int] = {}
         self._table = TopicTable(member=True)
+        self._table_moved = True  # since the last install (names and sessions made anew)
+        self._installed: MemberView | None = None  # the view installed last
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         self._latest: dict | None = None  # the data plane's counters taken last (see _counters)
         self._siblings: list[MemberInfo] = []
@@ -191,7 +194,7 @@ class ControlledElement:
             if self._published:
                 call(self.manager.advertise, self.member_id, list(self._published),
                      timeout=_names_timeout(self._published))
-            self._version = 0
+            self._version, self._installed = 0, None  # (every table installed again)
         self._rejoining = False
         log.warning("member %d had been dropped by scope %r; rejoined as member %d", old,
                     self.scope, self.member_id)
@@ -298,39 +301,55 @@ class ControlledElement:
                 piece = tuple(piece)   # I/O thread)
                 base = ray.get(self._table.base_ref(piece)) if self._table.needs_base(piece) \
                     else None
-                self._table.take(piece, base)
-            self._table.take_early(view.early)
+                if self._table.take(piece, base) and self._table.changed != set():
+                    self._table_moved = True
+            if self._table.take_early(view.early):
+                self._table_moved = True
             self.runtime.call_wait(self._install, view, beat=self._beat)
             self._version = version
 
     def _install(self, view: MemberView) -> None:
-        """Runs on the I/O thread: swap in the new tables."""
-        rt = self.runtime
+        """Runs on the I/O thread: swap in the new tables. A table the view leaves as it was is
+        not made again: a member of 10,000 topics gets a view for each change anywhere in its
+        scope, and tables of 10,000 entries made and dropped each time cost it CPU and left its
+        heap fragmented (resident memory a topic it never gave back)."""
+        rt, last = self.runtime, self._installed
         self._siblings = [MemberInfo(*m) for m in view.members]
         rt.install_members(self._siblings + list(self._peers.values()))
-        entries = self._table.entries  # by topic id: the dicts below share its keys
-        sessions = {tid: session for tid, (_name, session) in entries.items()}
-        self._topic_names = {tid: name for tid, (name, _session) in entries.items()}
-        rt.install_topics(self._topic_names, sessions)
-        for tid, session in sessions.items():  # topics this process publishes move on later
-            if rt.publish_sessions.get(tid, session) < session:
+        if self._table_moved:
+            entries = self._table.entries  # by topic id: the dicts below share its keys
+            self._sessions = {tid: session for tid, (_name, session) in entries.items()}
+            self._topic_names = {tid: name for tid, (name, _session) in entries.items()}
+            rt.install_topics(self._topic_names, self._sessions)
+            self._table_moved = False
+        for tid, session in self._sessions.items():  # topics this process publishes move on
+            if rt.publish_sessions.get(tid, session) < session:   # later
                 self._session_moves[tid] = session
         rt.install_groups(set(view.groups), {_address(k): v for k, v in view.joined.items()})
-        routes: dict[int, tuple[Route, ...]] = {}
-        for r in view.routes:  # one entry per channel, with the topics it serves
-            channel = _channel(r)
-            for topic in r.topics:
-                route = Route(RoutingLabel(r.src, r.dst, topic, r.origin), channel)
-                routes[topic] = routes.get(topic, ()) + (route,)  # (mostly one)
-        receivers = {_address(k): set(v) for k, v in view.receivers.items()}
-        rt.install_routes(routes, receivers)
+        if last is None or (last.routes, last.receivers) != (view.routes, view.receivers):
+            self._install_routes(view)
         if view.demoted and not self.demoted:
             self.demoted = view.demoted
             log.warning("member %d demoted to client by scope %r: %s; its publishers no longer "
                         "wait for it and it may miss messages", self.member_id, self.scope,
                         self.demoted)
-        rt.install_recovery(dict(view.agents), dict(view.protocols), set(view.cached))
+        if last is None or (last.agents, last.protocols, last.cached) != \
+                (view.agents, view.protocols, view.cached):  # (the runtime keeps `protocols`)
+            rt.install_recovery(dict(view.agents), view.protocols, set(view.cached))
         self._take_keys(view.keys)
+        self._installed = view
+
+    def _install_routes(self, view: MemberView) -> None:
+        """The forwarding table of `view` (on the I/O thread)."""
+        routes: dict[int, tuple[Route, ...]] = {}
+        alike: dict[tuple[int, ...], tuple[Route, ...]] = {}  # by the routes' ids
+        for r in view.routes:  # one entry per channel, with the topics it serves
+            route = Route(RoutingLabel(r.src, r.dst, r.origin), _channel(r))
+            for topic in r.topics:  # topics of the same channels share one tuple
+                both = routes.get(topic, ()) + (route,)  # (mostly one)
+                routes[topic] = alike.setdefault(tuple(map(id, both)), both)
+        receivers = {_address(k): set(v) for k, v in view.receivers.items()}
+        self.runtime.install_routes(routes, receivers)
 
     def _take_keys(self, keys: ClusterKeys) -> None:
         """Seal and accept as `keys` say (auth.ClusterKeys), if they are newer than this
