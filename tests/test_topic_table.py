@@ -8,7 +8,7 @@ import random
 import pytest
 
 from scopecast.scopes import topic_table
-from scopecast.scopes.topic_table import REBASE_MIN, TopicTable, member_entry
+from scopecast.scopes.topic_table import REBASE_MIN, MemberTopicTable, TopicTable, member_entry
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,7 @@ def _kept(entries: dict) -> dict:
 
 
 def test_a_child_takes_only_the_changes_past_its_position():
-    root, scope, member = _root(), TopicTable(), TopicTable(member=True)
+    root, scope, member = _root(), TopicTable(), MemberTopicTable()
     _send(root, scope)
     _send(scope, member)
     assert scope.changed is None and scope.entries == root.entries
@@ -61,6 +61,23 @@ def test_a_child_takes_only_the_changes_past_its_position():
         assert scope.entries == root.entries and member.entries == _kept(root.entries)
     assert root.piece(scope.position) is None and scope.piece(member.position) is None
     assert not scope.take(root.piece(None), None)  # the whole log again: nothing new
+
+
+def test_a_members_names_and_sessions_handed_over_are_never_changed_afterwards():
+    """The member's runtime keeps the dicts it is given and reads them on its I/O thread."""
+    root, member = _root(), MemberTopicTable()
+    _send(root, member)
+    names, sessions = member.names, member.sessions
+    assert names == {i: f"t/{i}" for i in range(1, 6)} and set(sessions) == set(names)
+    root.change("6", _body(6))
+    root.change("3", _body(3, 2))
+    _send(root, member)
+    assert names == {i: f"t/{i}" for i in range(1, 6)} and sessions[3] == 1  # as handed over
+    assert member.names[6] == "t/6" and member.sessions[3] == 2
+    held = member.names
+    assert member.take_early({"9": _body(9)}) == {"9"}
+    assert 9 not in held and member.names[9] == "t/9"
+    assert member.entries == {**_kept(root.entries), 9: ("t/9", 1)}
 
 
 def test_a_lost_piece_is_refused_and_sent_again_from_the_position_the_child_has():
@@ -92,7 +109,7 @@ def test_a_new_base_replaces_the_old_and_an_older_piece_is_ignored():
 
 def test_random_changes_through_two_levels_end_at_the_roots_entries():
     rng = random.Random(7)
-    root, scope, members = _root(20), TopicTable(), [TopicTable(member=True) for _ in range(3)]
+    root, scope, members = _root(20), TopicTable(), [MemberTopicTable() for _ in range(3)]
     for step in range(600):
         key = str(rng.randrange(1, 120))
         root.change(key, None if rng.random() < 0.2 else _body(int(key), step))
@@ -109,7 +126,7 @@ def test_random_changes_through_two_levels_end_at_the_roots_entries():
 
 
 def test_early_entries_travel_down_and_give_way_to_the_tables_own():
-    root, scope, member = _root(), TopicTable(), TopicTable(member=True)
+    root, scope, member = _root(), TopicTable(), MemberTopicTable()
     _send(root, scope)
     _send(scope, member)
     assert scope.take_early({"9": _body(9)}) == {"9"}  # fetched from the root before the table

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from scopecast.netio.auth import ClusterKeys
 from scopecast.scopes.controlled_element import ControlledElement
-from scopecast.scopes.topic_table import TopicTable
+from scopecast.scopes.topic_table import MemberTopicTable
 from scopecast.scopes.views import MemberView, ViewRoute
 
 
@@ -44,8 +44,8 @@ def _element() -> ControlledElement:
     element = object.__new__(ControlledElement)  # (its constructor joins a Ray cluster)
     element.runtime = RecordingRuntime()
     element._installed, element._table_moved = None, True
-    element._table = TopicTable(member=True)
-    element._sessions, element._topic_names, element._session_moves = {}, {}, {}
+    element._table = MemberTopicTable()
+    element._session_moves = {}
     element._siblings, element._peers = [], {}
     element.demoted, element.member_id, element.scope = "", 1, "lan0"
     element._keys = ClusterKeys.first(b"k" * 32)
@@ -74,11 +74,15 @@ def test_the_topics_of_the_same_channels_share_one_route_tuple():
 def test_a_view_that_leaves_a_table_as_it_was_does_not_install_it_again():
     element = _element()
     calls = element.runtime.calls
-    element._install(_view(range(100, 200)))
+    first = _view(range(100, 200))
+    element._install(first)
     assert {"topics", "routes", "recovery"} <= set(calls)
     calls.clear()
     element._install(_view(range(100, 200)))  # another view alike
     assert "routes" not in calls and "recovery" not in calls and "topics" not in calls
+    # what it keeps to compare the next view with is what it installed, not a second copy
+    assert element._installed.protocols is first.protocols
+    assert element._installed.routes is first.routes
     element._install(_view(range(100, 200), protocol="ack_tree"))
     assert "recovery" in calls and "routes" not in calls
     calls.clear()

@@ -40,7 +40,7 @@ from scopecast.netio.runtime import (
 )
 from scopecast.netio.transport import member_interface
 from scopecast.scopes.paths import scope_actor
-from scopecast.scopes.topic_table import TopicTable
+from scopecast.scopes.topic_table import MemberTopicTable
 from scopecast.scopes.views import MalformedView, MemberView, ViewRoute
 from scopecast.timing import TIMING
 
@@ -129,9 +129,7 @@ class ControlledElement:
         self._stop = threading.Event()
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
-        self._topic_names: dict[int, str] = {}
-        self._sessions: dict[int, int] = {}
-        self._table = TopicTable(member=True)
+        self._table = MemberTopicTable()
         self._table_moved = True  # since the last install (names and sessions made anew)
         self._installed: MemberView | None = None  # the view installed last
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
@@ -316,28 +314,31 @@ class ControlledElement:
         rt, last = self.runtime, self._installed
         self._siblings = [MemberInfo(*m) for m in view.members]
         rt.install_members(self._siblings + list(self._peers.values()))
+        table = self._table  # (its dicts are never changed once handed over: MemberTopicTable)
         if self._table_moved:
-            entries = self._table.entries  # by topic id: the dicts below share its keys
-            self._sessions = {tid: session for tid, (_name, session) in entries.items()}
-            self._topic_names = {tid: name for tid, (name, _session) in entries.items()}
-            rt.install_topics(self._topic_names, self._sessions)
+            rt.install_topics(table.names, table.sessions)
             self._table_moved = False
-        for tid, session in self._sessions.items():  # topics this process publishes move on
+        for tid, session in table.sessions.items():  # topics this process publishes move on
             if rt.publish_sessions.get(tid, session) < session:   # later
                 self._session_moves[tid] = session
         rt.install_groups(set(view.groups), {_address(k): v for k, v in view.joined.items()})
-        if last is None or (last.routes, last.receivers) != (view.routes, view.receivers):
+        kept = {}  # the parts installed before that this view has alike (kept, not its own)
+        if last is not None and (last.routes, last.receivers) == (view.routes, view.receivers):
+            kept.update(routes=last.routes, receivers=last.receivers)
+        else:
             self._install_routes(view)
         if view.demoted and not self.demoted:
             self.demoted = view.demoted
             log.warning("member %d demoted to client by scope %r: %s; its publishers no longer "
                         "wait for it and it may miss messages", self.member_id, self.scope,
                         self.demoted)
-        if last is None or (last.agents, last.protocols, last.cached) != \
-                (view.agents, view.protocols, view.cached):  # (the runtime keeps `protocols`)
+        if last is not None and (last.agents, last.protocols, last.cached) == \
+                (view.agents, view.protocols, view.cached):
+            kept.update(agents=last.agents, protocols=last.protocols, cached=last.cached)
+        else:  # (the runtime keeps `protocols`)
             rt.install_recovery(dict(view.agents), view.protocols, set(view.cached))
         self._take_keys(view.keys)
-        self._installed = view
+        self._installed = replace(view, **kept)
 
     def _install_routes(self, view: MemberView) -> None:
         """The forwarding table of `view` (on the I/O thread)."""
@@ -440,7 +441,7 @@ class ControlledElement:
             for tid, session in list(self._session_moves.items()):
                 self.runtime.publish_sessions[tid] = session
                 del self._session_moves[tid]
-                log.info("publishers of %s move to session %d", self._topic_names.get(tid),
+                log.info("publishers of %s move to session %d", self._table.names.get(tid),
                          session)
 
     def close(self) -> None:

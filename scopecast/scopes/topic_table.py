@@ -38,18 +38,16 @@ class TopicTable:
     """Topic entries by id (str) -> TopicInfo fields, the position they are at, and the log of
     changes since the base (which a scope passes on to its children).
 
-    A `member`'s table keeps `member_entry` of each entry by topic id (int), and takes its base
-    from the members' base, which has only that: at thousands of topics the whole entries cost a
-    member more memory than anything else it keeps per topic, and so did fetching them once
-    (Python keeps the memory it freed); int keys are the ids the member's own tables use.
+    A member's table is a `MemberTopicTable`.
 
     `early`: entries a scope fetched from the root before its parent's table brought them (a
     subscriber or publisher of a topic just made); they travel down beside the pieces and give
     way to the entry the table brings."""
 
-    def __init__(self, member: bool = False) -> None:
-        self._member = member
-        self.entries: dict = {}
+    _member = False  # (MemberTopicTable)
+
+    def __init__(self) -> None:
+        self._reset({})  # self.entries
         self.position: tuple[int, int] | None = None
         self.early: dict[str, dict] = {}
         self.changed: set | None = None  # keys the last take changed (None: any)
@@ -65,7 +63,7 @@ class TopicTable:
 
     def change(self, key: str, body: dict | None) -> None:
         """Add, replace (body) or delete (None) one entry (at the root: it keeps whole ones)."""
-        self._put(self.entries, key, body)
+        self._put(key, body)
         serial = self.position[1] + 1
         self._log.pop(key, None)
         self._log[key] = (serial, body)
@@ -125,12 +123,15 @@ class TopicTable:
         else:
             if since != base_serial or (have is not None and base_serial <= have[0]):
                 return False
-            self.entries, self._log, self.changed = dict(base), {}, None
+            self._reset(base)
+            self._log, self.changed = {}, None
             have = (base_serial, base_serial)
+        if changes and self.changed is not None:
+            self._will_change()
         for s, key, body in changes:
             if s <= have[1]:
                 continue
-            self._put(self.entries, key, body)
+            self._put(key, body)
             self.early.pop(key, None)
             if not self._member:  # (a member passes nothing on)
                 self._log.pop(key, None)
@@ -144,22 +145,66 @@ class TopicTable:
 
     def take_early(self, early: dict[str, dict]) -> set[str]:
         """Entries a parent fetched early; the keys this table did not have."""
-        new = {k: v for k, v in early.items() if self._key(k) not in self.entries}
+        new = {k: v for k, v in early.items() if not self._has(k)}
         self.early.update(new)
+        if new:
+            self._will_change()
         self._put_early(new)
         return set(new)
 
     def _put_early(self, early: dict[str, dict]) -> None:
         for key, body in early.items():
-            if self._key(key) not in self.entries:
-                self._put(self.entries, key, body)
+            if not self._has(key):
+                self._put(key, body)
 
-    def _key(self, key: str) -> str | int:
-        return int(key) if self._member else key
+    # ------------------------------------------------------- how the entries are kept (hooks)
 
-    def _put(self, entries: dict, key: str, body: dict | None) -> None:
-        key = self._key(key)
+    def _has(self, key: str) -> bool:
+        return key in self.entries
+
+    def _reset(self, base: dict) -> None:
+        self.entries = dict(base)
+
+    def _will_change(self) -> None:
+        """Entries are about to change in place (a member's table copies them first)."""
+
+    def _put(self, key: str, body: dict | None) -> None:
         if body is None:
-            entries.pop(key, None)
+            self.entries.pop(key, None)
         else:
-            entries[key] = member_entry(body) if self._member else body
+            self.entries[key] = body
+
+
+class MemberTopicTable(TopicTable):
+    """A member process's topic table: each topic's name and session by topic id (int), the two
+    dicts its runtime looks them up in (`names`, `sessions`), taken from the members' base
+    ({id: (name, session)}, which has only that: at thousands of topics the whole entries cost a
+    member more memory than anything else it keeps per topic, and so did fetching them once).
+
+    The runtime keeps the dicts it is given and reads them on its I/O thread, so a change that
+    takes a piece copies them first (`_will_change`): a dict handed over is never changed."""
+
+    _member = True
+
+    @property
+    def entries(self) -> dict[int, tuple[str, int]]:
+        """(name, session) by topic id: made on demand (diagnostics and tests)."""
+        return {k: (name, self.sessions[k]) for k, name in self.names.items()}
+
+    def _has(self, key: str) -> bool:
+        return int(key) in self.names
+
+    def _reset(self, base: dict) -> None:
+        self.names: dict[int, str] = {k: name for k, (name, _session) in base.items()}
+        self.sessions: dict[int, int] = {k: session for k, (_name, session) in base.items()}
+
+    def _will_change(self) -> None:
+        self.names, self.sessions = dict(self.names), dict(self.sessions)
+
+    def _put(self, key: str, body: dict | None) -> None:
+        key = int(key)
+        if body is None:
+            self.names.pop(key, None)
+            self.sessions.pop(key, None)
+        else:
+            self.names[key], self.sessions[key] = member_entry(body)
