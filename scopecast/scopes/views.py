@@ -46,6 +46,7 @@ class ViewRoute:
     def from_wire(cls, body: list, ids: dict[int, int] | None = None) -> ViewRoute:
         """`ids`: the topic ids met so far in this view (see `_one_int`)."""
         src, dst, origin, endpoint, flt, scope, topics = body
+        ids = {} if ids is None else ids
         endpoint = tuple(endpoint)
         if endpoint[0] == "u":
             endpoint = ("u", str(endpoint[1]), int(endpoint[2]), int(endpoint[3]))
@@ -55,7 +56,7 @@ class ViewRoute:
             raise ValueError(f"unknown endpoint {endpoint!r}")
         return cls(tuple(map(str, src)), tuple(map(str, dst)), str(origin), endpoint,
                    check_spec(flt), str(scope),
-                   tuple(_one_int(t, {} if ids is None else ids) for t in topics))
+                   tuple(_one_int(t, ids) for t in topics))
 
     @property
     def label(self) -> str:
@@ -109,8 +110,7 @@ class MemberView:
                        tuple((str(g), int(p)) for g, p in body["groups"]),
                        {str(k): tuple(map(int, v)) for k, v in body["receivers"].items()},
                        {str(p): (str(a[0]), int(a[1])) for p, a in body["agents"].items()},
-                       {_one_int(t, ids): sys.intern(str(p))
-                        for p, topics in body["protocols"].items() for t in topics},
+                       _protocols(body["protocols"], ids),
                        tuple(_one_int(t, ids) for t in body["cached"]), dict(body["early"]),
                        str(body.get("demoted") or ""),
                        {str(k): tuple(map(int, v)) for k, v in body["joined"].items()},
@@ -127,6 +127,15 @@ def _by_value(table: dict[int, str]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for topic, value in table.items():
         out.setdefault(value, []).append(topic)
+    return out
+
+
+def _protocols(wire: dict, ids: dict[int, int]) -> dict[int, str]:
+    """{protocol: its topics} (`_by_value`) back to {topic: protocol}, each name interned once."""
+    out: dict[int, str] = {}
+    for protocol, topics in wire.items():
+        name = sys.intern(str(protocol))
+        out.update((_one_int(t, ids), name) for t in topics)
     return out
 
 
