@@ -60,6 +60,7 @@ from scopecast.netio.topic_names import (
 from scopecast.netio.transport import member_interface
 from scopecast.scopes import credentials, multicast_probe
 from scopecast.scopes.agent_placement import AgentPlacement
+from scopecast.scopes.collector import collector_off
 from scopecast.scopes.container import PolicyContainer
 from scopecast.scopes.delegation import Delegation, MalformedDelegation
 from scopecast.scopes.downlink import Downlink
@@ -195,16 +196,17 @@ class ScopeManager:
             await asyncio.sleep(0)
 
     async def _relayout(self) -> None:
-        version = self._pending_version
-        for phase in ("choices", "events"):
-            # (after the choices, the entry members and exits are known: sources and members)
-            wanted = self.planner.wanted(self.policies.policy_key)
-            if await self.policies.run(self.container.requests(wanted, phase)):
-                self._dirty = True
-        self.downlink.delegated = self.planner.delegate()
-        self._dirty |= self.downlink.send()
-        self.applied = version
-        self.reporter.report()
+        with collector_off():  # (100,000 topics: see scopes/collector)
+            version = self._pending_version
+            for phase in ("choices", "events"):
+                # (after the choices, the entry members and exits are known: sources and members)
+                wanted = self.planner.wanted(self.policies.policy_key)
+                if await self.policies.run(self.container.requests(wanted, phase)):
+                    self._dirty = True
+            self.downlink.delegated = self.planner.delegate()
+            self._dirty |= self.downlink.send()
+            self.applied = version
+            self.reporter.report()
 
     async def _settle(self) -> None:
         while self._laying is not None and not self._laying.done():
