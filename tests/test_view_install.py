@@ -43,7 +43,7 @@ class RecordingRuntime:
 def _element() -> ControlledElement:
     element = object.__new__(ControlledElement)  # (its constructor joins a Ray cluster)
     element.runtime = RecordingRuntime()
-    element._installed, element._table_moved = None, True
+    element._installed, element._handed = None, None
     element._table = MemberTopicTable()
     element._session_moves = {}
     element._siblings, element._peers = [], {}
@@ -89,6 +89,6 @@ def test_a_view_that_leaves_a_table_as_it_was_does_not_install_it_again():
     element._install(_view(range(100, 201), protocol="ack_tree"))
     assert "routes" in calls and "recovery" in calls
     calls.clear()
-    element._table_moved = True  # (the topic table took a change)
+    element._table.take_early({"300": {"name": "late", "session": 1}})  # (a change)
     element._install(_view(range(100, 201), protocol="ack_tree"))
     assert calls.count("topics") == 1 and "routes" not in calls

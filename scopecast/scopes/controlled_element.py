@@ -130,7 +130,7 @@ class ControlledElement:
         self._published: dict[str, int] = {}   # topic -> open Publisher handles
         self._session_moves: dict[int, int] = {}  # topic -> session publishers should move to
         self._table = MemberTopicTable()
-        self._table_moved = True  # since the last install (names and sessions made anew)
+        self._handed: dict | None = None  # the table's names dict last handed to the runtime
         self._installed: MemberView | None = None  # the view installed last
         self._subscribed: dict[tuple, int] = {}  # (topic, role) -> open Subscriber handles
         self._latest: dict | None = None  # the data plane's counters taken last (see _counters)
@@ -299,10 +299,8 @@ class ControlledElement:
                 piece = tuple(piece)   # I/O thread)
                 base = ray.get(self._table.base_ref(piece)) if self._table.needs_base(piece) \
                     else None
-                if self._table.take(piece, base) and self._table.changed != set():
-                    self._table_moved = True
-            if self._table.take_early(view.early):
-                self._table_moved = True
+                self._table.take(piece, base)
+            self._table.take_early(view.early)
             self.runtime.call_wait(self._install, view, beat=self._beat)
             self._version = version
 
@@ -314,10 +312,10 @@ class ControlledElement:
         rt, last = self.runtime, self._installed
         self._siblings = [MemberInfo(*m) for m in view.members]
         rt.install_members(self._siblings + list(self._peers.values()))
-        table = self._table  # (its dicts are never changed once handed over: MemberTopicTable)
-        if self._table_moved:
+        table = self._table  # (a change makes its dicts anew, never changing one handed over:
+        if table.names is not self._handed:  # MemberTopicTable; so a new dict is a change)
             rt.install_topics(table.names, table.sessions)
-            self._table_moved = False
+            self._handed = table.names
         for tid, session in table.sessions.items():  # topics this process publishes move on
             if rt.publish_sessions.get(tid, session) < session:   # later
                 self._session_moves[tid] = session

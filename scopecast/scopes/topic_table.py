@@ -44,8 +44,6 @@ class TopicTable:
     subscriber or publisher of a topic just made); they travel down beside the pieces and give
     way to the entry the table brings."""
 
-    _member = False  # (MemberTopicTable)
-
     def __init__(self) -> None:
         self._reset({})  # self.entries
         self.position: tuple[int, int] | None = None
@@ -65,8 +63,7 @@ class TopicTable:
         """Add, replace (body) or delete (None) one entry (at the root: it keeps whole ones)."""
         self._put(key, body)
         serial = self.position[1] + 1
-        self._log.pop(key, None)
-        self._log[key] = (serial, body)
+        self._record(serial, key, body)
         self.position = (self.position[0], serial)
         if len(self._log) > max(REBASE_MIN, len(self.entries) // REBASE_FRACTION):
             self._rebase()
@@ -107,7 +104,7 @@ class TopicTable:
 
     def base_ref(self, piece: tuple):
         """Which base of `piece` this table takes (when `needs_base`)."""
-        return piece[1] if self._member else piece[0]
+        return piece[0]
 
     def take(self, piece: tuple, base: dict | None) -> bool:
         """Take what a parent sent (`base`: the fetched base when `needs_base`); False if it
@@ -133,9 +130,7 @@ class TopicTable:
                 continue
             self._put(key, body)
             self.early.pop(key, None)
-            if not self._member:  # (a member passes nothing on)
-                self._log.pop(key, None)
-                self._log[key] = (s, body)
+            self._record(s, key, body)
             if self.changed is not None:
                 self.changed.add(key)
         if self.changed is None:
@@ -174,6 +169,11 @@ class TopicTable:
         else:
             self.entries[key] = body
 
+    def _record(self, serial: int, key: str, body: dict | None) -> None:
+        """Log a change taken, to pass on to this scope's children."""
+        self._log.pop(key, None)
+        self._log[key] = (serial, body)
+
 
 class MemberTopicTable(TopicTable):
     """A member process's topic table: each topic's name and session by topic id (int), the two
@@ -184,7 +184,11 @@ class MemberTopicTable(TopicTable):
     The runtime keeps the dicts it is given and reads them on its I/O thread, so a change that
     takes a piece copies them first (`_will_change`): a dict handed over is never changed."""
 
-    _member = True
+    def base_ref(self, piece: tuple):
+        return piece[1]  # (the members' base: names and sessions only)
+
+    def _record(self, serial: int, key: str, body: dict | None) -> None:
+        pass  # (a member passes nothing on)
 
     @property
     def entries(self) -> dict[int, tuple[str, int]]:
