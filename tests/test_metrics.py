@@ -170,3 +170,16 @@ def test_the_grafana_dashboard_queries_only_series_scopecast_exports():
     used = set(re.findall(r"ray_scopecast_\w+", dashboard))
     assert used and used <= exported, used - exported
     assert len(json.loads(dashboard)["panels"]) >= 8
+
+
+def test_published_counts_go_by_tag_the_busiest_topics_tagged_for_good_the_rest_as_one():
+    from scopecast.ray_cluster.metrics import OTHER, TOP_TOPICS, by_tag
+
+    tagged: set[str] = set()
+    first = {("s", f"t{i}"): i for i in range(1, 1001)}  # t1000 the busiest
+    out = by_tag(first, tagged)
+    assert len(out) == TOP_TOPICS + 1  # one count a tag, whatever the number of topics
+    assert tagged == {f"t{i}" for i in range(1001 - TOP_TOPICS, 1001)}
+    assert out[("s", "t1000")] == 1000 and sum(out.values()) == sum(first.values())
+    out = by_tag({("s", "t1"): 10**6, ("s", "t1000"): 1, ("u", "t1000"): 2}, tagged)
+    assert out == {("s", OTHER): 10**6, ("s", "t1000"): 1, ("u", "t1000"): 2}  # tags kept

@@ -83,7 +83,7 @@ def test_a_topic_twice_in_a_run_is_in_order_when_its_seqs_follow_on(impl):
 @pytest.mark.parametrize("run", [
     mixed((5, 3), (6, 9)),             # the second is ahead of its topic
     mixed((5, 3), (6, 8), (5, 3)),     # a duplicate within the run
-    mixed((5, 3), (9, 1)),             # a topic never started
+    mixed((5, 3), (9, 2)),             # a topic never started, and this not its first
     mixed((5, 3), (8, 1)),             # a topic without a name here
     mixed((5, 2), (6, 8)),             # the first one already taken
     (mixed((5, 3), (6, 8), (6, 9))[0][:-6], 6 + 48, 3),  # payloads cut short
@@ -94,6 +94,19 @@ def test_a_run_not_wholly_taken_changes_nothing(impl, run):
     last[5] = 7
     assert impl.take_mixed(nxt, last, impl.NameTable(NAMES), *run, 20) is None
     assert nxt.items() == [(5, 3), (6, 8), (8, 1)] and last.items() == [(5, 7)]
+
+
+def test_a_topics_first_message_starts_its_topic_and_a_second_first_is_a_duplicate(impl):
+    nxt, last = impl.SeqTable(), impl.SeqTable()
+    nxt[5] = 3
+    taken = impl.take_mixed(nxt, last, impl.NameTable(NAMES), *mixed((5, 3), (9, 1), (9, 2)), 10)
+    assert taken[:2] == (["t5", "t9", "t9"], [3, 1, 2])
+    assert nxt.items() == [(5, 4), (9, 3)] and last.items() == [(5, 10), (9, 12)]
+    nxt, last = impl.SeqTable(), impl.SeqTable()
+    assert impl.take_mixed(nxt, last, impl.NameTable(NAMES), *mixed((6, 1), (6, 1)), 10) is None
+    assert nxt.items() == [(6, 1)] and len(last) == 0  # (it expects its first, as before)
+    assert impl.take_mixed(nxt, last, impl.NameTable(NAMES), *mixed((8, 1)), 10) is None
+    assert nxt.get(8) is None  # no name here: not started
 
 
 @pytest.mark.parametrize("offset, count, sseq", [(6 + 32, 3, 1), (6 + 32, 0, 1), (10**6, 2, 1),
@@ -118,14 +131,17 @@ def test_it_takes_a_run_exactly_when_each_message_is_next_of_a_named_topic(impl,
         nxt[topic] = seq
     model, expected = dict(start), []
     for topic, seq in run:
-        if topic not in names or model.get(topic) != seq:
+        if topic not in names or model.get(topic, 1) != seq:  # (a topic not started: 1)
             expected = None
             break
         model[topic] = seq + 1
         expected.append(topic)
     taken = impl.take_mixed(nxt, last, impl.NameTable(names), *mixed(*run), 50)
-    if expected is None:
-        assert taken is None and dict(nxt.items()) == start and len(last) == 0
+    if expected is None:  # nothing changed, but that a topic started in the run expects 1
+        after = dict(nxt.items())
+        assert taken is None and len(last) == 0
+        assert {t: after[t] for t in start} == start
+        assert all(after[t] == 1 for t in set(after) - set(start))
     else:
         assert taken[0] == [names[t] for t in expected] and taken[1] == [q for _, q in run]
         assert taken[2] == [payload(i) for i in range(len(run))]

@@ -414,10 +414,11 @@ put_back(SeqTable *next, const unsigned char *e, Py_ssize_t n)
 /* take_mixed(next, last, names, data, offset, n, first_sseq) -> (names, seqs, payloads,
  * payload bytes) or None: a mixed run of n messages whose payloads start at `offset` in `data`
  * (its entries just before, as wire.iter_runs gives it), taken if every message is the next of
- * its topic in `next` and every topic has a name in `names`: each topic's next seq moves past
- * its message and its last stream seq (in `last`, made if new) becomes the message's; the rest
- * says what to deliver. Else nothing changes and None. A topic may come twice (its seqs then
- * follow on). */
+ * its topic in `next` (of a topic not in `next` yet, its first: seq 1) and every topic has a
+ * name in `names`: each topic's next seq moves past its message and its last stream seq (in
+ * `last`, made if new) becomes the message's; the rest says what to deliver. Else nothing
+ * changes (but that a topic not in `next` may be there now, expecting 1: as it would be taken)
+ * and None. A topic may come twice (its seqs then follow on). */
 static PyObject *
 take_mixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -453,6 +454,16 @@ take_mixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         NameSlot *name = (NameSlot *)ot_lookup(&names->tab, (uint64_t)topic + 1);
         Slot *s = find(next, topic);
         uint32_t len = be32(x + 12);
+        if (s == NULL && seq == 1 && name != NULL) {
+            /* the first message of its topic from this session: its topic starts here (put
+             * back, it expects 1, which is what a topic not started yet takes too) */
+            s = insert(next, topic);
+            if (s == NULL) {
+                put_back(next, e, i);
+                goto fail;
+            }
+            s->value = 1;
+        }
         if (name == NULL || s == NULL || seq >= SEQ_LIMIT || s->value != (int64_t)seq
                 || len > size - end)
             break;

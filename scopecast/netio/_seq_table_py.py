@@ -160,9 +160,11 @@ def take_mixed(next_seqs: SeqTable, last: SeqTable, names: NameTable, data: byte
                n: int, first_sseq: int) -> tuple | None:
     """(names, seqs, payloads, payload bytes) of a mixed run of n messages whose payloads start
     at `offset` in `data` (its entries just before), taken if every message is the next of its
-    topic in `next_seqs` and every topic has a name in `names`: each topic's next seq moves past
-    its message and its last stream seq (in `last`) becomes the message's. Else nothing changes
-    and None. A topic may come twice (its seqs then follow on)."""
+    topic in `next_seqs` (of a topic not in it yet, its first: seq 1) and every topic has a name
+    in `names`: each topic's next seq moves past its message and its last stream seq (in `last`)
+    becomes the message's. Else nothing changes (but that a topic not in `next_seqs` may be there
+    now, expecting 1: as it would be taken) and None. A topic may come twice (its seqs then
+    follow on)."""
     if not (isinstance(next_seqs, SeqTable) and isinstance(last, SeqTable)
             and isinstance(names, NameTable) and isinstance(data, bytes)):
         raise TypeError("take_mixed(SeqTable, SeqTable, NameTable, bytes, int, int, int)")
@@ -177,6 +179,9 @@ def take_mixed(next_seqs: SeqTable, last: SeqTable, names: NameTable, data: byte
     for topic, seq, length in entries:
         name = by_id.get(topic)
         value = values.get(topic)
+        if value is None and seq == 1 and name is not None:  # its topic's first
+            value = 1
+            next_seqs._put(topic, value)
         if (name is None or value is None or seq >= SEQ_LIMIT or value != seq
                 or length > size - end):
             for moved, _seq, _length in entries[:len(out_names)]:  # put back what moved

@@ -38,7 +38,7 @@ class Subscription:
     """The delivery queue of one subscriber: batches appended by the I/O thread, read by the app."""
 
     __slots__ = ("topics", "patterns", "queue", "event", "waiting", "delivered_bytes",
-                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "marks", "wake")
+                 "consumed_bytes", "inbox", "inbox_bytes", "ends", "marks", "_marked", "wake")
 
     def __init__(self, topics: frozenset[int] | set[int], patterns: tuple = ()) -> None:
         self.topics = set(topics)   # grows as topics matching `patterns` appear (I/O thread)
@@ -51,8 +51,8 @@ class Subscription:
         self.inbox: list[Message] = []
         self.inbox_bytes = 0
         self.ends: dict[tuple[str, str, int], int] = {}
-        self.marks: dict[tuple, None] = {}  # (topic, source, session, last seq) of the latest
-                                            # MAX_MARKS end markers, in arrival order
+        self.marks: set[tuple] = set()  # (topic, source, session, last seq) of the latest
+        self._marked: deque[tuple] = deque()  # MAX_MARKS end markers; and them in arrival order
         self.wake = False  # queued for a wake-up at the end of the I/O thread's current burst
 
     def backlog(self) -> int:
@@ -61,9 +61,12 @@ class Subscription:
     def end(self, key: tuple[str, str, int], last_seq: int) -> None:
         """A stream's end marker came after message `last_seq` (I/O thread)."""
         self.ends[key] = last_seq
-        self.marks[(*key, last_seq)] = None
-        if len(self.marks) > MAX_MARKS:
-            del self.marks[next(iter(self.marks))]
+        mark = (*key, last_seq)
+        if mark not in self.marks:  # (a deque, not a dict's first key: deleting a dict's first
+            self.marks.add(mark)    # keys one by one makes finding the next one ever slower)
+            self._marked.append(mark)
+            if len(self._marked) > MAX_MARKS:
+                self.marks.discard(self._marked.popleft())
 
 
 class Delivery:

@@ -138,9 +138,22 @@ class MetricsExporter:
                 d, pub.exported = count - pub.exported, count
                 if d > 0:
                     published[(scope, pub.topic)] = published.get((scope, pub.topic), 0) + d
-        # a topic keeps the tag it got: the busiest first get the TOP_TOPICS tags, for good
-        for (scope, topic), n in sorted(published.items(), key=lambda kv: -kv[1]):
-            if topic not in self._tagged and len(self._tagged) < TOP_TOPICS:
-                self._tagged.add(topic)
-            self._published.inc(n, {"scope": scope,
-                                    "topic": topic if topic in self._tagged else OTHER})
+        for (scope, topic), n in by_tag(published, self._tagged).items():
+            self._published.inc(n, {"scope": scope, "topic": topic})
+
+
+def by_tag(published: dict[tuple[str, str], int], tagged: set[str]) -> dict[tuple[str, str], int]:
+    """Messages published by (scope, topic tag): a topic keeps the tag it got, and the busiest
+    first get the TOP_TOPICS tags (added to `tagged`), for good; the rest are OTHER. One call
+    into Ray's metrics a tag, not a topic: a process publishing to 100,000 topics spent 8% of its
+    CPU in them."""
+    if len(tagged) < TOP_TOPICS:
+        for (_scope, topic), _n in sorted(published.items(), key=lambda kv: -kv[1]):
+            if len(tagged) == TOP_TOPICS:
+                break
+            tagged.add(topic)
+    out: dict[tuple[str, str], int] = {}
+    for (scope, topic), n in published.items():
+        tag = (scope, topic if topic in tagged else OTHER)
+        out[tag] = out.get(tag, 0) + n
+    return out
