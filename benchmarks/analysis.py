@@ -36,7 +36,8 @@ def summarize_case(case, sender: dict, receivers: list[dict]) -> dict:
             "ended_by": r.get("ended_by"),
         }
         for key in ("gaps", "seqs_ok", "last_seq", "end_seq", "drops", "stats", "recovery", "rcvbuf",
-                    "latency", "error", "rss_bytes", "runqueue_wait_s", "netns", "repair_ms"):
+                    "latency", "error", "rss_bytes", "runqueue_wait_s", "netns", "repair_ms",
+                    "ready_seconds", "topics_seen"):
             if key in r:
                 row[key] = r[key]
         rows.append(row)

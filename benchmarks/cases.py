@@ -31,12 +31,15 @@ class Case:
     rate: float = 0.0    # offered msgs/s (0: flat out); scopecast is paced only with latency
     latency: bool = False  # stamped payloads, receivers report send-to-delivery percentiles
     topics: int = 1      # the sender publishes to this many topics in turn; receivers take all
+    ready: bool = False  # receivers subscribe once the sender is publishing (a readiness case),
+    #                      each ready once it had a message of every topic, within `seconds`
 
     @property
     def label(self) -> str:
         paced = f" at {self.rate:,.0f}/s" if self.rate else ""
         paced += " (latency)" if self.latency else ""
         paced += f" over {self.topics:,} topics" if self.topics > 1 else ""
+        paced += " (readiness)" if self.ready else ""
         return f"{self.system} {self.size}B 1->{self.subscribers}{paced}"
 
 
@@ -105,16 +108,23 @@ def run_case(case: Case, wiring: Wiring, log_dir: Path) -> dict:
 
 def _run(case: Case, wiring: Wiring, group: ChildGroup,
          deadline: float) -> tuple[dict, list[dict], dict]:
+    """The receivers, READY, then the sender; a readiness case: the sender, READY (publishing),
+    then the receivers."""
+    if case.ready:
+        sender = _start_sender(case, wiring, group)
+        sender.expect(READY, deadline)
+        others: list = []  # (its background CPU is not measured)
+        before, t0 = {}, time.monotonic()
     receivers = [group.start(f"{case.system}-{case.size}-{case.subscribers}-recv{i}",
                              _argv(case, wiring, sender=False, index=i))
                  for i in range(case.subscribers)]
     ready_by = min(deadline, time.monotonic() + case.ready_timeout)
     for r in receivers:
         r.expect(READY, ready_by)
-    argv = _argv(case, wiring, sender=True)
-    others = analysis.other_processes(set(group.pids()))
-    before, t0 = analysis.cpu_snapshot(others), time.monotonic()
-    sender = group.start(f"{case.system}-{case.size}-{case.subscribers}-send", argv)
+    if not case.ready:
+        others = analysis.other_processes(set(group.pids()))
+        before, t0 = analysis.cpu_snapshot(others), time.monotonic()
+        sender = _start_sender(case, wiring, group)
     sender_result = sender.result(deadline)
     receiver_results = [r.result(deadline) for r in receivers]
     background = analysis.background_cpu(before, analysis.cpu_snapshot(others),
@@ -124,6 +134,11 @@ def _run(case: Case, wiring: Wiring, group: ChildGroup,
         if code != 0:
             raise CaseError(f"{child.name}: exited with code {code}{child.diagnostics()}")
     return sender_result, receiver_results, background
+
+
+def _start_sender(case: Case, wiring: Wiring, group: ChildGroup):
+    return group.start(f"{case.system}-{case.size}-{case.subscribers}-send",
+                       _argv(case, wiring, sender=True))
 
 
 def _argv(case: Case, wiring: Wiring, sender: bool, index: int = 0) -> list[str]:
@@ -139,6 +154,7 @@ def _command(case: Case, wiring: Wiring, sender: bool, interface: str) -> list[s
     else:
         role = ["--warmup", str(case.warmup), "--timeout", str(case.timeout), *parent]
         role += ["--latency"] if case.latency else []
+        role += ["--ready-within", str(case.seconds)] if case.ready else []
     role += ["--topics", str(case.topics)] if case.topics > 1 else []
     if case.system == "scopecast":
         paced = ["--rate", str(case.rate)] if sender and case.latency else []

@@ -191,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scopecast's drop from the fewest to the most topics is the median "
                         "over N pairs of cases: the sweep's, then N - 1 more, each pair back to "
                         f"back (default {peer_suite.TOPIC_PAIRS}, --quick: 1)")
+    p.add_argument("--ready-runs", type=int, default=None, metavar="N",
+                   help="readiness at the most topics: N cases whose subscribers subscribe to "
+                        "the pattern once the publisher publishes to every topic; the median "
+                        "of their slowest subscriber's time to a message of every topic "
+                        f"(default {peer_suite.READY_RUNS}, --quick: 1; 0: none)")
+    p.add_argument("--ready-within", type=float, default=None, metavar="S",
+                   help="a readiness case's publisher publishes S seconds, and its subscribers "
+                        "not ready S seconds after subscribing give up (default "
+                        f"{peer_suite.READY_PUBLISH:g}, --quick: {peer_suite.READY_TARGET:g})")
     p.add_argument("--latency-rates", type=_int_list_or_none, default=None, metavar="R,R,...",
                    help="latency suite: fixed offered rates, msgs/s (default "
                         f"{','.join(map(str, latency_suite.RATES))}; '' for none), 1 KB messages, "
@@ -296,6 +305,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.loss_seconds = args.seconds if args.quick else 30.0
     if args.topic_pairs is None:
         args.topic_pairs = 1 if args.quick else peer_suite.TOPIC_PAIRS
+    if args.ready_runs is None:
+        args.ready_runs = 1 if args.quick else peer_suite.READY_RUNS
+    if args.ready_within is None:
+        args.ready_within = peer_suite.READY_TARGET if args.quick else peer_suite.READY_PUBLISH
     if args.loss_pairs < 1 or args.topic_pairs < 1 or args.latency_repeats < 1:
         raise SystemExit("--loss-pairs, --topic-pairs and --latency-repeats must be at least 1")
     if args.latency_messages < 1 or args.steady_runs < 0:
@@ -444,7 +457,9 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                                latency_shares=(0.5,) if args.quick else peer_suite.LATENCY_SHARES,
                                topic_counts=tuple(args.topic_counts),
                                topic_subscribers=args.topic_subscribers,
-                               topic_pairs=args.topic_pairs) if args.peers else {}
+                               topic_pairs=args.topic_pairs,
+                               ready_runs=args.ready_runs,
+                               ready_within=args.ready_within) if args.peers else {}
         latency = latency_suite.run(
             cluster, stamp, log_dir,
             systems=["scopecast"] + [p for p in args.peers
@@ -486,7 +501,8 @@ def _run_all(args, stamp: str, log_dir: Path, where) -> tuple[dict, dict]:
                    "peers": args.peers, "peer_sizes": args.peer_sizes,
                    "peer_subscribers": args.peer_subscribers,
                    "topic_counts": args.topic_counts, "topic_subscribers": args.topic_subscribers,
-                   "topic_pairs": args.topic_pairs,
+                   "topic_pairs": args.topic_pairs, "ready_runs": args.ready_runs,
+                   "ready_within": args.ready_within,
                    "members": args.members, "feedback_receivers": args.feedback_receivers,
                    "region_pairs": args.region_pairs,
                    "loss": args.loss, "loss_pairs": args.loss_pairs,

@@ -12,7 +12,10 @@ Scale in topics: one publisher round-robin over 1 .. 10,000 topics, every subscr
 (by the system's wildcard), flat out; delivered msgs/s, loss, and each subscriber's resident memory,
 from which the memory a member spends per topic follows. scopecast's drop from 1 to the most topics
 is the median over `topic_pairs` pairs of cases (the sweep's, then each further pair back to back):
-on a shared machine one pair alone has swung from 0.74x to 1.10x within a day.
+on a shared machine one pair alone has swung from 0.74x to 1.10x within a day. Readiness at the
+most topics: the subscribers subscribe to the pattern while the publisher already publishes to
+every topic; the time from the subscribe call to a message of every topic (the slowest
+subscriber's; median over `ready_runs` cases).
 """
 
 from __future__ import annotations
@@ -39,20 +42,27 @@ TOPIC_COUNTS = (1, 100, 1000, 10_000)
 TOPICS_DROP = 0.10       # target: at most this throughput drop from 1 to the most topics
 TOPIC_MEMORY = 1024      # target (issue 44): at most this many bytes of member memory a topic
 TOPIC_PAIRS = 3          # scopecast's (1 topic, most topics) pairs the drop is the median of
+READY_RUNS = 3           # readiness cases at the most topics (the median is the result)
+READY_TARGET = 10.0      # s (issue 44): a pattern subscription has a message of every topic
+READY_PUBLISH = 2 * READY_TARGET  # s a readiness case's publisher publishes (its subscribers
+#                                   start meanwhile, 2-3 s to connect) and they wait to be ready
 
 
 def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[int],
         subscribers: list[int], seconds: float, warmup: float, case_timeout: float,
         policy: str, latency_shares: tuple[float, ...] = LATENCY_SHARES,
         topic_counts: tuple[int, ...] = TOPIC_COUNTS, topic_size: int = 1000,
-        topic_subscribers: int = 4, topic_pairs: int = TOPIC_PAIRS) -> dict:
+        topic_subscribers: int = 4, topic_pairs: int = TOPIC_PAIRS,
+        ready_runs: int = READY_RUNS, ready_within: float = READY_PUBLISH) -> dict:
     """Every system at every size and subscriber count: throughput at saturation, then latency
     at each of `latency_shares` of it; then at each of `topic_counts` topics (and scopecast at
-    the fewest and the most `topic_pairs` - 1 times more). Returns the rows, the topic rows, the
-    peers skipped and why, the targets."""
+    the fewest and the most `topic_pairs` - 1 times more, and `ready_runs` readiness cases at the
+    most). Returns the rows, the topic rows, the readiness rows, the peers skipped and why, the
+    targets."""
     skipped = {s: why for s in systems if s in peers.PEERS and (why := peers.missing(s))}
     rows = []
     topic_rows = []
+    ready_rows = []
     with ExitStack() as stack:
         for system in [s for s in systems if s not in skipped]:
             try:
@@ -80,10 +90,18 @@ def run(cluster, stamp: str, log_dir: Path, *, systems: list[str], sizes: list[i
                                         f"topics{n}-{pair}", watch=True))
                 row["pair"] = pair
                 topic_rows.append(row)
+            if system == "scopecast" and max(topic_counts) > 1:
+                for i in range(ready_runs):
+                    case = Case(system, topic_size, topic_subscribers, ready_within, warmup,
+                                ready_timeout=min(120.0, case_timeout), timeout=case_timeout,
+                                topics=max(topic_counts), ready=True)
+                    ready_rows.append(ready_row(run_one(cluster, stamp, log_dir, case, port,
+                                                        policy, f"ready{i}")))
     for system, why in skipped.items():
         print(f"[peers] {system} skipped: {why}", flush=True)
-    return {"rows": rows, "topic_rows": topic_rows, "skipped": skipped, "targets": targets(rows),
-            "topic_targets": topic_targets(topic_rows)}
+    return {"rows": rows, "topic_rows": topic_rows, "ready_rows": ready_rows, "skipped": skipped,
+            "targets": targets(rows),
+            "topic_targets": {**topic_targets(topic_rows), **ready_target(ready_rows)}}
 
 
 def _saturate(cluster, stamp: str, log_dir: Path, case: Case, port: int | None,
@@ -189,6 +207,31 @@ def scale_row(result: dict) -> dict:
             "control": result.get("control"), "error": result.get("error"), "result": result}
 
 
+def ready_row(result: dict) -> dict:
+    """One readiness case: its slowest subscriber's seconds from the subscribe call to a
+    message of every topic (None: some subscriber never had them all while it ran)."""
+    times = [r.get("ready_seconds") for r in result.get("receivers", ())]
+    ok = bool(times) and None not in times and not result.get("error")
+    return {"topics": result.get("topics"), "subscribers": result.get("subscribers"),
+            "ready_seconds": max(times) if ok else None,
+            "subscriber_ready_seconds": times,
+            "topics_seen": [r.get("topics_seen") for r in result.get("receivers", ())],
+            "error": result.get("error")}
+
+
+def ready_target(rows: list[dict]) -> dict:
+    """The median readiness over the runs (a run not ready counts as never), against
+    READY_TARGET."""
+    if not rows:
+        return {}
+    times = [r["ready_seconds"] if r["ready_seconds"] is not None else float("inf")
+             for r in rows]
+    median = statistics.median(times)
+    return {"ready_seconds": median if median != float("inf") else None,
+            "ready_runs": [r["ready_seconds"] for r in rows],
+            "ready_status": "met" if median <= READY_TARGET else "missed"}
+
+
 def in_sweep(row: dict) -> bool:
     """A row of the topic sweep, not of a pair of cases run again (see `topic_targets`)."""
     return not row.get("pair")
@@ -292,7 +335,12 @@ def _topics_table(result: dict) -> str:
            f"{t['bytes_per_topic']:,.0f} bytes per topic (subscribers "
            f"{t['subscriber_bytes_per_topic']:,.0f}, publisher "
            f"{t['publisher_bytes_per_topic']:,.0f}; target at most {TOPIC_MEMORY:,} for each: "
-           f"{t['memory_status']})") + "\n")
+           f"{t['memory_status']})")
+        + ("" if "ready_status" not in t else
+           f"; a pattern subscription of {t['topics']:,} topics ready (a message of every topic) "
+           f"after {num(t['ready_seconds'], '.1f')} s (median of "
+           + ", ".join(num(x, '.1f') for x in t["ready_runs"])
+           + f"; target at most {READY_TARGET:.0f} s: {t['ready_status']})") + "\n")
     r0 = rows[0]
     return (f"\nScale in topics: {r0['size']} B messages, 1 -> {r0['subscribers']} subscribers, the "
             "publisher round-robin over the topics, every subscriber on every topic; delivered "

@@ -10,7 +10,10 @@ prints `RESULT {json}`. The publisher publishes one payload as fast as `publish(
 `--seconds`, flushes, closes (which sends end-of-stream) and prints `RESULT {json}` with the count and
 its (time, CPU) samples. With `--topics N` (N > 1) the publisher publishes to the topics T/0 ..
 T/N-1 in turn and every subscriber subscribes to the pattern T/*; the stream ends when the markers of
-all N topics came.
+all N topics came. The publisher prints READY once it has advertised its topics: a readiness case
+(`--ready-within S`) starts its subscribers only then, and each reports `ready_seconds`, from its
+subscribe call until it has had a message of every topic, and stops then (or S seconds after the
+call, not ready, with the count of topics it had).
 """
 
 from __future__ import annotations
@@ -73,8 +76,12 @@ def _settle(cluster, timeout: float = SETTLE_TIMEOUT) -> None:
 def subscribe(args) -> None:
     cluster = _connect(args.address)
     try:
+        subscribing = monotonic()
         sub = cluster.subscriber(args.topic if args.topics <= 1 else f"{args.topic}/*")
         print(READY, flush=True)
+        unseen = set(topic_names(args.topic, args.topics)) if args.ready_within else None
+        topic_of, ready_seconds = attrgetter("topic"), None
+        give_up = subscribing + args.ready_within
         meter = DeliveryMeter(args.warmup)
         latency = LatencyLog() if args.latency else None
         receive_batch = sub.receive_batch
@@ -94,6 +101,14 @@ def subscribe(args) -> None:
                 meter.add(len(batch), sum(map(len, map(payload_of, batch))), now)
                 if latency is not None and meter.k is not None:
                     latency.add([m.payload for m in batch], now)
+                if unseen is not None:  # a readiness case: until a message of every topic came
+                    unseen.difference_update(map(topic_of, batch))
+                    if not unseen:
+                        ready_seconds, ended_by = now - subscribing, "ready"
+                        break
+                    if now > give_up:
+                        ended_by = "not_ready"
+                        break
                 if many:  # several topics: checked at the end
                     seq_sum += sum(map(seq_of, batch))
                     continue
@@ -105,6 +120,9 @@ def subscribe(args) -> None:
                     break
                 continue
             now = monotonic()
+            if unseen is not None and now > give_up:
+                ended_by = "not_ready"
+                break
             ends = sub.ends
             if many:
                 if len(ends) >= args.topics:
@@ -134,6 +152,8 @@ def subscribe(args) -> None:
             result["latency"] = latency.summary()
         result.update(role="subscriber", pid=os.getpid(), ended_by=ended_by, gaps=gaps,
                       seqs_ok=seqs_ok, last_seq=prev_seq, end_seq=end_seq,
+                      ready_seconds=ready_seconds,
+                      topics_seen=None if unseen is None else args.topics - len(unseen),
                       **_member_counters(cluster))
         report(result)
         sub.close()
@@ -147,6 +167,7 @@ def publish(args) -> None:
         advertising = monotonic()
         pubs = cluster.publishers(topic_names(args.topic, args.topics))
         advertised = monotonic()
+        print(READY, flush=True)  # (a readiness case starts its subscribers now)
         payload = os.urandom(args.size)
         sampler = CpuSampler()
         count = 0
@@ -221,6 +242,11 @@ def build_parser():
     pub_opts.add_argument("--rate", type=float, default=0.0,
                           help="a latency run: publish stamped payloads at this many msgs/s "
                                "(default 0: flat out, unstamped)")
+    sub_opts.add_argument("--ready-within", type=float, default=0.0, metavar="S",
+                          help="a readiness case (the publisher is publishing already): report "
+                               "how long after the subscribe call a message of every topic came, "
+                               "and stop then, or after S seconds, not ready (default 0: not a "
+                               "readiness case)")
     sub_opts.add_argument("--latency", action="store_true",
                           help="read each payload's send-time stamp; report p50/p99/p99.9")
     return p

@@ -85,6 +85,11 @@ def test_quick_bench_writes_json_and_plot(tmp_path):
     assert sorted((r["pair"], r["topics"]) for r in ours) == [(0, 1), (0, 20), (1, 1), (1, 20)]
     assert "drop" in peers["topic_targets"]
     assert len(peers["topic_targets"]["pair_ratios"]) == 2  # the drop is their median
+    (ready,) = peers["ready_rows"]  # --quick: one readiness case, at 20 topics
+    assert ready["topics"] == 20 and ready["error"] is None, ready
+    # every subscriber, subscribing while the publisher published, had a message of every topic
+    assert len(ready["subscriber_ready_seconds"]) == 1 and ready["ready_seconds"] is not None
+    assert "ready_status" in peers["topic_targets"]
     assert "Scale in topics" in results["table_markdown"]
     scale = results["scale_members"]  # scopecast to 1 and 2 subscribers, control read meanwhile
     assert [r["subscribers"] for r in scale] == [1, 2]
@@ -222,6 +227,19 @@ def test_topic_drop_is_the_median_over_pairs():
     t = peer_suite.topic_targets(rows)
     assert t["pair_ratios"] == [0.5, 0.95, 1.2] and t["drop"] == pytest.approx(0.05)
     assert t["drop_status"] == "met" and t["bytes_per_topic"] == pytest.approx(1000)
+
+
+def test_readiness_is_the_median_of_the_runs_and_a_run_never_ready_counts_as_never():
+    def row(*times):
+        return peer_suite.ready_row({"topics": 100, "subscribers": len(times),
+                                     "receivers": [{"ready_seconds": t} for t in times]})
+    assert row(2.0, 3.5)["ready_seconds"] == 3.5  # the slowest subscriber
+    assert row(2.0, None)["ready_seconds"] is None
+    t = peer_suite.ready_target([row(2.0, 3.5), row(1.0), row(None)])
+    assert t["ready_seconds"] == 3.5 and t["ready_status"] == "met"
+    t = peer_suite.ready_target([row(2.0), row(None), row(None)])
+    assert t["ready_seconds"] is None and t["ready_status"] == "missed"
+    assert peer_suite.ready_target([]) == {}
 
 
 def test_the_caching_target_compares_the_most_subscribers_run_both_ways():
