@@ -99,6 +99,12 @@ class ForwardingPolicy:
 
     api_version = API_VERSION
     name = "base"
+    # what the policy does for a topic depends only on the topic's options and its members and
+    # sources, never on which topic it is or on the order of past events: a scope may then ask
+    # once for all its topics alike (same options, same state before and wanted), and the
+    # policy actor answers with a fresh instance brought to that state (see scopes/container).
+    # Honoured for the built-ins only: a scope does not import a plug-in's code to read it.
+    topic_independent = False
 
     def __init__(self, context: PolicyContext) -> None:
         self.context = context

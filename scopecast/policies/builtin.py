@@ -15,6 +15,7 @@ from scopecast.policies.api import MULTICAST, Connect, LayoutPolicy, audience
 
 class TreePolicy(LayoutPolicy):
     name = "tree"
+    topic_independent = True
 
     def layout(self, members: list[str], sources: list[str]) -> list[Connect]:
         fanout = max(1, int(self.context.options.get("fanout", 2)))
@@ -28,6 +29,7 @@ class TreePolicy(LayoutPolicy):
 
 class ChainPolicy(LayoutPolicy):
     name = "chain"
+    topic_independent = True
 
     def layout(self, members: list[str], sources: list[str]) -> list[Connect]:
         out = []
@@ -42,6 +44,7 @@ class ChainPolicy(LayoutPolicy):
 
 class StarPolicy(LayoutPolicy):
     name = "star"
+    topic_independent = True
 
     def layout(self, members: list[str], sources: list[str]) -> list[Connect]:
         return [Connect(o, m, o) for o in sources for m in members if m != o]
@@ -58,6 +61,7 @@ class LanMulticastPolicy(TreePolicy):
 
 class ReplicatedPolicy(LayoutPolicy):
     name = "replicated"
+    topic_independent = True
 
     def layout(self, members: list[str], sources: list[str]) -> list[Connect]:
         n = max(1, int(self.context.options.get("replicas", 2)))
@@ -66,3 +70,10 @@ class ReplicatedPolicy(LayoutPolicy):
 
 BUILTIN_POLICIES = {cls.name: cls for cls in
                     (TreePolicy, ChainPolicy, StarPolicy, LanMulticastPolicy, ReplicatedPolicy)}
+
+
+def alike_topics(policy: str) -> bool:
+    """Whether a scope may ask built-in `policy` once for its topics alike (see
+    `ForwardingPolicy.topic_independent`); False for any other name (a plug-in's digest)."""
+    cls = BUILTIN_POLICIES.get(policy)
+    return cls is not None and cls.topic_independent

@@ -3,7 +3,9 @@ plug-in has one per scope, confined, on the scope's node (importing from its plu
 
 A scope manager never runs policy code itself; it sends a policy actor one batch per policy and
 re-layout (`apply`) with, per topic, the events since the last batch and the entry/exit choices it
-needs, and gets back the operations and choices. Instances keep their state between batches. The
+needs, and gets back the operations and choices. Instances keep their state between batches,
+except for topics asked alike (one item for many topics: `had` names the state they had, and a
+fresh instance is brought to it and dropped after). The
 built-ins are our own code, so the scopes of a node share their actor (an actor per scope cost every
 scope another Ray worker process); a restarted actor has lost its instances and answers `lost` for
 a topic it is sent changes of, and the scope sends that topic's whole state again (`reset`).
@@ -56,14 +58,22 @@ class PolicyHost:
         if item.get("drop"):
             self._instances.pop(key, None)
             return {"topic": topic, "ops": []}
-        inst = self._instances.get(key)
+        alike = "had" in item  # for topics alike (see ForwardingPolicy.topic_independent)
+        inst = None if alike else self._instances.get(key)
         events = item.get("events")
-        if inst is None and events is not None and not item.get("reset"):
+        if inst is None and events is not None and not item.get("reset") and not alike:
             return {"topic": topic, "ops": [], "lost": True}  # changes to an instance not here
         try:
             if cls is None:
                 raise LookupError(f"no built-in policy {policy!r}")
-            if inst is None or item.get("reset"):
+            if alike:  # a fresh instance brought to the state the topics had; nothing kept
+                inst = cls(PolicyContext(**item["context"]))
+                members, sources = item["had"]
+                for source in sources:
+                    inst.source_added(source)
+                for member in members:
+                    inst.member_added(member)
+            elif inst is None or item.get("reset"):
                 inst = cls(PolicyContext(**item["context"]))
                 if events is not None:  # only a whole state makes an instance worth keeping
                     self._instances[key] = inst

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scopecast.policies.api import MULTICAST
@@ -53,9 +54,15 @@ class TopicLayout:
 
 
 class PolicyContainer:
-    def __init__(self, scope: str, multicast: bool) -> None:
+    """`alike(policy)`: whether `policy` may be asked once for the topics alike (see
+    `ForwardingPolicy.topic_independent`). Their layouts then share the answer's objects: the
+    members and sources sets, the channels dict (copied before any change of one topic's)."""
+
+    def __init__(self, scope: str, multicast: bool,
+                 alike: Callable[[str], bool] = lambda policy: False) -> None:
         self.scope = scope
         self.multicast = multicast
+        self.alike = alike
         self.topics: dict[int, TopicLayout] = {}
         self.rejected: Counter[str] = Counter()
 
@@ -64,23 +71,62 @@ class PolicyContainer:
     def requests(self, wanted: dict[int, dict], phase: str) -> dict[str, list[dict]]:
         """Batch items per policy module for the topics' wanted state (`wanted[topic]`: policy,
         context, members, sources, candidates, replicas). Phase "choices" asks for the entry and
-        exit members where the candidates changed; phase "events" sends the events."""
+        exit members where the candidates changed; phase "events" sends the events. An item of
+        topics alike names them all (`_topics`, see `topics_of`)."""
         batches: dict[str, list[dict]] = {}
         if phase == "choices":
             for topic in [t for t in self.topics if t not in wanted]:
                 old = self.topics.pop(topic)
-                batches.setdefault(old.policy, []).append({"topic": topic, "drop": True})
+                if not self.alike(old.policy):  # (an instance is kept only per topic)
+                    batches.setdefault(old.policy, []).append({"topic": topic, "drop": True})
+        groups: dict[tuple, dict] = {}  # alike key -> the item of the topics alike
+        frozen: dict[int, tuple] = {}   # id(options) -> the options as a key (one per object)
+        alike = {}
         for topic, w in wanted.items():
+            policy = w["policy"]
             layout = self.topics.get(topic)
-            if layout is None or layout.policy != w["policy"]:
-                if layout is not None:
+            if layout is None or layout.policy != policy:
+                if layout is not None and not self.alike(layout.policy):
                     batches.setdefault(layout.policy, []).append({"topic": topic, "drop": True})
-                layout = self.topics[topic] = TopicLayout(w["policy"], w["context"])
-            item = self._choices(topic, layout, w) if phase == "choices" else \
-                self._events(topic, layout, w)
+                layout = self.topics[topic] = TopicLayout(policy, w["context"])
+            if policy not in alike:
+                alike[policy] = self.alike(policy)
+            if not alike[policy]:
+                item = self._choices(topic, layout, w) if phase == "choices" else \
+                    self._events(topic, layout, w)
+                if item is not None:
+                    batches.setdefault(policy, []).append(item)
+                continue
+            options = w["context"]["options"]
+            key = frozen.get(id(options))
+            if key is None:
+                key = frozen[id(options)] = _frozen(options)
+            key = (policy, key, *self._state_key(layout, w, phase))
+            if key in groups:
+                if (item := groups[key]) is not None:
+                    item["_topics"].append(topic)
+                continue
+            item = groups[key] = self._choices(topic, layout, w) if phase == "choices" else \
+                self._events(topic, layout, w, alike=True)
             if item is not None:
-                batches.setdefault(layout.policy, []).append(item)
+                item["_topics"] = [topic]
+                batches.setdefault(policy, []).append(item)
         return batches
+
+    @staticmethod
+    def _state_key(layout: TopicLayout, w: dict, phase: str) -> tuple:
+        """What else topics asked alike must share: the choices asked for; or the state their
+        policy had (none where fresh; their channels the same dict) and the state wanted."""
+        if phase == "choices":
+            return (tuple(w["candidates"]), tuple(sorted(w["replicas"])), layout.choices_for)
+        had = None if layout.fresh else (frozenset(layout.members), frozenset(layout.sources),
+                                         id(layout.channels))
+        return (had, frozenset(w["members"]), frozenset(w["sources"]))
+
+    @staticmethod
+    def topics_of(item: dict) -> list[int]:
+        """The topics a batch item stands for."""
+        return item.get("_topics") or [item["topic"]]
 
     def _choices(self, topic: int, layout: TopicLayout, w: dict) -> dict | None:
         choices = (tuple(w["candidates"]), tuple(sorted(w["replicas"])))
@@ -89,11 +135,13 @@ class PolicyContainer:
         return {"topic": topic, "context": layout.context, "members": list(choices[0]),
                 "replicas": list(choices[1]), "_choices": choices}
 
-    def _events(self, topic: int, layout: TopicLayout, w: dict) -> dict | None:
+    def _events(self, topic: int, layout: TopicLayout, w: dict, alike: bool = False) -> dict | None:
         item: dict = {"topic": topic, "context": layout.context}
         if layout.fresh:
             item["reset"] = True
             layout.members, layout.sources, layout.channels = set(), set(), {}
+        if alike:  # the state to bring a fresh instance to (the topics' instances are not kept)
+            item["had"] = (sorted(layout.members), sorted(layout.sources))
         events = ([("member_removed", m) for m in sorted(layout.members - w["members"])]
                   + [("source_removed", s) for s in sorted(layout.sources - w["sources"])]
                   + [("member_added", m) for m in sorted(w["members"] - layout.members)]
@@ -108,10 +156,19 @@ class PolicyContainer:
 
     def apply(self, item: dict, result: dict | None) -> list[str]:
         """Apply a policy actor's answer to the batch item it was given (None: no answer);
-        returns why operations were refused, if any were."""
+        returns why operations were refused, if any were. The topics alike of an item share
+        the outcome."""
         layout = self.topics.get(item["topic"])
         if layout is None or item.get("drop"):
             return []
+        rejected = self._apply_one(layout, item, result)
+        for topic in self.topics_of(item)[1:]:
+            other = self.topics.get(topic)
+            if other is not None:
+                _share(layout, other, "_choices" in item)
+        return rejected
+
+    def _apply_one(self, layout: TopicLayout, item: dict, result: dict | None) -> list[str]:
         if result is None or result.get("error"):
             layout.error = (result or {}).get("error") or "policy actor did not answer"
             layout.fresh = True  # send the whole state again next time
@@ -124,6 +181,7 @@ class PolicyContainer:
             return self._apply_choices(layout, item, result)
         layout.fresh = False
         layout.members, layout.sources = item["_members"], item["_sources"]
+        layout.channels = dict(layout.channels)  # (topics alike may share the dict: see _share)
         ops = result.get("ops", ())
         rejected = [why for why in (self._op(layout, op) for op in
                                     (ops if isinstance(ops, list) else ["not a list"]))
@@ -223,3 +281,24 @@ class PolicyContainer:
                          **({"error": lay.error} if lay.error else {})}
                 for t, lay in self.topics.items()}
 
+
+
+def _share(done: TopicLayout, other: TopicLayout, choices: bool) -> None:
+    """`other`, asked alike with `done`, takes the outcome of the phase (`choices`, else the
+    events): the same objects (none is changed in place: `apply` copies the channels before
+    changing them)."""
+    other.error, other.fresh = done.error, done.fresh
+    if choices:
+        other.choices_for, other.entry, other.split = done.choices_for, done.entry, done.split
+        other.exits = done.exits
+    else:
+        other.members, other.sources, other.channels = done.members, done.sources, done.channels
+
+
+def _frozen(value):
+    """`value` (a topic's options: JSON-like) as a hashable key."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)

@@ -93,8 +93,9 @@ class PolicyRunner:
             why = result.get("error") or (
                 f"returned malformed operations ({', '.join(rejected)})" if rejected else None)
             if why and policy != DEFAULT_POLICY and not retry:
-                self.failed[(policy, item["topic"])] = why[:500]
-                again = True  # lay the topic again with the default policy
+                for topic in self.container.topics_of(item):
+                    self.failed[(policy, topic)] = why[:500]
+                again = True  # lay the topics again with the default policy
         if retry:
             asyncio.get_running_loop().call_later(POLICY_RETRY, self._kick)
         return again

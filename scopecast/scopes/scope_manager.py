@@ -58,6 +58,7 @@ from scopecast.netio.topic_names import (
     topic_matcher,
 )
 from scopecast.netio.transport import member_interface
+from scopecast.policies.builtin import alike_topics
 from scopecast.scopes import credentials, multicast_probe
 from scopecast.scopes.agent_placement import AgentPlacement
 from scopecast.scopes.collector import collector_off
@@ -114,7 +115,7 @@ class ScopeManager:
         self.dropped: Counter[str] = Counter()  # what this scope dropped, by why (for status)
         self.topics = ScopeTopics()
         self.members = Membership(path, self.settings, self._kick, self._release)
-        self.container = PolicyContainer(path, kind in MULTICAST_KINDS)
+        self.container = PolicyContainer(path, kind in MULTICAST_KINDS, alike_topics)
         self.choices = ScopeChoices(path)  # the administrators' settings (from the root, down)
         self.planner = Planner(path, parent is None, self.members, self.topics, self.container,
                                self.settings, self.choices)
