@@ -71,6 +71,7 @@ from scopecast.scopes.placement import node_id
 from scopecast.scopes.planner import Planner
 from scopecast.scopes.policy_runner import PolicyRunner
 from scopecast.scopes.recovery_domain import RecoveryDomains
+from scopecast.scopes.relayouts import Relayouts
 from scopecast.scopes.reporting import Reporter
 from scopecast.scopes.reports import MalformedReport, ScopeReport
 from scopecast.scopes.retirement import Rebuild, Retirement
@@ -105,7 +106,7 @@ class ScopeManager:
         self._started = time.time()
         self.applied = 0                 # version of the parent's delegation in place
         self._pending_version = 0        # version of the parent's delegation last received
-        self._dirty = False
+        self._dirty, self.relayouts = False, Relayouts()
         self._laying: asyncio.Task | None = None
         self._ticker: asyncio.Task | None = None
         self._ticked = time.monotonic()  # when the loop last ticked (see Reporter.start_beating)
@@ -138,8 +139,7 @@ class ScopeManager:
     # ----------------------------------------------------------------------------- running
 
     async def start(self) -> bool:
-        """Run (idempotent). Called when a member is about to join: an empty scope waits for it
-        a whole `empty_scope_timeout` before it may retire."""
+        """Run (idempotent): a member is about to join, and may take `empty_scope_timeout`."""
         self.retirement.touch()
         self._ensure_ticking()
         return True
@@ -177,21 +177,25 @@ class ScopeManager:
     def _empty(self) -> bool:
         return not self.members.children and not self.recovery.domains
 
-    def _kick(self) -> None:
-        """Lay channels again soon (coalesced: one re-layout runs at a time)."""
+    def _kick(self) -> int:
+        """Lay channels again soon (one re-layout at a time); the change's number (`relayouts`)."""
         self._ensure_ticking()
         self._dirty = True
         self.planner.forget_domains()  # what changed may change them
         if self._laying is None or self._laying.done():
             self._laying = asyncio.get_running_loop().create_task(self._relayout_loop())
+        return self.relayouts.kick()
 
     async def _relayout_loop(self) -> None:
         while self._dirty:
             self._dirty = False
+            covered = self.relayouts.begin()
             try:
                 await self._relayout()
             except Exception:
                 log.exception("scope %r: re-layout failed", self.path)
+            finally:
+                self.relayouts.done(covered)
             self.agents.start()
             # re-layouts of thousands of topics run back to back: let members' heartbeats in
             await asyncio.sleep(0)
@@ -275,8 +279,7 @@ class ScopeManager:
                 matched[n] = info
         (member.subscriptions if role == "member" else member.client_subscriptions).update(names)
         resolve(member, self.topics.by_id)
-        self._kick()
-        await self._settle()
+        await self.relayouts.laid_since(self._kick())  # (not the loop idle: see relayouts)
         return sorted(t.id for t in matched.values())
 
     async def unsubscribe(self, member_id: int, names: list[str], role: str = "member") -> None:
@@ -302,8 +305,7 @@ class ScopeManager:
                     f"to {info.name!r} (it may publish to {list(cred.publish)})")
         member.pubs.update(info.id for info in infos)
         member.regular = True
-        self._kick()
-        await self._settle()
+        await self.relayouts.laid_since(self._kick())
         return [Advertised(i.id, i.session, i.recovery != NO_RECOVERY) for i in infos]
 
     async def unadvertise(self, member_id: int, names: list[str]) -> None:
@@ -558,8 +560,7 @@ class ScopeManager:
     # ----------------------------------------------------------------------------- topics
 
     def _table_changed(self, keys: set[str] | None) -> None:
-        """Topics of `keys` (None: any) changed: the scope's TopicInfos and its members'
-        subscriptions follow."""
+        """Topics of `keys` (None: any) changed: TopicInfos and members' subscriptions follow."""
         self.topics.follow(keys)
         for child in self.members.processes():
             resolve(child, self.topics.by_id, keys)
