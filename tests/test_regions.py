@@ -78,11 +78,13 @@ def test_a_coverage_travels_with_its_regions_and_a_bad_one_is_refused():
     cov = Obligation(3, "p", ("*",), ("g", *GROUP), (1,), scope="lan",
                      regions=((("g", *GROUP), (1,)), (("g", "239.192.9.9", 40000), (2,))))
     assert [o.endpoint for o in cov.spread()] == [("g", *GROUP), ("g", "239.192.9.9", 40000)]
-    delegation = Delegation({}, {}, Part((), {3: cov}), {})
-    _v, back, _t = Delegation.from_wire(delegation.to_wire(1, None))
-    assert back.part.covered[3] == cov
+    delegation = Delegation({}, {}, Part((), {3: cov, 4: cov}), {})
     body = delegation.to_wire(1, None)
-    body["covered"]["3"][9][0][0] = ["u", "10.0.0.1", 5000, 1]
+    assert len(body["covered"]) == 1  # one coverage for the topics it covers alike
+    _v, back, _t = Delegation.from_wire(body)
+    assert back.part.covered[3] == cov and back.part.covered[4] is back.part.covered[3]
+    (_topics, wire_cov), = body["covered"]
+    wire_cov[9][0][0] = ["u", "10.0.0.1", 5000, 1]
     with pytest.raises(MalformedDelegation):
         Delegation.from_wire(body)
 

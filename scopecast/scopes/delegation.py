@@ -4,11 +4,11 @@ versioned encoding at the edge.
 A delegation carries the cluster settings and keys, the topic entries ahead of the table, the
 channels handed to the child (`exits`: each an `Obligation` — where the channel goes, who waits
 for it, and the wraps of the scopes it was delegated through), the multicast coverage it takes
-part in (`covered`, per topic), the addresses of the agents standing for its recovery domains in
-this scope's (`upper`, by the child's domain key) and the administrators' settings of its
-ancestors, itself and its subtree (`admins`, `scope_admin.ScopeAdmin` by scope path). Its wire form is a
-dict of plain values (Ray pickles it) with the version `v`; one of another version, or
-malformed, raises `MalformedDelegation`.
+part in (`covered`, per topic, one object for topics alike), the addresses of the agents standing
+for its recovery domains in this scope's (`upper`, by the child's domain key) and the
+administrators' settings of its ancestors, itself and its subtree (`admins`,
+`scope_admin.ScopeAdmin` by scope path). Its wire form is a dict of plain values (Ray pickles it)
+with the version `v`; one of another version, or malformed, raises `MalformedDelegation`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from scopecast.netio.auth import ClusterKeys
 from scopecast.netio.filters import check_spec
 from scopecast.scopes.scope_admin import ScopeAdmin
 
-DELEGATION_VERSION = 5  # 5: regions of a coverage; 4: the cluster's keys; 3: filters of every
-# netio.filters kind
+DELEGATION_VERSION = 6  # 6: a coverage once for the topics it covers alike; 5: regions of a
+# coverage; 4: the cluster's keys; 3: filters of every netio.filters kind
 
 
 class MalformedDelegation(ValueError):
@@ -33,7 +33,8 @@ class Obligation:
     originates at, the receiving path and endpoint (("u", host, port, member) or ("g", group,
     port)), the members a sender's window waits for, an optional filter (a `netio.filters` spec), how
     many replicas the scope above asked for, the scope that laid it, and a (member, label
-    length) wrap per scope it was delegated through, outermost first."""
+    length) wrap per scope it was delegated through, outermost first. A multicast coverage has
+    topic 0: one object stands for every topic it covers alike (`Part.covered` says which)."""
 
     topic: int
     origin: str
@@ -94,7 +95,28 @@ class Part:
     """One child's part of a scope's layout."""
 
     exits: tuple[Obligation, ...] = ()
+    # topic -> its multicast coverage: one object for the topics covered alike (at 100,000
+    # topics, made, sent and read once, not once a topic)
     covered: dict[int, Obligation] = field(default_factory=dict)
+
+    def covered_wire(self) -> list:
+        """`covered` as [[topics, coverage], ...], each coverage object once."""
+        groups: dict[int, tuple[Obligation, list[int]]] = {}
+        for tid, cov in self.covered.items():
+            groups.setdefault(id(cov), (cov, []))[1].append(tid)
+        return [[topics, cov.to_wire()] for cov, topics in groups.values()]
+
+    @staticmethod
+    def covered_from_wire(body: list) -> dict[int, Obligation]:
+        covered: dict[int, Obligation] = {}
+        for topics, cov in body:
+            shared = Obligation.from_wire(cov)
+            covered.update((int(t), shared) for t in topics)
+        return covered
+
+    def describe_covered(self) -> dict[str, dict]:
+        """For status: each covered topic's coverage."""
+        return {str(t): {**cov.describe(), "topic": t} for t, cov in self.covered.items()}
 
 
 NO_PART = Part()
@@ -116,7 +138,7 @@ class Delegation:
         return {"v": DELEGATION_VERSION, "version": version, "topics": topics,
                 "settings": dict(self.settings), "early": self.early,
                 "exits": [o.to_wire() for o in self.part.exits],
-                "covered": {str(t): o.to_wire() for t, o in self.part.covered.items()},
+                "covered": self.part.covered_wire(),
                 "upper": self.upper,
                 "admins": {p: a.to_wire() for p, a in self.admins.items()},
                 "failed_recovery": list(self.failed), "keys": self.keys.to_wire()}
@@ -128,7 +150,7 @@ class Delegation:
             if body.get("v") != DELEGATION_VERSION:
                 raise ValueError(f"version {body.get('v')!r}, not {DELEGATION_VERSION}")
             part = Part(tuple(Obligation.from_wire(o) for o in body["exits"]),
-                        {int(t): Obligation.from_wire(o) for t, o in body["covered"].items()})
+                        Part.covered_from_wire(body["covered"]))
             admins = {str(p): ScopeAdmin.from_wire(a) for p, a in body["admins"].items()}
             failed = tuple(map(str, body["failed_recovery"]))
             return (int(body["version"]),

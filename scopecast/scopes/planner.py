@@ -164,7 +164,14 @@ class Planner:
         """Per covered topic, the (group endpoint, members joined) of each region it spans."""
         link: dict[Region, tuple] = {r: (("g", *r.group), tuple(self.joined(list(r.group))))
                                      for r in set(regions.of_child.values())}
-        return {tid: tuple(link[r] for r in spans) for tid, spans in regions.spans.items()}
+        alike: dict[int, tuple] = {}  # id(spans) -> their links (topics alike share both)
+        out = {}
+        for tid, spans in regions.spans.items():
+            links = alike.get(id(spans))
+            if links is None:
+                links = alike[id(spans)] = tuple(link[r] for r in spans)
+            out[tid] = links
+        return out
 
     def joined(self, group: list) -> list[int]:
         """Regular members of this subtree that join `group`."""
@@ -186,30 +193,36 @@ class Planner:
         group = self.group()
         regions = self.last_regions = self.regions(subs, exits)
         links = self._region_links(regions)
+        # one coverage object a child for the topics it covers alike (see Part.covered)
+        shared: dict[tuple, Obligation] = {}
         # coverage from above: every member interested in or publishing the topic joins / sends
         for tid, cov in self.delegation.part.covered.items():
             for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
-                covered_of.setdefault(name, {})[tid] = replace(
-                    cov, wraps=(*cov.wraps, (name, length)))
+                ob = shared.get((id(cov), name))
+                if ob is None:
+                    ob = shared[(id(cov), name)] = replace(
+                        cov, topic=0, wraps=(*cov.wraps, (name, length)))
+                covered_of.setdefault(name, {})[tid] = ob
+        # (a topic no child here takes: its publishers send to the scope's group)
+        nobody = ((("g", *group), tuple(self.joined(group))),)
         for tid, layout in self.container.topics.items():
             channels = list(layout.channels.values())
             clients = {m for m in subs.get(tid, ()) if not self.children[m].regular}
             channels += [Channel(o, c, o) for o in layout.sources for c in clients if c != o]
             if self.container.covered(tid):
-                spans = links.get(tid, ())
-                # (a topic no child here takes: its publishers send to the scope's group)
-                endpoint, receivers = spans[0] if spans else (("g", *group),
-                                                              tuple(self.joined(group)))
-                cov = Obligation(tid, "", tuple(multicast_path(length)), endpoint, receivers,
-                                 scope=self.path, regions=spans if len(spans) > 1 else ())
+                spans = links.get(tid) or nobody
                 takers = regions.spans.get(tid, ())
                 for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
                     # one that takes the topic joins its own region's group
                     own = regions.of_child.get(name)
                     at = takers.index(own) if len(takers) > 1 and own in takers else 0
-                    covered_of.setdefault(name, {})[tid] = replace(
-                        cov, origin=name, wraps=((name, length),),
-                        **({"endpoint": spans[at][0], "receivers": spans[at][1]} if at else {}))
+                    ob = shared.get((id(spans), at, name))
+                    if ob is None:
+                        ob = shared[(id(spans), at, name)] = Obligation(
+                            0, name, tuple(multicast_path(length)), *spans[at],
+                            scope=self.path, wraps=((name, length),),
+                            regions=spans if len(spans) > 1 else ())
+                    covered_of.setdefault(name, {})[tid] = ob
                 channels = [c for c in channels if c.dst != MULTICAST]
             for ch in channels:
                 obs = self.obligations(tid, ch, length) if ch.src in self.children else ()
@@ -253,13 +266,16 @@ class Planner:
         """A member process's tables from its part of the layout: the channels it sends along,
         the groups it receives on (where a multicast group covers a topic it subscribes to or
         forwards), its siblings, and `agents`, its recovery agents' addresses."""
-        obligations = list(part.exits)
+        obligations = [(ob.topic, ob) for ob in part.exits]
         forwards = {ob.topic for ob in part.exits}
         groups = set()
         joined: dict[str, tuple[int, ...]] = {}  # (the trees its acknowledgements go up)
+        spread: dict[int, list[Obligation]] = {}  # id(coverage) -> its channels (made once)
         for tid, cov in part.covered.items():
-            if tid in member.pubs:
-                obligations += cov.spread()  # (to every region the topic spans)
+            if tid in member.pubs:  # (to every region the topic spans)
+                if (sent := spread.get(id(cov))) is None:
+                    sent = spread[id(cov)] = cov.spread()
+                obligations += [(tid, ob) for ob in sent]
             if tid in member.subs or tid in forwards:
                 groups.add((cov.endpoint[1], cov.endpoint[2]))
                 joined["%s:%d" % cov.endpoint[1:3]] = cov.receivers
@@ -267,11 +283,11 @@ class Planner:
         # one channel serves many topics: routes alike but for the topic travel as one entry
         # with their topics (a publisher of thousands of topics gets a few, not thousands)
         alike: dict[tuple, list[int]] = {}
-        for ob in obligations:
+        for tid, ob in obligations:
             ep = ob.endpoint
             receivers.setdefault("%s:%d" % (ep[1], ep[2]), set()).update(ob.receivers)
             key = (tuple(sending_path(ob.wraps)), ob.dst, ob.origin, ep, ob.filter, ob.scope)
-            alike.setdefault(key, []).append(ob.topic)
+            alike.setdefault(key, []).append(tid)
         reliable = self.reliable_topics(member)
         by_id = self.topics.by_id
         return MemberView(

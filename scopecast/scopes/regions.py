@@ -67,8 +67,16 @@ class Regions:
             region = Region(tuple(names), group)
             for name in names:
                 of_child[name] = region
-        spans = {tid: tuple(sorted({of_child[n] for n in names}, key=_first))
-                 for tid, names in takes.items() if names}
+        spans: dict[int, tuple[Region, ...]] = {}
+        alike_spans: dict[frozenset, tuple[Region, ...]] = {}  # one tuple for topics alike
+        for tid, names in takes.items():
+            if names:
+                key = frozenset(names)
+                span = alike_spans.get(key)
+                if span is None:
+                    span = alike_spans[key] = tuple(sorted({of_child[n] for n in names},
+                                                           key=_first))
+                spans[tid] = span
         return cls(of_child, spans)
 
     def describe(self) -> list[dict]:

@@ -488,8 +488,7 @@ class ScopeManager:
                 "administration": self.choices.describe(),
                 **({"topics": self._topics_status(),
                     "delegated_here": [o.describe() for o in delegation.part.exits],
-                    "covered_here": {str(t): o.describe()
-                                     for t, o in delegation.part.covered.items()}}
+                    "covered_here": delegation.part.describe_covered()}
                  if topics else {}),
                 "policy_rejections": dict(self.container.rejected),
                 "dropped": dict(self.dropped),
