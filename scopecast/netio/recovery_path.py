@@ -587,11 +587,11 @@ class RecoveryPath:
         self.delivery.deliver()
 
     def _skip_to(self, key: tuple, seq: int) -> None:
-        """`key`'s messages before `seq` will not come: count them, expect `seq` next, and take
-        the held runs that are next now."""
+        """`key`'s messages before `seq` will not come: count them, expect `seq`, take what is next."""
         skipped = seq - self.receiver.next_seq[key]
         if self.promotion.light:  # nothing delivered yet: the stream starts at `seq`
-            self.stats["light_skipped"] += skipped + self.delivery.forget(*key)
+            self.stats["light_skipped"] += skipped
+            self.delivery.forget(*key, seq)
         else:
             self.stats["unrecoverable"] += skipped
         self.receiver.next_seq[key] = seq
