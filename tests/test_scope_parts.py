@@ -207,6 +207,30 @@ def test_the_report_cascades_subscriptions_a_member_role_winning_over_a_client_o
     assert SubtreeState.from_wire(state.to_wire()) == state
 
 
+def test_topics_alike_are_offered_and_reported_once():
+    """A scope's topics that enter at the same children share one offers tuple, and its report
+    carries it once with their topics (at 100,000 topics a report was 100,000 offers)."""
+    infos = [TopicInfo(f"t/{i}", i) for i in range(1, 41)]
+    _s, members, _k, container, planner, _ = _scope(infos)
+    members.children.update(a=_member("a", 1, subs=range(1, 41)))
+    below = members.children["x"] = ChildScope("x", subs={t: "member" for t in range(1, 41)},
+                                                depth=2)
+    shared = (Offer(("m",), ("u", "10.0.0.2", 6000, 9), (9,)),)
+    below.offers.update({t: shared for t in range(1, 21)})
+    below.offers.update({t: (Offer(("n",), ("u", "10.0.0.3", 6000, 8), (8,)),)
+                         for t in range(21, 41)})  # one tuple each: offered apart
+    for t in range(1, 41):
+        container.topics[t] = TopicLayout("tree", {}, members={"a", "x"}, sources=set(),
+                                          entry="x")
+    state = planner.report_state(rebuilding=False)
+    assert len({id(state.offers[t]) for t in range(1, 21)}) == 1
+    assert len({id(state.offers[t]) for t in range(21, 41)}) == 20
+    body = state.to_wire()
+    assert len(body["offers"]) == 21 and body["subs"] == {"member": list(range(1, 41))}
+    back = SubtreeState.from_wire(body)
+    assert back == state and back.offers[1] is back.offers[20]
+
+
 def test_children_with_the_same_interest_share_a_region_of_the_recovery_domain():
     _s, members, _k, _c, planner, _ = _scope([TopicInfo("t/a", 1), TopicInfo("t/b", 2)])
     members.children.update(a=_member("a", 1, subs=[1]), b=_member("b", 2, subs=[1, 2]),

@@ -334,6 +334,7 @@ class Planner:
         wanted = set(subs) | {x.topic for x in self.delegation.part.exits}
         out = {}
         regions: dict[int, tuple] | None = None  # (made once a covered topic needs them)
+        alike: dict[object, tuple[Offer, ...]] = {}  # one offers tuple for topics alike
         for tid in wanted:
             if tid in self.delegation.part.covered:
                 continue
@@ -341,17 +342,24 @@ class Planner:
                 if regions is None:
                     _subs, _pubs, exits = self.interest()
                     regions = self._region_links(self.regions(_subs, exits))
-                spans = regions.get(tid)
-                if not spans:
                     group = self.group()
-                    spans = ((("g", *group), tuple(self.joined(group))),)
+                    nobody = ((("g", *group), tuple(self.joined(group))),)
+                spans = regions.get(tid) or nobody
                 # one offer per region: a sender outside sends to each (thesis Fig. 4.8)
-                out[tid] = tuple(Offer(tuple(multicast_path(length)), endpoint, receivers)
-                                 for endpoint, receivers in spans)
+                if (made := alike.get(id(spans))) is None:
+                    made = alike[id(spans)] = tuple(
+                        Offer(tuple(multicast_path(length)), endpoint, receivers)
+                        for endpoint, receivers in spans)
+                out[tid] = made
                 continue
             layout = self.container.topics.get(tid)
+            entries = layout.entries() if layout is not None else ()
+            key = self._entries_key(entries, tid)
+            if key is not None and key in alike:
+                out[tid] = alike[key]
+                continue
             parts = []
-            for name, spec in layout.entries() if layout is not None else ():
+            for name, spec in entries:
                 entry = self.children.get(name)
                 laid, flt = self.channel_filter(tid, spec)
                 if entry is None or not laid:
@@ -362,7 +370,21 @@ class Planner:
                           if (both := _both(flt, below.filter)) is not NOT_LAID]
             if parts:
                 out[tid] = tuple(parts)
+                if key is not None:
+                    alike[key] = out[tid]
         return out
+
+    def _entries_key(self, entries: tuple, tid: int) -> tuple | None:
+        """What `tid`'s offers depend on where its entries are unfiltered: the entry children
+        and what they offer (a member process the same for every topic; a child scope one
+        tuple for its topics alike). None where a filter may depend on the topic."""
+        key = []
+        for name, spec in entries:
+            entry = self.children.get(name)
+            if spec is not None or entry is None:
+                return None
+            key.append((name, id(entry.offers.get(tid)) if entry.kind == "scope" else 0))
+        return tuple(key)
 
     # ----------------------------------------------------------------------- recovery domains
 

@@ -14,7 +14,8 @@ from scopecast.netio import wire
 from scopecast.scopes.layout import Offer
 from scopecast.scopes.topic_table import position
 
-REPORT_VERSION = 2  # 2: an offer per sub-channel, each with its filter
+REPORT_VERSION = 3  # 3: topics by role, offers once for topics alike; 2: an offer per
+# sub-channel, each with its filter
 ROLES = ("member", "client")
 
 
@@ -36,10 +37,18 @@ class SubtreeState:
     rebuilding: bool = False            # the child restarted and is rebuilding (see retirement)
 
     def to_wire(self) -> dict:
-        return {"depth": self.depth, "subs": {str(t): r for t, r in self.subs.items()},
+        """Topics by role, and each offers tuple once with its topics (the planner makes one for
+        topics alike: at 100,000 topics a report was 100,000 offers, read one by one above)."""
+        roles: dict[str, list[int]] = {}
+        for t, role in self.subs.items():
+            roles.setdefault(role, []).append(t)
+        alike: dict[int, tuple[tuple[Offer, ...], list[int]]] = {}
+        for t, offers in self.offers.items():
+            alike.setdefault(id(offers), (offers, []))[1].append(t)
+        return {"depth": self.depth, "subs": roles,
                 "pubs": sorted(self.pubs),
-                "offers": {str(t): [o.to_wire() for o in offers]
-                           for t, offers in self.offers.items()},
+                "offers": [[topics, [o.to_wire() for o in offers]]
+                           for offers, topics in alike.values()],
                 "joined": {k: list(v) for k, v in self.joined.items()},
                 "regular": self.regular,
                 "recovering": {p: list(c) for p, c in self.recovering.items()},
@@ -47,12 +56,16 @@ class SubtreeState:
 
     @classmethod
     def from_wire(cls, body: dict) -> SubtreeState:
-        subs = {int(k): str(v) for k, v in body["subs"].items()}
-        if not set(subs.values()) <= set(ROLES):
-            raise ValueError(f"unknown roles {sorted(set(subs.values()) - set(ROLES))}")
-        return cls(int(body["depth"]), subs, frozenset(int(t) for t in body["pubs"]),
-                   {int(k): tuple(Offer.from_wire(o) for o in v)
-                    for k, v in body["offers"].items()},
+        subs: dict[int, str] = {}
+        for role, topics in body["subs"].items():
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r:.40}")
+            subs.update(dict.fromkeys(map(int, topics), ROLES[ROLES.index(role)]))
+        offers: dict[int, tuple[Offer, ...]] = {}
+        for topics, wire_offers in body["offers"]:
+            shared = tuple(Offer.from_wire(o) for o in wire_offers)
+            offers.update(dict.fromkeys(map(int, topics), shared))
+        return cls(int(body["depth"]), subs, frozenset(int(t) for t in body["pubs"]), offers,
                    {str(k): [int(i) for i in v] for k, v in body["joined"].items()},
                    bool(body["regular"]),
                    {str(p): tuple(map(str, chain)) for p, chain in body["recovering"].items()},
