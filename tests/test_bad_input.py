@@ -19,7 +19,7 @@ import pytest
 from scopecast.netio import wire
 from scopecast.netio.auth import authenticator
 from scopecast.netio.channel import MulticastGroup, UnicastEndpoint
-from scopecast.netio.control_messages import Kind
+from scopecast.netio.control_messages import MAX_JOINS, Kind
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.replay_guard import ControlNumbers
 from scopecast.netio.routing import RoutingLabel
@@ -363,20 +363,23 @@ def test_unknown_sender(make_env):
     env.assert_valid_stream_intact()  # and none of the stranger's messages was delivered
 
 
-JOIN = int(Kind.JOIN_POINT)
+JOIN = int(Kind.JOIN_POINTS)
 BAD_JOIN_POINTS = [
-    [JOIN, TOPIC, SESSION, wire.SEQ_LIMIT, 1],       # a seq the per-topic tables cannot hold
-    [JOIN, TOPIC, SESSION, 1, -1],                    # negative
-    [JOIN, wire.MAX_TOPIC + 1, SESSION, 1, 1],        # no topic id
-    [JOIN, TOPIC, SESSION, 1.5, 1],                   # not an int
-    [JOIN, TOPIC, SESSION, 1],                        # one short
+    [JOIN, SESSION, [TOPIC, wire.SEQ_LIMIT, 1]],      # a seq the per-topic tables cannot hold
+    [JOIN, SESSION, [TOPIC, 1, -1]],                  # negative
+    [JOIN, SESSION, [wire.MAX_TOPIC + 1, 1, 1]],      # no topic id
+    [JOIN, SESSION, [TOPIC, 1.5, 1]],                 # not an int
+    [JOIN, SESSION, [TOPIC, 1]],                      # one short
+    [JOIN, SESSION, [TOPIC, 1, 1] * (MAX_JOINS + 1)],  # more than a datagram's worth
+    [JOIN, SESSION, []],                              # none
+    [JOIN, TOPIC, SESSION, 1, 1],                     # wire version 8's form
     ["from", TOPIC, SESSION, 1, 1],                   # wire version 3's encoding
     [int(Kind.SUMMARY), {}],                          # a kind members do not take
 ]
 
 
 def test_join_points_out_of_range(make_env):
-    """Signed join points (`control_messages.JoinPoint`: topic, session, first seq, cached)
+    """Signed join points (`control_messages.JoinPoints`: session, (topic, start, cached)...)
     from a known member with values out of range, or not join points, are each counted as
     bad_control, and change nothing."""
     env = make_env()

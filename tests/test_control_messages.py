@@ -12,7 +12,7 @@ from scopecast.netio.control_messages import (
     GroupAck,
     Instructions,
     InstructionsEnvelope,
-    JoinPoint,
+    JoinPoints,
     Kind,
     Nak,
     NakAsk,
@@ -28,8 +28,8 @@ EXAMPLES = [
     PeerToken(3, 1, {"k": "tok", "v": 3}),
     Ack(2, 77, 1500),
     GroupAck(12, 0x8123, 77, 1500, 0, 1),
-    WhereAsk(5, 1),
-    JoinPoint(5, 1, 10, 4),
+    WhereAsk(1, (5, 6, 7)),
+    JoinPoints(1, (5, 10, 4, 6, 1, 1)),
     NakAsk(5, 1, 10, 12, 100, 102),
 ]
 
@@ -56,9 +56,13 @@ BAD = [
     (wire.PacketType.CONTROL, {"k": 4}, "bad_control"),
     (wire.PacketType.CONTROL, [int(Kind.ACK), 1, 2], "bad_control"),  # one short
     (wire.PacketType.CONTROL, [int(Kind.ACK), 1, -2, 0], "bad_control"),
-    (wire.PacketType.CONTROL, [int(Kind.WHERE), wire.MAX_TOPIC + 1, 1], "bad_control"),
-    (wire.PacketType.CONTROL, [int(Kind.JOIN_POINT), 1, 1, 1.5, 1], "bad_control"),
-    (wire.PacketType.CONTROL, [int(Kind.JOIN_POINT), 1, 1, wire.SEQ_LIMIT, 1], "bad_control"),
+    (wire.PacketType.CONTROL, [int(Kind.WHERE), 1, [wire.MAX_TOPIC + 1]], "bad_control"),
+    (wire.PacketType.CONTROL, [int(Kind.WHERE), 1, []], "bad_control"),
+    (wire.PacketType.CONTROL, [int(Kind.WHERE), 1, [5] * (cm.MAX_WHERE + 1)], "bad_control"),
+    (wire.PacketType.CONTROL, [int(Kind.WHERE), 5, 1], "bad_control"),  # wire version 8's form
+    (wire.PacketType.CONTROL, [int(Kind.JOIN_POINTS), 1, [1, 1.5, 1]], "bad_control"),
+    (wire.PacketType.CONTROL, [int(Kind.JOIN_POINTS), 1, [1, wire.SEQ_LIMIT, 1]], "bad_control"),
+    (wire.PacketType.CONTROL, [int(Kind.JOIN_POINTS), 1, [1, 1, 1, 2]], "bad_control"),
     (wire.PacketType.CONTROL, [int(Kind.NAK), 1, 1, 1, 1, 1, 1], "bad_control"),  # a NAK's kind
     (wire.PacketType.NAK, [int(Kind.NAK), 1, 1, 1, 1, 1], "bad_nak"),
     (wire.PacketType.NAK, [int(Kind.NAK), 1, 1, 1, 1, 1, "x"], "bad_nak"),
@@ -67,7 +71,7 @@ BAD = [
     (wire.PacketType.TOKEN, [int(Kind.INSTRUCTIONS), {}, 5], "bad_instructions"),
     (wire.PacketType.TOKEN, [int(Kind.TOKEN), "v", 0, None], "bad_token"),
     (wire.PacketType.TOKEN, ["sum", {}], "bad_token"),
-    (wire.PacketType.TOKEN, [int(Kind.WHERE), 1, 1], "bad_token"),
+    (wire.PacketType.TOKEN, [int(Kind.WHERE), 1, [1]], "bad_token"),
 ]
 
 
@@ -126,3 +130,12 @@ def test_a_members_summary_is_what_agents_api_documents():
     ptype, wire_body = cm.encode(Summary(body))  # through a datagram: a record is a list there
     _, got = wire.decode_control(wire.encode_control(ptype, 4, wire_body))
     assert cm.decode(ptype, got).body["recs"] == {4: list(record)}
+
+
+def test_the_largest_where_ask_and_join_points_fit_a_datagram():
+    """(In the smallest datagram a member sends, 1,200 bytes, with its 28-byte MAC.)"""
+    big = wire.SEQ_LIMIT - 1
+    for message in (WhereAsk(big, (wire.MAX_TOPIC,) * cm.MAX_WHERE),
+                    JoinPoints(big, (wire.MAX_TOPIC, big, big) * cm.MAX_JOINS)):
+        ptype, body = cm.encode(message)
+        assert len(wire.encode_control(ptype, 7, body)) <= 1200 - 28

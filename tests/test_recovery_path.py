@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from scopecast.netio import repair_server, wire
-from scopecast.netio.control_messages import Nak
+from scopecast.netio.control_messages import JoinPoints, Nak
 from scopecast.netio.delivery import Subscription
 from scopecast.netio.pause_bound import PAUSE_MAX, TAIL_FALLBACK_MAX, PauseBound
 from scopecast.netio.recovery_path import (
@@ -114,7 +114,7 @@ def test_a_member_that_joined_after_all_its_sender_named_owes_no_ack_of_it(membe
 
     def joined_after_100():
         member.joins._asks[key] = [1, time.monotonic()]
-        member.joins.on_join_point(SOURCE, T, 1, 101, 101)
+        member.joins.on_join_points(SOURCE, JoinPoints(1, (T, 101, 101)))
         member.recovery.on_instructions(_instructions(100, 0), PROTOCOL)
         return member.recovery._owed(time.monotonic())
     acks, naks = member.call_wait(joined_after_100)

@@ -46,7 +46,7 @@
 #define TRAILER 28
 #define NONCE 12
 #define TAG 16
-#define VERSION 8
+#define VERSION 9
 #define ABI 4  /* what seal() and scan() take and give (native.DATAGRAM_ABI); 2: fragments;
                  3: BatchScanner(key, encrypt), BatchSealer(key, encrypt); 4: seal_lone() */
 #define PTYPE_DATA 1

@@ -20,8 +20,8 @@ from typing import NamedTuple
 from scopecast.netio import wire
 
 __all__ = ["Kind", "Summary", "InstructionsEnvelope", "PeerToken", "Ack", "GroupAck", "WhereAsk",
-           "JoinPoint", "NakAsk", "Nak", "MemberSummary", "Instructions", "PushAsk",
-           "SenderRecordWire", "PACKET_TYPE", "encode", "decode"]
+           "JoinPoints", "MAX_WHERE", "MAX_JOINS", "NakAsk", "Nak", "MemberSummary",
+           "Instructions", "PushAsk", "SenderRecordWire", "PACKET_TYPE", "encode", "decode"]
 
 
 class Kind(IntEnum):
@@ -29,8 +29,8 @@ class Kind(IntEnum):
     INSTRUCTIONS = 2  # the agent's answer (or the agent above's, to a leader)
     TOKEN = 3         # between the agents of one peer group
     ACK = 4           # a receiver to a sender: datagrams of a channel taken
-    WHERE = 5         # a receiver to a sender: where did my stream of a topic start?
-    JOIN_POINT = 6    # ... the sender's answer
+    WHERE = 5         # a receiver to a sender: where did my streams of these topics start?
+    JOIN_POINTS = 6   # ... the sender's answer
     NAK = 7           # a receiver to a sender: messages to repair
     GROUP_ACK = 8     # a receiver to its parent in a multicast channel's tree (`ack_gathering`)
 
@@ -105,21 +105,45 @@ class GroupAck(NamedTuple):
     urgent: int
 
 
+MAX_WHERE = 192  # topics a WhereAsk names (a datagram of at most about 1,000 bytes)
+MAX_JOINS = 48   # join points a JoinPoints carries (at most about 1,150 bytes)
+
+
 class WhereAsk(NamedTuple):
-    """A receiver asks a sender where its stream of `topic` (`session`) starts for it."""
+    """A receiver asks a sender where its streams of `topics` (1 to MAX_WHERE, of `session`)
+    start for it (at 100,000 topics, one ask a topic was 100,000 datagrams a subscriber)."""
 
-    topic: int
     session: int
+    topics: tuple[int, ...]
+
+    @classmethod
+    def read(cls, fields: list) -> WhereAsk:
+        if len(fields) != 2 or not _ints(fields[:1]) or fields[1].__class__ is not list \
+                or not 1 <= len(fields[1]) <= MAX_WHERE or not _ints(fields[1], wire.MAX_TOPIC + 1):
+            raise wire.DecodeError("bad_control")
+        return cls(fields[0], tuple(fields[1]))
 
 
-class JoinPoint(NamedTuple):
-    """The sender's answer: the receiver joined at `start`; the sender holds everything from
-    `cached` on."""
+class JoinPoints(NamedTuple):
+    """The sender's answer, `points` flat (topic, start, cached) triples (1 to MAX_JOINS): the
+    receiver joined the topic's stream at `start`; the sender holds everything from `cached` on."""
 
-    topic: int
     session: int
-    start: int
-    cached: int
+    points: tuple[int, ...]
+
+    def triples(self):
+        p = self.points
+        return zip(p[0::3], p[1::3], p[2::3], strict=True)
+
+    @classmethod
+    def read(cls, fields: list) -> JoinPoints:
+        if len(fields) != 2 or not _ints(fields[:1]) or fields[1].__class__ is not list:
+            raise wire.DecodeError("bad_control")
+        points = fields[1]
+        if not 3 <= len(points) <= 3 * MAX_JOINS or len(points) % 3 or not _ints(points) \
+                or not _ints(points[0::3], wire.MAX_TOPIC + 1):
+            raise wire.DecodeError("bad_control")
+        return cls(fields[0], tuple(points))
 
 
 class NakAsk(NamedTuple):
@@ -153,12 +177,12 @@ class Nak(NamedTuple):
         return [*self, member, *address]
 
 
-def _numbers(cls, limit: int, reason: str, topic: bool = False):
-    """The reader of a record of ints in [0, `limit`) (the first a topic id if `topic`)."""
+def _numbers(cls, limit: int, reason: str):
+    """The reader of a record of ints in [0, `limit`)."""
     size = len(cls._fields)
 
     def read(fields: list):
-        if len(fields) != size or not _ints(fields, limit) or topic and fields[0] > wire.MAX_TOPIC:
+        if len(fields) != size or not _ints(fields, limit):
             raise wire.DecodeError(reason)
         return cls(*fields)
     return read
@@ -167,16 +191,15 @@ def _numbers(cls, limit: int, reason: str, topic: bool = False):
 _READERS = {Kind.SUMMARY: Summary.read, Kind.INSTRUCTIONS: InstructionsEnvelope.read,
             Kind.TOKEN: PeerToken.read, Kind.ACK: _numbers(Ack, 1 << 64, "bad_control"),
             Kind.GROUP_ACK: _numbers(GroupAck, 1 << 64, "bad_control"),
-            Kind.WHERE: _numbers(WhereAsk, wire.SEQ_LIMIT, "bad_control", topic=True),
-            Kind.JOIN_POINT: _numbers(JoinPoint, wire.SEQ_LIMIT, "bad_control", topic=True),
+            Kind.WHERE: WhereAsk.read, Kind.JOIN_POINTS: JoinPoints.read,
             Kind.NAK: _numbers(NakAsk, 1 << 64, "bad_nak")}
 _KINDS = {Summary: Kind.SUMMARY, InstructionsEnvelope: Kind.INSTRUCTIONS, PeerToken: Kind.TOKEN,
           Ack: Kind.ACK, GroupAck: Kind.GROUP_ACK, WhereAsk: Kind.WHERE,
-          JoinPoint: Kind.JOIN_POINT, NakAsk: Kind.NAK}
+          JoinPoints: Kind.JOIN_POINTS, NakAsk: Kind.NAK}
 PACKET_TYPE = {Kind.SUMMARY: wire.PacketType.TOKEN, Kind.INSTRUCTIONS: wire.PacketType.TOKEN,
                Kind.TOKEN: wire.PacketType.TOKEN, Kind.ACK: wire.PacketType.CONTROL,
                Kind.GROUP_ACK: wire.PacketType.CONTROL,
-               Kind.WHERE: wire.PacketType.CONTROL, Kind.JOIN_POINT: wire.PacketType.CONTROL,
+               Kind.WHERE: wire.PacketType.CONTROL, Kind.JOIN_POINTS: wire.PacketType.CONTROL,
                Kind.NAK: wire.PacketType.NAK}
 _BAD = {wire.PacketType.TOKEN: "bad_token", wire.PacketType.NAK: "bad_nak"}
 

@@ -2,7 +2,8 @@
 
 A sender notes, for each receiver its scope adds, where each of its topics stood: the receiver's
 *join point*. A member that meets a sender's stream without its start asks the sender for it
-(`WhereAsk`, answered with a `JoinPoint`). With `history="from_join"` it starts there; with
+(`WhereAsk`, answered with `JoinPoints`; the asks of a recovery period go out together, many
+topics a datagram). With `history="from_join"` it starts there; with
 "cached" it first replays everything not yet stable. It is *light* until it holds everything
 from its start up to the join point, then *regular*."""
 
@@ -12,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from scopecast.netio.control_messages import JoinPoint, WhereAsk
+from scopecast.netio.control_messages import MAX_JOINS, MAX_WHERE, JoinPoints, WhereAsk
 from scopecast.netio.delivery import Delivery
 from scopecast.netio.member_parts import MemberTables, Receiving
 from scopecast.netio.own_stream import OwnStream
@@ -36,6 +37,7 @@ class Joins:
         self._join_points: dict[int, dict] = {}  # receiver -> {(topic, session): first owed seq}
         self._starts: dict[tuple, int] = {}      # key -> join point, until caught up with it
         self._asks: dict[tuple, list] = {}       # key -> [asks sent, last sent]
+        self._due: dict[tuple[int, int], list[int]] = {}  # (sender, session) -> topics to ask
 
     def connect(self, receiver: Receiving, reorder: ReorderBuffer, delivery: Delivery,
                 look_up: Callable[[int], None]) -> None:
@@ -63,30 +65,39 @@ class Joins:
         for member in [m for m in self._join_points if m not in receivers and m not in members]:
             del self._join_points[member]
 
-    def on_where(self, receiver: int, topic: int, session: int) -> None:
-        """A receiver asks where its stream of `topic` starts: its join point, and the first
-        message this member still holds (what is cached). A receiver this member was not told of
-        (it receives through a forwarding member) joined no later than that first message:
-        stability waited for it since it entered its recovery domain."""
+    def on_where(self, receiver: int, session: int, topics: tuple[int, ...]) -> None:
+        """A receiver asks where its streams of `topics` start: for each, its join point and
+        the first message this member still holds (what is cached). A receiver this member was
+        not told of (it receives through a forwarding member) joined no later than that first
+        message: stability waited for it since it entered its recovery domain."""
         member = self._tables.members.get(receiver)
         if member is None:  # answered when it asks again, once looked up
             self._stats["where_unanswered"] += 1
             self._look_up(receiver)
             return
-        tail = self._own.tails.get((topic, session), 0)
-        cached = tail[0] if tail.__class__ is list else tail + 1
-        points = self._join_points.get(receiver)
-        start = points.get((topic, session), 1) if points is not None else cached
-        self._receiver.send_control(JoinPoint(topic, session, start, cached),
-                                    (member.host, member.port))
+        tails, points = self._own.tails, self._join_points.get(receiver)
+        flat: list[int] = []
+        for topic in topics:
+            tail = tails.get((topic, session), 0)
+            cached = tail[0] if tail.__class__ is list else tail + 1
+            flat += (topic, points.get((topic, session), 1) if points is not None else cached,
+                     cached)
+        for i in range(0, len(flat), 3 * MAX_JOINS):
+            self._receiver.send_control(JoinPoints(session, tuple(flat[i:i + 3 * MAX_JOINS])),
+                                        (member.host, member.port))
 
-    def on_join_point(self, sender: int, topic: int, session: int, start: int,
-                      cached: int) -> None:
-        """The sender's answer: this member joined its stream of `topic` at `start`; it still
-        holds everything from `cached` on."""
+    def on_join_points(self, sender: int, answer: JoinPoints) -> None:
+        """The sender's answer: where this member joined its streams, and what it still holds."""
+        if any([self._joined(sender, topic, answer.session, start, cached)
+                for topic, start, cached in answer.triples()]):
+            self._delivery.deliver()
+
+    def _joined(self, sender: int, topic: int, session: int, start: int, cached: int) -> bool:
+        """This member joined `sender`'s stream of `topic` at `start`; the sender still holds
+        everything from `cached` on. True if the stream starts now."""
         key = (topic, sender, session)
         if self._asks.pop(key, None) is None or min(start, cached) < 1 or key in self._starts:
-            return  # not asked, or answered already
+            return False  # not asked, or answered already
         self._starts[key] = start
         if key not in self._receiver.next_seq:
             # what became stable before it is held by nobody any more: from the cache on
@@ -98,12 +109,13 @@ class Joins:
             self._stats["joined_at"] = start
             if key in self._reorder.held:
                 self._reorder.release(key)
-            self._delivery.deliver()
+            return True
+        return False
 
     def asking(self, key: tuple, now: float, period: float) -> bool:
         """Ask `key`'s sender where this member joined its stream (again each period, a few
-        times). True while the key must wait for the answer: a stream this member has not
-        started yet."""
+        times; `send_asks` sends the asks due). True while the key must wait for the answer: a
+        stream this member has not started yet."""
         ask = self._asks.get(key)
         if ask is None:
             if key in self._starts:
@@ -112,16 +124,24 @@ class Joins:
         if ask[0] >= JOIN_TRIES:
             return False
         if now - ask[1] >= min(period, 0.25):
-            member = self._tables.members.get(key[1])
-            if member is not None:
-                self._receiver.send_control(WhereAsk(key[0], key[2]), (member.host, member.port))
-            else:
-                self._look_up(key[1])
+            self._due.setdefault((key[1], key[2]), []).append(key[0])
             ask[0] += 1
             ask[1] = now
             if ask[0] == JOIN_TRIES:
                 self._stats["join_point_unknown"] += 1
         return key not in self._receiver.next_seq
+
+    def send_asks(self) -> None:
+        """The asks due (`asking`), MAX_WHERE topics a datagram per sender and session."""
+        due, self._due = self._due, {}
+        for (source, session), topics in due.items():
+            member = self._tables.members.get(source)
+            if member is None:
+                self._look_up(source)
+                continue
+            for i in range(0, len(topics), MAX_WHERE):
+                self._receiver.send_control(WhereAsk(session, tuple(topics[i:i + MAX_WHERE])),
+                                            (member.host, member.port))
 
     def pending(self, key: tuple) -> bool:
         ask = self._asks.get(key)

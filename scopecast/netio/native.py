@@ -19,7 +19,7 @@ import os
 log = logging.getLogger(__name__)
 
 FORCE_PURE = "SCOPECAST_PURE_PYTHON"
-DATAGRAM_WIRE_VERSION = 8  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
+DATAGRAM_WIRE_VERSION = 9  # the datagrams _datagram_batch reads and writes: `wire.VERSION`
 DATAGRAM_ABI = 4  # what its calls take and give (2: fragments in seal and scan; 3: encrypt;
 #                   4: seal_lone)
 

@@ -15,7 +15,7 @@ from itertools import repeat
 
 from scopecast.netio import control_messages, wire
 from scopecast.netio.channel_acks import ChannelAcks
-from scopecast.netio.control_messages import Ack, GroupAck, InstructionsEnvelope, JoinPoint, NakAsk, WhereAsk
+from scopecast.netio.control_messages import Ack, GroupAck, InstructionsEnvelope, JoinPoints, NakAsk, WhereAsk
 from scopecast.netio.delivery import Delivery
 from scopecast.netio.feed import END, MESSAGE_COST
 from scopecast.netio.joins import Joins
@@ -580,9 +580,9 @@ class ReceivePath:
             except (TypeError, ValueError, IndexError, AttributeError):
                 self.drop("bad_instructions")
         elif kind is WhereAsk:
-            self._joins.on_where(header.sender, msg.topic, msg.session)
-        elif kind is JoinPoint:
-            self._joins.on_join_point(header.sender, *msg)
+            self._joins.on_where(header.sender, msg.session, msg.topics)
+        elif kind is JoinPoints:
+            self._joins.on_join_points(header.sender, msg)
         else:  # a summary or a peer token: for agents, not members
             self.drop("bad_control")
 

@@ -161,8 +161,7 @@ class RecoveryPath:
                 cached: set[int] = frozenset()) -> None:
         """This member's agents (per protocol) and its reliable topics' protocols (the runtime
         then makes the per-topic lookups of the other paths again)."""
-        self._agents = agents
-        self._protocols = protocols
+        self._agents, self._protocols = agents, protocols
         self._own_domains = frozenset(protocols.values())
         self.forget_keys(self.reliable - protocols.keys())
         self.reliable = protocols.keys()  # a view: no second table of thousands of topics
@@ -217,6 +216,7 @@ class RecoveryPath:
             acks[source] = self._owed_of(source, record, seen, wanted, now, naks, streams) \
                 if owes else OWED_NOTHING
         self._owed_unnamed(acks, naks, now)
+        self._joins.send_asks()  # (the period's asks together: many topics a datagram)
         for source, tail_top in streams:
             self._stream_naks(source, tail_top, naks)
         if self.reliable and self.sender.handed:

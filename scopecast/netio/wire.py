@@ -51,7 +51,8 @@ from scopecast.actors.errors import IncompatibleVersion
 from scopecast.netio.native import mixed_extent, mixed_parts
 
 MAGIC = b"SC"
-VERSION = 8  # 8: acknowledgements of a multicast channel gathered up a tree (GROUP_ACK);
+VERSION = 9  # 9: join points asked and answered for many topics at once (WhereAsk, JoinPoints);
+            # 8: acknowledgements of a multicast channel gathered up a tree (GROUP_ACK);
             # 7: acknowledgements say whether the receiver is light (promotion); 6: control
             # datagrams numbered and stamped (replay_guard); 5: the header's stamp; 4: control
             # bodies are `control_messages` records
