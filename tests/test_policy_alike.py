@@ -4,12 +4,16 @@ same state before and the same state wanted, and lays what asking per topic lays
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scopecast.policies.builtin import alike_topics
 from scopecast.policies.host import PolicyHost
 from scopecast.scopes.container import PolicyContainer
+from scopecast.scopes.policy_runner import PolicyRunner
+from scopecast.scopes.scope_admin import ScopeChoices
 
 NAMES = ["A", "B", "C", "D", "E"]
 
@@ -103,3 +107,34 @@ def test_asking_alike_lays_what_asking_per_topic_lays(policy, multicast, steps):
         for container, host in (alike, each):
             run(container, host, wanted(states, policy, {}, multicast))
         assert laid(alike[0]) == laid(each[0])
+
+
+def test_the_events_phase_asks_the_planner_again_only_where_the_choices_moved_something():
+    """(At 100,000 topics the planner's wanted state takes a second or more to make.)"""
+    container, host = PolicyContainer("X", False, alike_topics), PolicyHost()
+    runner = PolicyRunner("X", container, None, lambda: None, ScopeChoices("X"))
+
+    async def run(batches: dict) -> bool:  # the policy actor, in this process
+        for policy, items in batches.items():
+            public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
+            for item, result in zip(items, host.apply("X", policy, public), strict=True):
+                container.apply(item, result)
+        return False
+    runner.run = run
+    states = {t: (["B", "C"], ["A"]) for t in range(1, 101)}
+    asked = []
+
+    def wanted_of() -> dict:
+        asked.append(1)
+        return wanted(states)
+
+    def lay() -> int:
+        asked.clear()
+        assert asyncio.run(runner.lay(wanted_of)) is False
+        return len(asked)
+
+    assert lay() == 2  # new topics: their entries were chosen
+    assert lay() == 1  # nothing moved
+    states[7] = (["C", "D"], ["A"])  # topic 7's entry moves
+    assert lay() == 2
+    assert container.topics[7].entry == "C" and container.topics[8].entry == "B"

@@ -445,7 +445,13 @@ def test_a_relayout_runs_without_the_cyclic_garbage_collector():
             seen.append(gc.isenabled())
             raise RuntimeError("failed")
 
-    manager.planner, manager.policies = Planner(), type("P", (), {"policy_key": None})()
+    class Policies:
+        policy_key = None
+
+        async def lay(self, wanted_of) -> bool:
+            return bool(wanted_of())
+
+    manager.planner, manager.policies = Planner(), Policies()
     assert gc.isenabled()
     with pytest.raises(RuntimeError):
         asyncio.run(manager._relayout())

@@ -65,6 +65,8 @@ class PolicyContainer:
         self.alike = alike
         self.topics: dict[int, TopicLayout] = {}
         self.rejected: Counter[str] = Counter()
+        self.choices_moved = False  # a choice applied moved an entry, split or exits (reset by
+        #                             the policy runner before each phase)
 
     # ---------------------------------------------------------------------------- requests
 
@@ -98,7 +100,7 @@ class PolicyContainer:
                     batches.setdefault(policy, []).append(item)
                 continue
             options = w["context"]["options"]
-            key = frozen.get(id(options))
+            key = () if not options else frozen.get(id(options))  # (most topics have none)
             if key is None:
                 key = frozen[id(options)] = _frozen(options)
             key = (policy, key, *self._state_key(layout, w, phase))
@@ -162,10 +164,13 @@ class PolicyContainer:
         if layout is None or item.get("drop"):
             return []
         rejected = self._apply_one(layout, item, result)
+        choices = "_choices" in item
         for topic in self.topics_of(item)[1:]:
             other = self.topics.get(topic)
             if other is not None:
-                _share(layout, other, "_choices" in item)
+                if choices and _chosen(other) != _chosen(layout):
+                    self.choices_moved = True
+                _share(layout, other, choices)
         return rejected
 
     def _apply_one(self, layout: TopicLayout, item: dict, result: dict | None) -> list[str]:
@@ -201,6 +206,13 @@ class PolicyContainer:
                 layout.fresh = True
 
     def _apply_choices(self, layout: TopicLayout, item: dict, result: dict) -> list[str]:
+        before = _chosen(layout)
+        rejected = self._choose(layout, item, result)
+        if _chosen(layout) != before:
+            self.choices_moved = True
+        return rejected
+
+    def _choose(self, layout: TopicLayout, item: dict, result: dict) -> list[str]:
         layout.choices_for = item["_choices"]
         candidates = set(item["members"])
         rejected = []
@@ -270,6 +282,19 @@ class PolicyContainer:
         layout = self.topics.get(topic)
         return layout is not None and any(c.dst == MULTICAST for c in layout.channels.values())
 
+    def covered_topics(self) -> set[int]:
+        """The topics `covered`: each channels dict looked at once (topics alike share one)."""
+        seen: dict[int, bool] = {}  # id(channels) -> covered (every dict alive meanwhile)
+        out = set()
+        for tid, layout in self.topics.items():
+            channels = layout.channels
+            found = seen.get(id(channels))
+            if found is None:
+                found = seen[id(channels)] = any(c.dst == MULTICAST for c in channels.values())
+            if found:
+                out.add(tid)
+        return out
+
     def describe(self) -> dict:
         return {str(t): {"policy": lay.policy, "members": sorted(lay.members),
                          "sources": sorted(lay.sources), "entry": lay.entry,
@@ -281,6 +306,11 @@ class PolicyContainer:
                          **({"error": lay.error} if lay.error else {})}
                 for t, lay in self.topics.items()}
 
+
+
+def _chosen(layout: TopicLayout) -> tuple:
+    """What a layout's choices decide: where traffic enters the scope, and its exits."""
+    return layout.entry, layout.split, layout.exits
 
 
 def _share(done: TopicLayout, other: TopicLayout, choices: bool) -> None:

@@ -105,12 +105,13 @@ class Planner:
         replicas: dict[int, set[int]] = {}
         for x in self.delegation.part.exits:
             replicas.setdefault(x.topic, set()).add(x.replicas)
+        regular = {name for name, c in self.children.items() if c.regular}
         wanted = {}
         for tid in sorted(subs.keys() | pubs.keys() | exits.keys()):  # (no one's: nothing to lay)
             info = self.topics.by_id.get(tid)
             if info is None or tid in covered or not self.relevant(info):
                 continue
-            takers = {m for m in subs.get(tid, ()) if self.children[m].regular}
+            takers = subs[tid] & regular if tid in subs else set()
             members = takers | exits.get(tid, set())
             sources = set(pubs.get(tid, ()))
             up = not self.top and self.path != info.root
@@ -152,11 +153,12 @@ class Planner:
     def _prefix(self) -> tuple[int, int, int]:
         return tuple(self.settings.get("group_prefix", (239, 192, 0)))
 
-    def regions(self, subs: dict[int, set[str]], exits: dict[int, set[str]]) -> Regions:
-        """The regions of this scope's multicast (`regions`): children alike in the covered
-        topics they take."""
+    def regions(self, subs: dict[int, set[str]], exits: dict[int, set[str]],
+                covered: set[int] | None = None) -> Regions:
+        """The regions of this scope's multicast (`regions`): children alike in the `covered`
+        topics (the container's) they take."""
         takes = {tid: subs.get(tid, set()) | exits.get(tid, set())
-                 for tid in self.container.topics if self.container.covered(tid)}
+                 for tid in (self.container.covered_topics() if covered is None else covered)}
         group = self.group()
         return Regions.plan(self.path, (group[0], group[1]), self._prefix(), takes)
 
@@ -191,8 +193,10 @@ class Planner:
         covered_of: dict[str, dict[int, Obligation]] = {}
         subs, pubs, exits = self.interest()
         group = self.group()
-        regions = self.last_regions = self.regions(subs, exits)
+        covered = self.container.covered_topics()
+        regions = self.last_regions = self.regions(subs, exits, covered)
         links = self._region_links(regions)
+        regular = {name for name, c in self.children.items() if c.regular}
         # one coverage object a child for the topics it covers alike (see Part.covered)
         shared: dict[tuple, Obligation] = {}
         # coverage from above: every member interested in or publishing the topic joins / sends
@@ -207,9 +211,9 @@ class Planner:
         nobody = ((("g", *group), tuple(self.joined(group))),)
         for tid, layout in self.container.topics.items():
             channels = list(layout.channels.values())
-            clients = {m for m in subs.get(tid, ()) if not self.children[m].regular}
+            clients = subs[tid] - regular if tid in subs else ()
             channels += [Channel(o, c, o) for o in layout.sources for c in clients if c != o]
-            if self.container.covered(tid):
+            if tid in covered:
                 spans = links.get(tid) or nobody
                 takers = regions.spans.get(tid, ())
                 for name in subs.get(tid, set()) | pubs.get(tid, set()) | exits.get(tid, set()):
@@ -335,13 +339,14 @@ class Planner:
         out = {}
         regions: dict[int, tuple] | None = None  # (made once a covered topic needs them)
         alike: dict[object, tuple[Offer, ...]] = {}  # one offers tuple for topics alike
+        covered = self.container.covered_topics()
         for tid in wanted:
             if tid in self.delegation.part.covered:
                 continue
-            if self.container.covered(tid):
+            if tid in covered:
                 if regions is None:
                     _subs, _pubs, exits = self.interest()
-                    regions = self._region_links(self.regions(_subs, exits))
+                    regions = self._region_links(self.regions(_subs, exits, covered))
                     group = self.group()
                     nobody = ((("g", *group), tuple(self.joined(group))),)
                 spans = regions.get(tid) or nobody

@@ -203,11 +203,8 @@ class ScopeManager:
     async def _relayout(self) -> None:
         with collector_off():  # (100,000 topics: see scopes/collector)
             version = self._pending_version
-            for phase in ("choices", "events"):
-                # (after the choices, the entry members and exits are known: sources and members)
-                wanted = self.planner.wanted(self.policies.policy_key)
-                if await self.policies.run(self.container.requests(wanted, phase)):
-                    self._dirty = True
+            if await self.policies.lay(lambda: self.planner.wanted(self.policies.policy_key)):
+                self._dirty = True
             self.downlink.delegated = self.planner.delegate()
             self._dirty |= self.downlink.send()
             self.applied = version
