@@ -138,3 +138,25 @@ def test_the_events_phase_asks_the_planner_again_only_where_the_choices_moved_so
     states[7] = (["C", "D"], ["A"])  # topic 7's entry moves
     assert lay() == 2
     assert container.topics[7].entry == "C" and container.topics[8].entry == "B"
+
+
+def test_a_multicast_change_during_the_choices_lays_the_events_with_contexts_that_say_so():
+    """A LAN's probe may decide while a re-layout waits on the policy actor: it clears every
+    layout, and the events must not lay them afresh with the wanted state made before (its
+    contexts said no multicast: lan_multicast then laid trees, and kept them)."""
+    container, host = PolicyContainer("X", False, alike_topics), PolicyHost()
+    runner = PolicyRunner("X", container, None, lambda: None, ScopeChoices("X"))
+
+    async def run(batches: dict) -> bool:
+        if any("_choices" in it for items in batches.values() for it in items):
+            container.multicast = True  # (as ScopeManager._set_multicast does)
+            container.topics.clear()
+        for policy, items in batches.items():
+            public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
+            for item, result in zip(items, host.apply("X", policy, public), strict=True):
+                container.apply(item, result)
+        return False
+    runner.run = run
+    states = {t: (["B", "C"], ["A"]) for t in range(1, 11)}
+    asyncio.run(runner.lay(lambda: wanted(states, "lan_multicast", {}, container.multicast)))
+    assert all(container.covered(t) for t in states)

@@ -59,14 +59,18 @@ class PolicyRunner:
         """A re-layout's two phases: the entry and exit choices, then the events (the choices
         decide sources and members of topics entering from outside). `wanted_of()`, the
         planner's wanted state, is made again for the events only where the choices moved an
-        entry, split or exits or a policy failed: at 100,000 topics it takes a second or more.
-        True if the topics must be laid again (a plug-in failed, or a policy lost state)."""
+        entry, split or exits, a policy failed, or the scope's multicast changed meanwhile (its
+        probe cleared every layout: topics laid afresh must get contexts that say so): at
+        100,000 topics it takes a second or more. True if the topics must be laid again (a
+        plug-in failed, or a policy lost state)."""
         again, wanted = False, wanted_of()
         for phase in ("choices", "events"):
             self.container.choices_moved = False
+            multicast = self.container.multicast
             failed = await self.run(self.container.requests(wanted, phase))
             again |= failed
-            if phase == "choices" and (failed or self.container.choices_moved):
+            if phase == "choices" and (failed or self.container.choices_moved
+                                       or self.container.multicast != multicast):
                 wanted = wanted_of()
         return again
 
