@@ -5,10 +5,10 @@ A scope manager never runs policy code itself; it sends a policy actor one batch
 re-layout (`apply`) with, per topic, the events since the last batch and the entry/exit choices it
 needs, and gets back the operations and choices. Instances keep their state between batches,
 except for topics asked alike (one item for many topics: `had` names the state they had, and a
-fresh instance is brought to it and dropped after). The
-built-ins are our own code, so the scopes of a node share their actor (an actor per scope cost every
-scope another Ray worker process); a restarted actor has lost its instances and answers `lost` for
-a topic it is sent changes of, and the scope sends that topic's whole state again (`reset`).
+fresh instance is brought to it and dropped after). The built-ins are our own code, so the
+scopes of a node share their actor (an actor per scope cost every scope another Ray worker
+process); a restarted actor has lost its instances and answers `lost` for a topic it is sent
+changes of, and the scope sends that topic's whole state again (`reset`).
 """
 
 from __future__ import annotations
