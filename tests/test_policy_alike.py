@@ -35,15 +35,21 @@ def wanted(states: dict[int, tuple], policy: str = "chain", options: dict | None
     return out
 
 
+def answer(container: PolicyContainer, host: PolicyHost, batches: dict) -> None:
+    """What PolicyRunner.run does with the policy actor, here in this process."""
+    for policy, items in batches.items():
+        public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
+        for item, result in zip(items, host.apply("X", policy, public), strict=True):
+            container.apply(item, result)  # (an op of an event between may be refused)
+
+
 def run(container: PolicyContainer, host: PolicyHost, w: dict) -> list[int]:
     """A re-layout's two phases; returns how many items each policy batch held."""
     sizes = []
     for phase in ("choices", "events"):
-        for policy, items in container.requests(w, phase).items():
-            public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
-            sizes.append(len(items))
-            for item, result in zip(items, host.apply("X", policy, public), strict=True):
-                container.apply(item, result)  # (an op of an event between may be refused)
+        batches = container.requests(w, phase)
+        sizes += [len(items) for items in batches.values()]
+        answer(container, host, batches)
     return sizes
 
 
@@ -114,11 +120,8 @@ def test_the_events_phase_asks_the_planner_again_only_where_the_choices_moved_so
     container, host = PolicyContainer("X", False, alike_topics), PolicyHost()
     runner = PolicyRunner("X", container, None, lambda: None, ScopeChoices("X"))
 
-    async def run(batches: dict) -> bool:  # the policy actor, in this process
-        for policy, items in batches.items():
-            public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
-            for item, result in zip(items, host.apply("X", policy, public), strict=True):
-                container.apply(item, result)
+    async def run(batches: dict) -> bool:
+        answer(container, host, batches)
         return False
     runner.run = run
     states = {t: (["B", "C"], ["A"]) for t in range(1, 101)}
@@ -151,12 +154,9 @@ def test_a_multicast_change_during_the_choices_lays_the_events_with_contexts_tha
         if any("_choices" in it for items in batches.values() for it in items):
             container.multicast = True  # (as ScopeManager._set_multicast does)
             container.topics.clear()
-        for policy, items in batches.items():
-            public = [{k: v for k, v in it.items() if not k.startswith("_")} for it in items]
-            for item, result in zip(items, host.apply("X", policy, public), strict=True):
-                container.apply(item, result)
+        answer(container, host, batches)
         return False
     runner.run = run
     states = {t: (["B", "C"], ["A"]) for t in range(1, 11)}
     asyncio.run(runner.lay(lambda: wanted(states, "lan_multicast", {}, container.multicast)))
-    assert all(container.covered(t) for t in states)
+    assert container.covered_topics() == set(states)

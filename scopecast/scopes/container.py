@@ -83,7 +83,7 @@ class PolicyContainer:
                     batches.setdefault(old.policy, []).append({"topic": topic, "drop": True})
         groups: dict[tuple, dict] = {}  # alike key -> the item of the topics alike
         frozen: dict[int, tuple] = {}   # id(options) -> the options as a key (one per object)
-        alike = {}
+        alike_of: dict[str, bool] = {}  # policy -> self.alike(policy), asked once a call
         for topic, w in wanted.items():
             policy = w["policy"]
             layout = self.topics.get(topic)
@@ -91,9 +91,9 @@ class PolicyContainer:
                 if layout is not None and not self.alike(layout.policy):
                     batches.setdefault(layout.policy, []).append({"topic": topic, "drop": True})
                 layout = self.topics[topic] = TopicLayout(policy, w["context"])
-            if policy not in alike:
-                alike[policy] = self.alike(policy)
-            if not alike[policy]:
+            if policy not in alike_of:
+                alike_of[policy] = self.alike(policy)
+            if not alike_of[policy]:
                 item = self._choices(topic, layout, w) if phase == "choices" else \
                     self._events(topic, layout, w)
                 if item is not None:
@@ -277,13 +277,9 @@ class PolicyContainer:
         log.warning("scope %r: policy operation ignored (%s): %.200r", self.scope, why, what)
         return why
 
-    def covered(self, topic: int) -> bool:
-        """Whether this scope reaches its members of `topic` through its multicast group."""
-        layout = self.topics.get(topic)
-        return layout is not None and any(c.dst == MULTICAST for c in layout.channels.values())
-
     def covered_topics(self) -> set[int]:
-        """The topics `covered`: each channels dict looked at once (topics alike share one)."""
+        """The topics this scope reaches its members of through its multicast group: each
+        channels dict looked at once (topics alike share one)."""
         seen: dict[int, bool] = {}  # id(channels) -> covered (every dict alive meanwhile)
         out = set()
         for tid, layout in self.topics.items():
@@ -305,7 +301,6 @@ class PolicyContainer:
                                       for c in lay.channels.values()],
                          **({"error": lay.error} if lay.error else {})}
                 for t, lay in self.topics.items()}
-
 
 
 def _chosen(layout: TopicLayout) -> tuple:
