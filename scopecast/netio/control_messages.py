@@ -118,10 +118,10 @@ class WhereAsk(NamedTuple):
 
     @classmethod
     def read(cls, fields: list) -> WhereAsk:
-        if len(fields) != 2 or not _ints(fields[:1]) or fields[1].__class__ is not list \
-                or not 1 <= len(fields[1]) <= MAX_WHERE or not _ints(fields[1], wire.MAX_TOPIC + 1):
+        topics = _session_list(fields, MAX_WHERE)
+        if not _ints(topics, wire.MAX_TOPIC + 1):
             raise wire.DecodeError("bad_control")
-        return cls(fields[0], tuple(fields[1]))
+        return cls(fields[0], tuple(topics))
 
 
 class JoinPoints(NamedTuple):
@@ -137,11 +137,8 @@ class JoinPoints(NamedTuple):
 
     @classmethod
     def read(cls, fields: list) -> JoinPoints:
-        if len(fields) != 2 or not _ints(fields[:1]) or fields[1].__class__ is not list:
-            raise wire.DecodeError("bad_control")
-        points = fields[1]
-        if not 3 <= len(points) <= 3 * MAX_JOINS or len(points) % 3 or not _ints(points) \
-                or not _ints(points[0::3], wire.MAX_TOPIC + 1):
+        points = _session_list(fields, 3 * MAX_JOINS)
+        if len(points) % 3 or not _ints(points) or not _ints(points[0::3], wire.MAX_TOPIC + 1):
             raise wire.DecodeError("bad_control")
         return cls(fields[0], tuple(points))
 
@@ -175,6 +172,14 @@ class Nak(NamedTuple):
 
     def row(self, member: int, address: tuple[str, int]) -> list:
         return [*self, member, *address]
+
+
+def _session_list(fields: list, most: int) -> list:
+    """The list of a [session, [1 to `most` values]] body (WhereAsk, JoinPoints)."""
+    if len(fields) != 2 or not _ints(fields[:1]) or fields[1].__class__ is not list \
+            or not 1 <= len(fields[1]) <= most:
+        raise wire.DecodeError("bad_control")
+    return fields[1]
 
 
 def _numbers(cls, limit: int, reason: str):

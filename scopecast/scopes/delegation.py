@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from scopecast.netio.auth import ClusterKeys
 from scopecast.netio.filters import check_spec
+from scopecast.scopes import alike
 from scopecast.scopes.scope_admin import ScopeAdmin
 
 DELEGATION_VERSION = 6  # 6: a coverage once for the topics it covers alike; 5: regions of a
@@ -101,18 +102,11 @@ class Part:
 
     def covered_wire(self) -> list:
         """`covered` as [[topics, coverage], ...], each coverage object once."""
-        groups: dict[int, tuple[Obligation, list[int]]] = {}
-        for tid, cov in self.covered.items():
-            groups.setdefault(id(cov), (cov, []))[1].append(tid)
-        return [[topics, cov.to_wire()] for cov, topics in groups.values()]
+        return alike.grouped(self.covered, Obligation.to_wire)
 
     @staticmethod
     def covered_from_wire(body: list) -> dict[int, Obligation]:
-        covered: dict[int, Obligation] = {}
-        for topics, cov in body:
-            shared = Obligation.from_wire(cov)
-            covered.update((int(t), shared) for t in topics)
-        return covered
+        return alike.shared(body, Obligation.from_wire)
 
     def describe_covered(self) -> dict[str, dict]:
         """For status: each covered topic's coverage."""

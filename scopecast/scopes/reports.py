@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scopecast.netio import wire
+from scopecast.scopes import alike
 from scopecast.scopes.layout import Offer
 from scopecast.scopes.topic_table import position
 
@@ -42,13 +43,9 @@ class SubtreeState:
         roles: dict[str, list[int]] = {}
         for t, role in self.subs.items():
             roles.setdefault(role, []).append(t)
-        alike: dict[int, tuple[tuple[Offer, ...], list[int]]] = {}
-        for t, offers in self.offers.items():
-            alike.setdefault(id(offers), (offers, []))[1].append(t)
         return {"depth": self.depth, "subs": roles,
                 "pubs": sorted(self.pubs),
-                "offers": [[topics, [o.to_wire() for o in offers]]
-                           for offers, topics in alike.values()],
+                "offers": alike.grouped(self.offers, lambda offers: [o.to_wire() for o in offers]),
                 "joined": {k: list(v) for k, v in self.joined.items()},
                 "regular": self.regular,
                 "recovering": {p: list(c) for p, c in self.recovering.items()},
@@ -61,10 +58,7 @@ class SubtreeState:
             if role not in ROLES:
                 raise ValueError(f"unknown role {role!r:.40}")
             subs.update(dict.fromkeys(map(int, topics), ROLES[ROLES.index(role)]))
-        offers: dict[int, tuple[Offer, ...]] = {}
-        for topics, wire_offers in body["offers"]:
-            shared = tuple(Offer.from_wire(o) for o in wire_offers)
-            offers.update(dict.fromkeys(map(int, topics), shared))
+        offers = alike.shared(body["offers"], lambda w: tuple(Offer.from_wire(o) for o in w))
         return cls(int(body["depth"]), subs, frozenset(int(t) for t in body["pubs"]), offers,
                    {str(k): [int(i) for i in v] for k, v in body["joined"].items()},
                    bool(body["regular"]),
